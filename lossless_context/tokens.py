@@ -1,0 +1,53 @@
+"""Token estimates consistent with the Hermes host's rough estimator (~4 chars/token).
+
+Staying close to the host's `estimate_messages_tokens_rough` avoids fighting its
+threshold logic: the host decides when to call compress() with the same arithmetic.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+IMAGE_TOKEN_COST = 1500
+_IMAGE_TYPES = {"image", "image_url", "input_image"}
+
+
+def estimate_text_tokens(text: str | None) -> int:
+    if not text:
+        return 0
+    return (len(text) + 3) // 4
+
+
+def _shadow(msg: Mapping[str, Any]) -> tuple[dict, int]:
+    shadow: dict[str, Any] = {}
+    images = 0
+    for k, v in msg.items():
+        if k.startswith("_"):
+            continue  # host-private and identity fields are never sent to the provider
+        if k == "content" and isinstance(v, list):
+            cleaned = []
+            for part in v:
+                if isinstance(part, dict) and part.get("type") in _IMAGE_TYPES:
+                    images += 1
+                    cleaned.append({"type": part.get("type"), "image": "[stripped]"})
+                elif isinstance(part, dict) and part.get("type") == "input_audio":
+                    cleaned.append({"type": "input_audio", "audio": "[stripped]"})
+                    images += 1
+                else:
+                    cleaned.append(part)
+            shadow[k] = cleaned
+        else:
+            shadow[k] = v
+    return shadow, images
+
+
+def estimate_message_tokens(msg: Any) -> int:
+    """Tokens one message costs in a request (base64 media at a flat rate)."""
+    if not isinstance(msg, Mapping):
+        return estimate_text_tokens(str(msg))
+    shadow, images = _shadow(msg)
+    return (len(str(shadow)) + 3) // 4 + images * IMAGE_TOKEN_COST
+
+
+def estimate_messages_tokens(messages: Iterable[Any]) -> int:
+    return sum(estimate_message_tokens(m) for m in messages)
