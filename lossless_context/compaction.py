@@ -1,0 +1,374 @@
+"""Compaction: pick the span to summarise, build leaf and condensed nodes, assemble output.
+
+The protected head and a token-bounded fresh tail (whole tool groups) stay verbatim; the
+span between them becomes leaf summaries (chunks bounded in tokens), and summaries that
+pile up at one depth are condensed into a deeper node. Everything is *staged*: the host
+publishes it by committing the pass. Model calls happen before any write transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from .assemble import (
+    Slot,
+    choose_summary_role,
+    groups,
+    large_representation,
+    render_summary,
+    repair,
+    total_tokens,
+)
+from .extractive import Source
+from .messages import message_text
+from .records import MessageRecord, NewSummary, SummaryRecord
+from .store.base import Store
+from .summarize import Escalator, SummaryRequest
+from .tokens import estimate_message_tokens, estimate_text_tokens
+
+log = logging.getLogger("lossless_context.compaction")
+
+SOURCE_TEXT_LIMIT = 24_000  # chars of one message given to a summariser
+
+
+@dataclass
+class Budget:
+    target: int  # tokens the assembled messages should fit in
+    fresh_tail: int
+    summary_block: int
+    leaf_chunk: int
+    leaf_summary: int
+    condensed_summary: int
+    fanin: int
+    protect_first_n: int
+    large_tokens: int
+
+
+@dataclass
+class PassResult:
+    output: list[dict[str, Any]]
+    pass_id: str | None = None
+    progressed: bool = False
+    new_nodes: int = 0
+    calls: int = 0
+    failures: int = 0
+    tokens_before: int = 0
+    tokens_after: int = 0
+    reason: str = ""
+    levels: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Node:
+    key: str | int  # int = existing published/staged id, str = new
+    depth: int
+    tokens: int
+    text: str
+    t_start: float | None
+    t_end: float | None
+    n_messages: int
+    first_mid: int | None
+    last_mid: int | None
+
+
+class Compactor:
+    def __init__(self, store: Store, escalator: Escalator, *,
+                 cancelled: Callable[[], bool] | None = None, time_budget: float = 240.0) -> None:
+        self.store = store
+        self.esc = escalator
+        self.cancelled = cancelled
+        self.deadline = time.monotonic() + time_budget
+        self.new: list[NewSummary] = []
+        self.calls = 0
+        self.failures = 0
+        self.levels: dict[str, int] = {}
+
+    # -- planning ------------------------------------------------------------------
+
+    @staticmethod
+    def head_end(slots: Sequence[Slot], protect_first_n: int) -> int:
+        end = count = 0
+        for a, b in groups(slots):
+            if count >= protect_first_n or any(s.kind == "S" for s in slots[a:b]):
+                break
+            end = b
+            count += sum(1 for s in slots[a:b] if s.kind == "m")
+        return end
+
+    @staticmethod
+    def tail_start(slots: Sequence[Slot], head_end: int, budget: int) -> int:
+        start = len(slots)
+        used = 0
+        gs = [g for g in groups(slots) if g[0] >= head_end]
+        for a, b in reversed(gs):
+            if any(s.kind == "S" for s in slots[a:b]):
+                break
+            gt = sum(s.tokens for s in slots[a:b])
+            if start < len(slots) and used + gt > budget:
+                break
+            start, used = a, used + gt
+        return start
+
+    # -- the pass ------------------------------------------------------------------------
+
+    def run(self, session_id: str, system: dict | None, slots: list[Slot], budget: Budget,
+            *, focus: str | None, memory_context: str, force: bool, base_version: int,
+            base_len: int, tokens_before: int) -> PassResult:
+        ids = [s.refs[0] for s in slots if s.kind in ("m", "x")]
+        records = self.store.get_messages(ids)
+        self._represent_large(slots, records, budget.large_tokens)
+        sys_tokens = estimate_message_tokens(system) if system else 0
+        h = self.head_end(slots, budget.protect_first_n)
+        head_tokens = sum(s.tokens for s in slots[:h])
+        existing = self._existing_nodes(slots)
+        tail_budget = max(0, min(budget.fresh_tail,
+                                 budget.target - sys_tokens - head_tokens - budget.summary_block))
+        nodes: list[_Node] = []
+        region_end = h  # everything before this index (after head) is already in `nodes`
+        t = self.tail_start(slots, h, tail_budget)
+        output: list[dict[str, Any]] = []
+        for _round in range(4):
+            t = max(t, region_end)
+            t = self._fix_roles(slots, h, t)
+            nodes = self._summarise_region(session_id, slots, records, region_end, t, nodes,
+                                           existing, budget, focus, memory_context)
+            region_end = t
+            nodes = self._condense(session_id, nodes, budget, focus, memory_context)
+            output, role_ok = self._assemble(system, slots, h, t, nodes, records)
+            if total_tokens(output) <= budget.target or t >= len(slots) - 1:
+                break
+            # Over target: give the tail's oldest groups to the region and go again.
+            gs = [g for g in groups(slots) if g[0] >= t]
+            if len(gs) <= 1:
+                break
+            half = max(1, len(gs) // 2)
+            t = gs[half][0] if half < len(gs) else gs[-1][0]
+        if not nodes:
+            return PassResult(self._plain(system, slots), reason="nothing outside the protected head and tail",
+                              tokens_before=tokens_before, tokens_after=tokens_before)
+        tokens_after = total_tokens(output)
+        if tokens_after >= tokens_before and not force:
+            return PassResult(self._plain(system, slots), reason="compaction would not shrink the context",
+                              tokens_before=tokens_before, tokens_after=tokens_before)
+        if self.cancelled is not None and _safe(self.cancelled):
+            return PassResult(self._plain(system, slots), reason="cancelled by the host",
+                              tokens_before=tokens_before, tokens_after=tokens_before)
+        pass_id = uuid.uuid4().hex
+        items: list[tuple[str, Any]] = []
+        for s in slots[:h]:
+            items.append(("m", s.refs[0]) if s.kind != "S" else ("s", s.refs[0]))
+        items.extend(("s", n.key) for n in nodes)
+        for s in slots[t:]:
+            if s.kind in ("m", "x"):
+                items.append(("m", s.refs[0]))
+        keymap, _ = self.store.stage_pass(session_id, pass_id, self.new, items, base_version, base_len)
+        if self.new:
+            # Real ids are known only now: re-render the block with them.
+            for n in nodes:
+                if isinstance(n.key, str):
+                    n.key = keymap[n.key]
+            output, _ = self._assemble(system, slots, h, t, nodes, records)
+            tokens_after = total_tokens(output)
+        reason = "" if tokens_after <= budget.target else (
+            f"target {budget.target} unreachable: head {head_tokens} + system {sys_tokens} tokens "
+            "are protected; returned the smallest valid list")
+        if reason:
+            log.warning("lcm: %s", reason)
+        return PassResult(output, pass_id, True, len(self.new), self.calls, self.failures,
+                          tokens_before, tokens_after, reason, dict(self.levels))
+
+    # -- pieces ------------------------------------------------------------------------
+
+    def _represent_large(self, slots: list[Slot], records: dict[int, MessageRecord], large: int) -> None:
+        for s in slots:
+            if s.kind != "m":
+                continue
+            rec = records.get(s.refs[0])
+            if rec is not None and rec.large and rec.exploration and s.msg is not None:
+                rep = large_representation(s.msg, rec.id, rec.tokens, rec.exploration)
+                s.msg = rep
+                s.tokens = estimate_message_tokens(rep)
+
+    def _existing_nodes(self, slots: Sequence[Slot]) -> dict[int, SummaryRecord]:
+        ids = [r for s in slots if s.kind == "S" for r in s.refs]
+        return self.store.get_summaries(ids, include_staged=True) if ids else {}
+
+    def _fix_roles(self, slots: Sequence[Slot], h: int, t: int) -> int:
+        """Move the tail boundary so the summary's role differs from both neighbours."""
+        prev = slots[h - 1].role if h > 0 else None
+        gs = [g for g in groups(slots) if g[0] >= t]
+        for k in range(min(3, len(gs))):
+            start = gs[k][0]
+            nxt = slots[start].role if start < len(slots) else None
+            if choose_summary_role(prev, nxt) is not None:
+                return start
+        return t
+
+    def _summarise_region(self, session_id: str, slots: Sequence[Slot], records: dict[int, MessageRecord],
+                          a: int, b: int, nodes: list[_Node], existing: dict[int, SummaryRecord],
+                          budget: Budget, focus: str | None, memory: str) -> list[_Node]:
+        nodes = list(nodes)
+        chunk: list[Slot] = []
+        chunk_tokens = 0
+
+        def flush() -> None:
+            nonlocal chunk, chunk_tokens
+            if chunk:
+                nodes.append(self._leaf(session_id, chunk, records, budget, focus, memory))
+            chunk, chunk_tokens = [], 0
+
+        for ga, gb in groups(list(slots[a:b])):
+            grp = list(slots[a + ga: a + gb])
+            if grp[0].kind == "S":
+                flush()
+                for ref in grp[0].refs:
+                    rec = existing.get(ref)
+                    if rec is not None:
+                        nodes.append(_Node(ref, rec.depth, rec.tokens, rec.text, rec.t_start, rec.t_end,
+                                           rec.n_messages, None, None))
+                continue
+            for s in grp:
+                st = self._source_tokens(s, records)
+                if chunk and chunk_tokens + st > budget.leaf_chunk:
+                    flush()
+                chunk.append(s)
+                chunk_tokens += st
+        flush()
+        return nodes
+
+    @staticmethod
+    def _source_text(s: Slot, records: dict[int, MessageRecord]) -> str | None:
+        rec = records.get(s.refs[0])
+        if s.kind == "x" or rec is None or rec.role in ("invalid", "unknown"):
+            return None
+        if rec.large and rec.exploration:
+            return rec.exploration
+        text = rec.text
+        if len(text) > SOURCE_TEXT_LIMIT:
+            half = SOURCE_TEXT_LIMIT // 2
+            text = text[:half] + f"\n…[{len(rec.text) - SOURCE_TEXT_LIMIT} chars omitted]…\n" + text[-half:]
+        return text
+
+    def _source_tokens(self, s: Slot, records: dict[int, MessageRecord]) -> int:
+        text = self._source_text(s, records)
+        return estimate_text_tokens(text) if text else 1
+
+    def _leaf(self, session_id: str, chunk: Sequence[Slot], records: dict[int, MessageRecord],
+              budget: Budget, focus: str | None, memory: str) -> _Node:
+        sources = []
+        mids = []
+        for s in chunk:
+            mid = s.refs[0]
+            mids.append(mid)
+            text = self._source_text(s, records)
+            if text is None:
+                log.info("lcm: message m%s left out of its summary (unparseable input; stored verbatim)", mid)
+                continue
+            rec = records.get(mid)
+            sources.append(Source(f"m{mid}", rec.role if rec else s.role, text, None))
+        times = [records[m].created_at for m in mids if m in records]
+        src_tokens = sum(estimate_text_tokens(x.text) for x in sources)
+        target = min(budget.leaf_summary, max(32, src_tokens // 2))
+        text, level, summarizer = self._summarise(sources, target, "leaf", focus, memory)
+        key = f"n{len(self.new)}"
+        tokens = estimate_text_tokens(text)
+        self.new.append(NewSummary(key, "leaf", 0, text, tokens, src_tokens, level, summarizer,
+                                   min(times) if times else None, max(times) if times else None,
+                                   len(mids), message_ids=mids))
+        return _Node(key, 0, tokens, text, min(times) if times else None, max(times) if times else None,
+                     len(mids), mids[0], mids[-1])
+
+    def _summarise(self, sources: list[Source], target: int, kind: str, focus: str | None,
+                   memory: str) -> tuple[str, str, str]:
+        if not sources:
+            return "(no summarisable content: the covered messages are stored verbatim)", "deterministic", "extractive"
+        res = self.esc.summarize(SummaryRequest(sources, target, kind, focus, memory),
+                                 cancelled=self.cancelled, deadline=self.deadline)
+        self.calls += res.calls
+        self.failures += res.failures
+        self.levels[res.level] = self.levels.get(res.level, 0) + 1
+        return res.text, res.level, res.summarizer
+
+    def _condense(self, session_id: str, nodes: list[_Node], budget: Budget, focus: str | None,
+                  memory: str) -> list[_Node]:
+        nodes = list(nodes)
+        while True:
+            run = self._condense_run(nodes, budget)
+            if run is None:
+                return nodes
+            a, b = run
+            group = nodes[a:b]
+            sources = [Source(f"s{n.key}" if isinstance(n.key, int) else n.key, "summary", n.text, None)
+                       for n in group]
+            src_tokens = sum(n.tokens for n in group)
+            target = min(budget.condensed_summary, max(32, src_tokens // 2))
+            text, level, summarizer = self._summarise(sources, target, "condensed", focus, memory)
+            key = f"n{len(self.new)}"
+            tokens = estimate_text_tokens(text)
+            starts = [n.t_start for n in group if n.t_start]
+            ends = [n.t_end for n in group if n.t_end]
+            depth = max(n.depth for n in group) + 1
+            total = sum(n.n_messages for n in group)
+            self.new.append(NewSummary(key, "condensed", depth, text, tokens, src_tokens, level, summarizer,
+                                       min(starts) if starts else None, max(ends) if ends else None, total,
+                                       child_keys=[n.key for n in group]))
+            firsts = [n.first_mid for n in group if n.first_mid is not None]
+            lasts = [n.last_mid for n in group if n.last_mid is not None]
+            nodes[a:b] = [_Node(key, depth, tokens, text, min(starts) if starts else None,
+                                max(ends) if ends else None, total,
+                                firsts[0] if firsts else None, lasts[-1] if lasts else None)]
+
+    @staticmethod
+    def _condense_run(nodes: Sequence[_Node], budget: Budget) -> tuple[int, int] | None:
+        """The oldest run to condense next, or None when the block is small enough."""
+        by_depth: dict[int, list[int]] = {}
+        for i, n in enumerate(nodes):
+            by_depth.setdefault(n.depth, []).append(i)
+        for d in sorted(by_depth):
+            idx = by_depth[d]
+            # a contiguous run of `fanin` nodes at this depth
+            for k in range(len(idx) - budget.fanin + 1):
+                if idx[k + budget.fanin - 1] - idx[k] == budget.fanin - 1:
+                    return idx[k], idx[k] + budget.fanin
+        if len(nodes) > 1 and sum(n.tokens for n in nodes) > budget.summary_block:
+            # Over the block budget: merge the two oldest, whatever their depths.
+            return 0, min(len(nodes), max(2, budget.fanin))
+        return None
+
+    def _assemble(self, system: dict | None, slots: Sequence[Slot], h: int, t: int,
+                  nodes: Sequence[_Node], records: dict[int, MessageRecord]) -> tuple[list[dict[str, Any]], bool]:
+        out: list[dict[str, Any]] = [system] if system else []
+        out.extend(s.msg for s in slots[:h] if s.kind == "m" and s.msg is not None)
+        if nodes:
+            prev = slots[h - 1].role if h > 0 else None
+            nxt = next((s.role for s in slots[t:] if s.kind == "m"), None)
+            role = choose_summary_role(prev, nxt)
+            role_ok = role is not None
+            recs = [SummaryRecord(n.key if isinstance(n.key, int) else -1, "", "", n.depth, n.text, n.tokens,
+                                  0, "", "", n.t_start, n.t_end, n.n_messages, "", None, 0.0) for n in nodes]
+            firsts = [n.first_mid for n in nodes if n.first_mid is not None]
+            lasts = [n.last_mid for n in nodes if n.last_mid is not None]
+            covered = sum(n.n_messages for n in nodes)
+            out.append(render_summary(recs, covered, firsts[0] if firsts else None,
+                                      lasts[-1] if lasts else None, role or "user"))
+        else:
+            role_ok = True
+        out.extend(s.msg for s in slots[t:] if s.kind == "m" and s.msg is not None)
+        return repair(out), role_ok
+
+    @staticmethod
+    def _plain(system: dict | None, slots: Sequence[Slot]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = [system] if system else []
+        out.extend(s.msg for s in slots if s.kind == "m" and s.msg is not None)
+        return out
+
+
+def _safe(fn: Callable[[], bool]) -> bool:
+    try:
+        return bool(fn())
+    except Exception:
+        return False

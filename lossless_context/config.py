@@ -1,0 +1,255 @@
+"""Engine configuration: the `lcm:` block of Hermes' config.yaml, overridable by LCM_* env vars.
+
+Every key has a default, a type and a validator. A bad value never stops the engine:
+it is reported (``LCMConfig.warnings`` and the log) and the default is used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+log = logging.getLogger("lossless_context")
+
+SUMMARIZERS = ("auto", "host", "openai", "extractive")
+
+
+def hermes_home() -> Path:
+    """The host's HERMES_HOME, resolved lazily (profiles included when the host is installed)."""
+    try:
+        from hermes_constants import get_hermes_home  # type: ignore
+
+        return Path(get_hermes_home())
+    except Exception:
+        pass
+    env = os.environ.get("HERMES_HOME")
+    return Path(env).expanduser() if env else Path.home() / ".hermes"
+
+
+@dataclass
+class LCMConfig:
+    store: str = ""  # path or postgresql:// DSN; "" → $HERMES_HOME/lcm/lcm.db
+    store_dsn_env: str = ""  # name of an env var holding a DSN (keeps passwords out of config)
+    summarizer: str = "auto"
+    summary_base_url: str = ""
+    summary_model: str = ""
+    summary_api_key_env: str = "LCM_SUMMARY_API_KEY"
+    summary_timeout: float = 60.0
+    threshold: float = 0.75  # fraction of the context window that triggers compaction
+    target_ratio: float = 0.55  # fraction of the threshold a compaction aims for
+    fresh_tail_tokens: int = 16000
+    leaf_chunk_tokens: int = 8000
+    leaf_summary_tokens: int = 900
+    condense_fanin: int = 4
+    condensed_summary_tokens: int = 1200
+    large_message_tokens: int = 25000
+    exploration_tokens: int = 600
+    cross_session_search: bool = False
+    redact: bool = True
+    max_summarizer_calls: int = 200  # spend guard: calls allowed per window
+    summarizer_window_seconds: float = 3600.0
+    breaker_failures: int = 3  # consecutive failures that open the circuit breaker
+    breaker_cooldown_seconds: float = 300.0
+    compaction_time_budget: float = 240.0  # seconds a pass may spend on model calls
+    lock_timeout: float = 30.0
+    background_compaction: bool = False
+    soft_threshold: float = 0.6
+    background_concurrency: int = 2
+    warnings: list[str] = field(default_factory=list, compare=False, repr=False)
+
+    # -- loading -------------------------------------------------------------
+
+    @classmethod
+    def load(
+        cls,
+        overrides: Mapping[str, Any] | None = None,
+        *,
+        home: Path | None = None,
+        environ: Mapping[str, str] | None = None,
+        read_file: bool = True,
+    ) -> "LCMConfig":
+        """defaults < config.yaml `lcm:` block < LCM_* environment < explicit overrides."""
+        cfg = cls()
+        env = os.environ if environ is None else environ
+        if read_file:
+            block = _read_yaml_block(home or hermes_home(), cfg.warnings)
+            cfg._apply(block, "config.yaml lcm.")
+        env_vals = {}
+        for f in _fields():
+            key = "LCM_" + f.name.upper()
+            if key in env:
+                env_vals[f.name] = env[key]
+        cfg._apply(env_vals, "env LCM_")
+        if overrides:
+            cfg._apply(overrides, "")
+        cfg._cross_check()
+        for w in cfg.warnings:
+            log.warning("lcm config: %s", w)
+        return cfg
+
+    def _apply(self, values: Mapping[str, Any], origin: str) -> None:
+        known = {f.name: f for f in _fields()}
+        for key, raw in values.items():
+            f = known.get(str(key))
+            if f is None:
+                self.warnings.append(f"unknown key {origin}{key!r} ignored")
+                continue
+            ok, value, why = _coerce(f.name, f.type, raw)
+            if ok:
+                setattr(self, f.name, value)
+            else:
+                default = getattr(LCMConfig, f.name)
+                self.warnings.append(
+                    f"{origin}{key}={raw!r} is invalid ({why}); using default {default!r}"
+                )
+
+    def _cross_check(self) -> None:
+        if self.soft_threshold >= self.threshold:
+            self.warnings.append(
+                f"soft_threshold {self.soft_threshold} must be below threshold {self.threshold}; "
+                f"using {round(self.threshold * 0.8, 3)}"
+            )
+            self.soft_threshold = round(self.threshold * 0.8, 3)
+        if self.summarizer == "openai" and not self.summary_base_url:
+            self.warnings.append("summarizer=openai needs summary_base_url; using extractive")
+            self.summarizer = "extractive"
+
+    # -- derived -------------------------------------------------------------
+
+    def store_location(self) -> str:
+        if self.store_dsn_env and os.environ.get(self.store_dsn_env):
+            return os.environ[self.store_dsn_env]
+        if self.store:
+            if "://" in self.store:
+                return self.store
+            return str(Path(self.store).expanduser())
+        return str(hermes_home() / "lcm" / "lcm.db")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in _fields()}
+
+
+def _fields() -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(LCMConfig) if f.name != "warnings"]
+
+
+def _range(lo: float, hi: float) -> Callable[[float], str | None]:
+    return lambda v: None if lo <= v <= hi else f"must be between {lo} and {hi}"
+
+
+_CHECKS: dict[str, Callable[[Any], str | None]] = {
+    "summarizer": lambda v: None if v in SUMMARIZERS else f"must be one of {', '.join(SUMMARIZERS)}",
+    "threshold": _range(0.05, 0.98),
+    "target_ratio": _range(0.1, 0.95),
+    "soft_threshold": _range(0.05, 0.95),
+    "fresh_tail_tokens": _range(0, 10_000_000),
+    "leaf_chunk_tokens": _range(200, 1_000_000),
+    "leaf_summary_tokens": _range(50, 100_000),
+    "condense_fanin": _range(2, 64),
+    "condensed_summary_tokens": _range(50, 100_000),
+    "large_message_tokens": _range(500, 10_000_000),
+    "exploration_tokens": _range(50, 20_000),
+    "summary_timeout": _range(0.1, 3600),
+    "max_summarizer_calls": _range(0, 10_000_000),
+    "summarizer_window_seconds": _range(1, 10_000_000),
+    "breaker_failures": _range(1, 1000),
+    "breaker_cooldown_seconds": _range(0, 1_000_000),
+    "compaction_time_budget": _range(0.1, 100_000),
+    "lock_timeout": _range(0, 3600),
+    "background_concurrency": _range(1, 64),
+}
+
+
+def _coerce(name: str, typ: Any, raw: Any) -> tuple[bool, Any, str]:
+    t = typ if isinstance(typ, str) else getattr(typ, "__name__", str(typ))
+    try:
+        if t == "bool":
+            if isinstance(raw, bool):
+                value: Any = raw
+            elif str(raw).strip().lower() in ("1", "true", "yes", "on"):
+                value = True
+            elif str(raw).strip().lower() in ("0", "false", "no", "off"):
+                value = False
+            else:
+                return False, None, "expected true/false"
+        elif t == "int":
+            if isinstance(raw, bool):
+                return False, None, "expected an integer"
+            value = int(str(raw).strip().replace("_", ""))
+        elif t == "float":
+            if isinstance(raw, bool):
+                return False, None, "expected a number"
+            value = float(str(raw).strip())
+            if value != value:  # NaN
+                return False, None, "expected a number"
+        else:
+            if raw is None:
+                raw = ""
+            if not isinstance(raw, (str, int, float)):
+                return False, None, "expected a string"
+            value = str(raw).strip()
+    except (TypeError, ValueError):
+        return False, None, f"expected {t}"
+    check = _CHECKS.get(name)
+    if check:
+        why = check(value)
+        if why:
+            return False, None, why
+    return True, value, ""
+
+
+def _read_yaml_block(home: Path, warnings: list[str]) -> Mapping[str, Any]:
+    path = home / "config.yaml"
+    if not path.is_file():
+        return {}
+    try:
+        import yaml
+
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except Exception as exc:  # a broken config must not stop the engine
+        warnings.append(f"cannot read {path}: {exc}")
+        return {}
+    block = data.get("lcm") if isinstance(data, dict) else None
+    if block is None:
+        return {}
+    if not isinstance(block, dict):
+        warnings.append(f"`lcm:` in {path} must be a mapping; ignored")
+        return {}
+    return block
+
+
+def model_threshold(thresholds: Any, model: str, provider: str = "") -> float | None:
+    """Longest-substring match of `compression.model_thresholds` keys against the model.
+
+    Keys may be `substring` or `provider:substring`; a provider-qualified key only
+    matches that provider. Returns None when nothing matches or the map is unusable.
+    """
+    if not isinstance(thresholds, Mapping) or not model:
+        return None
+    model_l = model.lower()
+    prov_l = (provider or "").lower()
+    best: tuple[int, float] | None = None
+    for key, val in thresholds.items():
+        try:
+            frac = float(val)
+        except (TypeError, ValueError):
+            continue
+        if not 0 < frac <= 1:
+            continue
+        k = str(key).lower()
+        if ":" in k:
+            kp, ks = k.split(":", 1)
+            if kp != prov_l or not ks or ks not in model_l:
+                continue
+            score = len(k) + 1000  # a provider-qualified match is more specific
+        else:
+            if not k or k not in model_l:
+                continue
+            score = len(k)
+        if best is None or score > best[0]:
+            best = (score, frac)
+    return None if best is None else best[1]

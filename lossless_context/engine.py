@@ -1,0 +1,494 @@
+"""LCMEngine: the Hermes context engine named "lcm".
+
+Host → engine → store/DAG → summariser → assembled context. The engine owns budgets and
+the host contract; ingestion, compaction and the store do the work. `compress()` never
+raises: every failure falls back to returning the host's own list unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+from ._base import base_class
+from .assemble import Slot, groups
+from .compaction import Budget, Compactor, PassResult
+from .config import LCMConfig, model_threshold
+from .ingest import align, slots_to_entries
+from .messages import role_of, summary_node_ids, tool_call_ids
+from .store import Store, open_store
+from .summarize import Escalator, HostSummarizer, ModelSummarizer, OpenAISummarizer, guard_for
+from .tokens import estimate_messages_tokens, estimate_message_tokens
+
+log = logging.getLogger("lossless_context")
+
+DEFAULT_SESSION = "default"
+_SESSION_LOCKS: dict[tuple[str, str], threading.RLock] = {}
+_SESSION_LOCKS_GUARD = threading.Lock()
+
+
+def _session_lock(location: str, session_id: str) -> threading.RLock:
+    with _SESSION_LOCKS_GUARD:
+        lk = _SESSION_LOCKS.get((location, session_id))
+        if lk is None:
+            lk = _SESSION_LOCKS[(location, session_id)] = threading.RLock()
+        return lk
+
+
+class LCMEngine(base_class()):  # type: ignore[misc]
+    """Lossless Context Management: verbatim store + summary DAG + recall tools."""
+
+    threshold_percent: float = 0.75
+    protect_first_n: int = 3
+    protect_last_n: int = 6
+    summary_target_ratio: float = 0.2
+
+    def __init__(self, context_length: int = 0, *, config: LCMConfig | None = None,
+                 **overrides: Any) -> None:
+        # Nothing here touches the disk: the config file and the store open lazily.
+        self._config = config
+        self._overrides = dict(overrides)
+        self._init_runtime_state()
+        self.last_prompt_tokens = 0
+        self.last_completion_tokens = 0
+        self.last_total_tokens = 0
+        self.compression_count = 0
+        self.context_length = int(context_length or 0)
+        frac = overrides.get("threshold", config.threshold if config else None)
+        if isinstance(frac, (int, float)) and 0 < frac < 1:
+            self.threshold_percent = float(frac)
+        self.threshold_tokens = int(self.context_length * self.threshold_percent)
+        self.model_thresholds: dict[str, Any] = {}
+
+    def _init_runtime_state(self) -> None:
+        self._store: Store | None = None
+        self._store_lock = threading.Lock()
+        self._escalator: Escalator | None = None
+        self._session_id: str | None = None
+        self._conversation_id: str | None = None
+        self._known_sessions: set[str] = set()
+        self._session_db: Any = None
+        self._runtime: dict[str, Any] = {}
+        self._model = ""
+        self._provider = ""
+        self._overhead = 0  # host tokens outside the message list (system prompt, tool schemas)
+        self._no_progress_at: int | None = None
+        self._pending: dict[str, str] = {}
+        self._stats = {"compactions": 0, "summarizer_calls": 0, "summarizer_failures": 0,
+                       "last_pass_ms": 0.0, "last_reason": ""}
+        self._stats_lock = threading.Lock()
+        self._last_compress_aborted = False
+        self._last_summary_error: str | None = None
+        self._last_compression_made_progress = False
+        self._last_summary_fallback_used = False
+        self.awaiting_real_usage_after_compression = False
+
+    # -- identity & config ------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return "lcm"
+
+    @property
+    def config(self) -> LCMConfig:
+        if self._config is None:
+            self._config = LCMConfig.load(self._overrides)
+        return self._config
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            with self._store_lock:
+                if self._store is None:
+                    self._store = open_store(self.config.store_location())
+        return self._store
+
+    # -- copies: each agent gets a fresh engine sharing the durable store --------------
+
+    def _fresh(self) -> "LCMEngine":
+        new = type(self).__new__(type(self))
+        new._config = self._config
+        new._overrides = dict(self._overrides)
+        new._init_runtime_state()
+        for attr in ("last_prompt_tokens", "last_completion_tokens", "last_total_tokens",
+                     "threshold_tokens", "context_length", "compression_count",
+                     "threshold_percent", "protect_first_n", "protect_last_n", "summary_target_ratio"):
+            setattr(new, attr, getattr(self, attr))
+        new.model_thresholds = copy.deepcopy(getattr(self, "model_thresholds", {}))
+        new._runtime = dict(self._runtime)
+        new._model, new._provider = self._model, self._provider
+        return new
+
+    def __deepcopy__(self, memo: dict) -> "LCMEngine":
+        new = self._fresh()
+        memo[id(self)] = new
+        return new
+
+    def clone_for_agent(self) -> "LCMEngine":
+        return self._fresh()
+
+    # -- budgets ---------------------------------------------------------------------------
+
+    def update_model(self, model: str, context_length: int, base_url: str = "", api_key: Any = "",
+                     provider: str = "", api_mode: str = "") -> None:
+        self._model, self._provider = model or "", provider or ""
+        self._runtime = {"model": model, "provider": provider, "base_url": base_url,
+                         "api_key": api_key, "api_mode": api_mode}
+        self.context_length = int(context_length or 0)
+        frac = model_threshold(getattr(self, "model_thresholds", None), self._model, self._provider)
+        if frac is None:
+            frac = self.config.threshold
+        self.threshold_percent = frac
+        self.threshold_tokens = int(self.context_length * frac)
+        self._escalator = None  # the host summariser follows the new runtime
+
+    def update_from_response(self, usage: Dict[str, Any]) -> None:
+        if not isinstance(usage, dict) or not usage:
+            return
+        def _int(*keys: str) -> int | None:
+            for k in keys:
+                v = usage.get(k)
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    return int(v)
+            return None
+        p = _int("prompt_tokens", "input_tokens")
+        c = _int("completion_tokens", "output_tokens")
+        t = _int("total_tokens")
+        if p is not None:
+            self.last_prompt_tokens = p
+            self.awaiting_real_usage_after_compression = False
+        if c is not None:
+            self.last_completion_tokens = c
+        if t is not None:
+            self.last_total_tokens = t
+        elif p is not None and c is not None:
+            self.last_total_tokens = p + c
+
+    def should_compress(self, prompt_tokens: Optional[int] = None) -> bool:
+        tokens = prompt_tokens if prompt_tokens is not None else self.last_prompt_tokens
+        if not isinstance(tokens, (int, float)) or tokens < 0 or self.threshold_tokens <= 0:
+            return False
+        if tokens < self.threshold_tokens:
+            return False
+        # After a pass that could not shrink anything, wait for real growth: no loops.
+        if self._no_progress_at is not None and tokens < self._no_progress_at * 1.05:
+            return False
+        return True
+
+    def should_compress_preflight(self, messages: List[Dict[str, Any]]) -> bool:
+        try:
+            return self.should_compress(estimate_messages_tokens(messages) + self._overhead)
+        except Exception:
+            return False
+
+    def has_content_to_compress(self, messages: List[Dict[str, Any]]) -> bool:
+        try:
+            slots = _cheap_slots(messages)
+            h = Compactor.head_end(slots, self.protect_first_n)
+            t = Compactor.tail_start(slots, h, self._budget(0).fresh_tail)
+            # the last protect_last_n messages are protected too
+            t = min(t, max(h, len(slots) - self.protect_last_n))
+            return any(s.kind == "m" for s in slots[h:t]) or sum(len(s.refs) for s in slots[h:t] if s.kind == "S") > 1
+        except Exception:
+            return False
+
+    def _budget(self, overhead: int) -> Budget:
+        cfg = self.config
+        threshold = self.threshold_tokens or int((self.context_length or 128_000) * self.threshold_percent)
+        usable = max(2000, threshold - overhead)
+        target = max(1000, int(usable * cfg.target_ratio))
+        return Budget(
+            target=target,
+            fresh_tail=min(cfg.fresh_tail_tokens, int(target * 0.5)),
+            summary_block=max(400, min(int(target * 0.25), 8 * cfg.condensed_summary_tokens)),
+            leaf_chunk=cfg.leaf_chunk_tokens,
+            leaf_summary=cfg.leaf_summary_tokens,
+            condensed_summary=cfg.condensed_summary_tokens,
+            fanin=cfg.condense_fanin,
+            protect_first_n=max(0, int(self.protect_first_n)),
+            large_tokens=min(cfg.large_message_tokens, max(500, target // 3)),
+        )
+
+    # -- summariser ------------------------------------------------------------------------------
+
+    def _get_escalator(self) -> Escalator:
+        if self._escalator is not None:
+            return self._escalator
+        cfg = self.config
+        model: ModelSummarizer | None = None
+        choice = cfg.summarizer
+        if choice == "auto":
+            if cfg.summary_base_url:
+                choice = "openai"
+            elif self._runtime and _host_available():
+                choice = "host"
+            else:
+                choice = "extractive"
+        if choice == "openai" and cfg.summary_base_url:
+            key = os.environ.get(cfg.summary_api_key_env, "") if cfg.summary_api_key_env else ""
+            model = OpenAISummarizer(cfg.summary_base_url, cfg.summary_model, key, cfg.summary_timeout, cfg.redact)
+        elif choice == "host":
+            model = HostSummarizer(self._host_runtime, max(cfg.summary_timeout, 1.0), cfg.redact)
+        guard = None
+        if model is not None:
+            guard = guard_for(f"{model.name}@{getattr(model, 'base_url', 'host')}", cfg.breaker_failures,
+                              cfg.breaker_cooldown_seconds, cfg.max_summarizer_calls, cfg.summarizer_window_seconds)
+        self._escalator = Escalator(model, guard, cfg.redact)
+        return self._escalator
+
+    def _host_runtime(self) -> dict[str, Any]:
+        rt = dict(self._runtime)
+        key = rt.get("api_key")
+        if callable(key):
+            try:
+                rt["api_key"] = key()
+            except Exception:
+                rt["api_key"] = ""
+        return rt
+
+    # -- sessions ------------------------------------------------------------------------------
+
+    def _sid(self, kwargs: dict[str, Any] | None = None) -> str:
+        if kwargs:
+            sid = kwargs.get("session_id")
+            if isinstance(sid, str) and sid:
+                return sid
+        return self._session_id or DEFAULT_SESSION
+
+    def _ensure(self, session_id: str, **kw: Any) -> None:
+        if session_id in self._known_sessions and not kw:
+            return
+        self.store.ensure_session(session_id, **kw)
+        self._known_sessions.add(session_id)
+
+    def bind_session_state(self, session_db: Any = None, session_id: str | None = None, *args: Any,
+                           **kwargs: Any) -> None:
+        self._session_db = session_db
+        if isinstance(session_id, str) and session_id:
+            self._session_id = session_id
+
+    def on_session_start(self, session_id: str, **kwargs: Any) -> None:
+        try:
+            self._on_session_start(session_id, **kwargs)
+        except Exception as exc:
+            log.warning("lcm: on_session_start failed (continuing): %s", exc)
+
+    def _on_session_start(self, session_id: str, **kwargs: Any) -> None:
+        if not isinstance(session_id, str) or not session_id:
+            return
+        conv = kwargs.get("conversation_id")
+        if isinstance(conv, str) and conv:
+            self._conversation_id = conv
+        old = kwargs.get("old_session_id")
+        reason = kwargs.get("boundary_reason")
+        parent = old if isinstance(old, str) and old and old != session_id else None
+        platform = kwargs.get("platform") if isinstance(kwargs.get("platform"), str) else None
+        model = kwargs.get("model") if isinstance(kwargs.get("model"), str) else None
+        self._session_id = session_id
+        self._ensure(session_id, parent_id=parent, conversation_id=self._conversation_id,
+                     platform=platform, model=model, boundary_reason=reason if parent else None)
+        if reason == "compression":
+            self._commit(old if isinstance(old, str) and old else session_id, session_id)
+
+    def _commit(self, source_session: str, target_session: str) -> None:
+        """The host adopted our last pass: publish it (the only commit signal)."""
+        with _session_lock(self.store.location, source_session):
+            staged = self.store.latest_staged(source_session)
+            if staged is None:
+                return
+            self.store.publish_pass(staged.pass_id, into_session=target_session)
+            self._pending.pop(source_session, None)
+            with self._stats_lock:
+                self._stats["compactions"] += 1
+
+    def on_session_end(self, session_id: str, messages: List[Dict[str, Any]]) -> None:
+        # Also fired before every committed compaction: flush only, never close shared things.
+        try:
+            if isinstance(messages, list) and messages:
+                self.ingest(messages, session_id=session_id or self._sid())
+        except Exception as exc:
+            log.warning("lcm: on_session_end flush failed (nothing lost from the host): %s", exc)
+
+    def on_session_reset(self) -> None:
+        super().on_session_reset()
+        self._no_progress_at = None
+        self._overhead = 0
+        self._pending.clear()
+
+    # -- ingestion -----------------------------------------------------------------------------------
+
+    def ingest(self, messages: List[Any], session_id: str | None = None) -> list[Slot]:
+        """Store whatever is new in `messages` and return the aligned slots."""
+        sid = session_id or self._sid()
+        with _session_lock(self.store.location, sid):
+            return self._ingest_locked(sid, messages)[0]
+
+    def _ingest_locked(self, sid: str, messages: List[Any]) -> tuple[list[Slot], int, int]:
+        self._ensure(sid)
+        body = messages[1:] if messages and role_of(messages[0]) == "system" else messages
+        self._adopt_or_drop_stage(sid, body)
+        version, ctx = self.store.get_context(sid)
+        scope = self.store.lineage(sid)
+        cfg = self.config
+        res = align(self.store, sid, scope, body, ctx, large_tokens=cfg.large_message_tokens,
+                    exploration_tokens=cfg.exploration_tokens)
+        entries = slots_to_entries(res.slots)
+        if res.changed or [(e.kind, e.ref) for e in entries] != [(e.kind, e.ref) for e in ctx]:
+            version = self.store.set_context(sid, entries)
+        return res.slots, version, len(entries)
+
+    def _adopt_or_drop_stage(self, sid: str, body: List[Any]) -> None:
+        """Without a commit signal, the host's list itself tells whether it adopted a stage."""
+        staged = self.store.latest_staged(sid)
+        if staged is None:
+            return
+        seen: set[int] = set()
+        for m in body:
+            seen.update(summary_node_ids(m))
+        if staged.top_nodes and set(staged.top_nodes) <= seen:
+            self.store.publish_pass(staged.pass_id)
+            with self._stats_lock:
+                self._stats["compactions"] += 1
+        elif self._pending.get(sid) != staged.pass_id or seen:
+            self.store.discard_pass(staged.pass_id)
+
+    # -- compress -------------------------------------------------------------------------------------
+
+    def compress(self, messages: List[Dict[str, Any]], current_tokens: Optional[int] = None,
+                 focus_topic: Optional[str] = None, force: bool = False, memory_context: str = "",
+                 **kwargs: Any) -> List[Dict[str, Any]]:
+        self._last_compress_aborted = False
+        self._last_summary_error = None
+        self._last_compression_made_progress = False
+        self._last_summary_fallback_used = False
+        if not isinstance(messages, list):
+            try:
+                messages = list(messages)
+            except Exception:
+                return []
+        started = time.perf_counter()
+        try:
+            result = self._compress(messages, current_tokens, focus_topic, bool(force),
+                                    memory_context if isinstance(memory_context, str) else "", kwargs)
+        except Exception as exc:
+            log.exception("lcm: compress failed; returning the conversation unchanged")
+            with self._stats_lock:
+                self._stats["last_reason"] = f"error: {type(exc).__name__}: {exc}"
+            return messages
+        finally:
+            with self._stats_lock:
+                self._stats["last_pass_ms"] = (time.perf_counter() - started) * 1000
+        return result
+
+    def _compress(self, messages: List[Any], current_tokens: Optional[int], focus: Optional[str],
+                  force: bool, memory: str, kwargs: dict[str, Any]) -> List[Dict[str, Any]]:
+        sid = self._sid(kwargs)
+        system = messages[0] if messages and role_of(messages[0]) == "system" else None
+        cfg = self.config
+        lock = _session_lock(self.store.location, sid)
+        if not lock.acquire(timeout=cfg.lock_timeout):
+            self._note("another pass for this session is running")
+            return messages
+        try:
+            with self.store.compaction_lock(sid, cfg.lock_timeout) as got:
+                if not got:
+                    self._note("another process is compacting this session")
+                    return messages
+                slots, version, base_len = self._ingest_locked(sid, messages)
+                ours = estimate_messages_tokens(messages)
+                if isinstance(current_tokens, (int, float)) and current_tokens > ours:
+                    self._overhead = int(current_tokens) - ours
+                budget = self._budget(self._overhead)
+                if not force and ours <= budget.target:
+                    self._note(f"{ours} tokens already within target {budget.target}")
+                    return messages
+                comp = Compactor(self.store, self._get_escalator(), cancelled=self._cancel_check(),
+                                 time_budget=cfg.compaction_time_budget)
+                res: PassResult = comp.run(sid, system, slots, budget, focus=focus or None,
+                                           memory_context=memory, force=force, base_version=version,
+                                           base_len=base_len, tokens_before=ours)
+        finally:
+            lock.release()
+        with self._stats_lock:
+            self._stats["summarizer_calls"] += res.calls
+            self._stats["summarizer_failures"] += res.failures
+            self._stats["last_reason"] = res.reason
+        if not res.progressed:
+            self._no_progress_at = int(current_tokens or ours + self._overhead)
+            self._note(res.reason)
+            return messages
+        self._no_progress_at = None
+        self._pending[sid] = res.pass_id or ""
+        self.compression_count += 1
+        self._last_compression_made_progress = True
+        self._last_summary_fallback_used = bool(res.failures)
+        log.info("lcm: pass %s for %s: %d → %d tokens, %d new nodes, %d summariser calls",
+                 res.pass_id, sid, res.tokens_before, res.tokens_after, res.new_nodes, res.calls)
+        return res.output
+
+    def _cancel_check(self) -> Callable[[], bool] | None:
+        fn = getattr(self, "_compression_cancelled_check", None)
+        return fn if callable(fn) else None
+
+    def _note(self, reason: str) -> None:
+        log.info("lcm: no compaction: %s", reason)
+        with self._stats_lock:
+            self._stats["last_reason"] = reason
+
+    # -- status -------------------------------------------------------------------------------------------
+
+    def get_status(self) -> Dict[str, Any]:
+        status = super().get_status()
+        with self._stats_lock:
+            status.update({f"lcm_{k}": v for k, v in self._stats.items()})
+        status["lcm_session_id"] = self._session_id
+        try:
+            st = self.store.stats()
+            status.update({
+                "lcm_store": st["location"], "lcm_backend": st["backend"], "lcm_messages": st["messages"],
+                "lcm_summaries_by_depth": st["summaries_by_depth"], "lcm_staged_summaries": st["staged_summaries"],
+                "lcm_sessions": st["sessions"], "lcm_store_compactions": st["compactions"],
+            })
+        except Exception as exc:
+            status["lcm_store_error"] = str(exc)
+        return status
+
+    # -- tools (lcm_grep, lcm_describe, lcm_expand, lcm_expand_query) ----------------------------------
+
+    def get_tool_schemas(self) -> List[Dict[str, Any]]:
+        from .tools import TOOL_SCHEMAS
+
+        return copy.deepcopy(TOOL_SCHEMAS)
+
+    def handle_tool_call(self, name: str, args: Dict[str, Any], **kwargs: Any) -> str:
+        from .tools import dispatch
+
+        return dispatch(self, name, args, **kwargs)
+
+
+def _host_available() -> bool:
+    try:
+        import agent.auxiliary_client  # type: ignore  # noqa: F401
+
+        return True
+    except Exception:
+        return False
+
+
+def _cheap_slots(messages: List[Any]) -> list[Slot]:
+    """Slots without the store: enough to see what head/tail protection leaves."""
+    out = []
+    for m in messages:
+        role = role_of(m)
+        if role == "system":
+            continue
+        if summary_node_ids(m):
+            out.append(Slot("S", summary_node_ids(m), m, role, estimate_message_tokens(m)))
+            continue
+        out.append(Slot("m", [0], m, role, estimate_message_tokens(m), call_ids=tool_call_ids(m),
+                        result_for=m.get("tool_call_id") if role == "tool" else None))
+    return out

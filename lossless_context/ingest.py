@@ -1,0 +1,231 @@
+"""Ingestion: align the host's message list with what the store already knows.
+
+The same messages reach the engine many times (every compress(), on_session_end, tool
+calls), and on the released host they carry no ids. So the incoming list is aligned, in
+order, with the session's active context (what we last returned plus what was appended),
+then with the log stored after the last matched message; only what is left is new. A
+user who really says "continue" twice gets two stored messages. Cost is proportional to
+the incoming list (bounded by the window), never to the stored history.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from .assemble import LARGE_OPEN, Slot
+from .explore import explore
+from .messages import (
+    absorbed_uids,
+    content_ident,
+    flatten_content,
+    is_summary_message,
+    message_text,
+    message_uid,
+    role_of,
+    safe_json,
+    summary_node_ids,
+    tool_call_ids,
+)
+from .records import ContextEntry, NewMessage
+from .store.base import Store
+from .tokens import estimate_message_tokens, estimate_text_tokens
+
+log = logging.getLogger("lossless_context.ingest")
+
+LOOKAHEAD = 64
+LOG_WINDOW = 512
+TEXT_INDEX_LIMIT = 1_000_000  # chars of a message indexed for search (raw is kept whole)
+
+
+@dataclass
+class IngestResult:
+    slots: list[Slot]
+    new_ids: list[int]
+    changed: bool
+
+
+def _msg_created_at(msg: Any) -> float:
+    ts = msg.get("timestamp") if isinstance(msg, dict) else None
+    if isinstance(ts, (int, float)) and 0 < ts < 1e11:
+        return float(ts)
+    return time.time()
+
+
+def new_message(msg: Any, large_tokens: int, exploration_tokens: int, supersedes: int | None = None) -> NewMessage:
+    role = role_of(msg)
+    text = message_text(msg, limit=TEXT_INDEX_LIMIT)
+    tokens = estimate_message_tokens(msg)
+    raw = msg if isinstance(msg, dict) else {"_lcm_unparsed": safe_json(msg)}
+    large = tokens > large_tokens
+    exploration = None
+    if large:
+        hint = msg.get("name") if isinstance(msg, dict) else None
+        try:
+            exploration = explore(text, max_tokens=exploration_tokens, hint=hint)
+        except Exception as exc:  # exploration is a convenience; storing must not fail
+            log.warning("lcm: exploration summary failed: %s", exc)
+            exploration = text[: exploration_tokens * 4]
+    return NewMessage(
+        raw=raw, role=role, ident=content_ident(msg), uid=message_uid(msg), text=text,
+        tokens=tokens, created_at=_msg_created_at(msg), supersedes=supersedes,
+        absorbed=absorbed_uids(msg), large=large, exploration=exploration,
+    )
+
+
+def _slot_for(msg: Any, mid: int, tokens: int) -> Slot:
+    role = role_of(msg)
+    if role in ("invalid", "unknown"):
+        return Slot("x", [mid], None, role, 0)
+    return Slot(
+        "m", [mid], msg, role, tokens,
+        call_ids=tool_call_ids(msg),
+        result_for=msg.get("tool_call_id") if role == "tool" else None,
+        text_tokens=tokens,
+    )
+
+
+def _large_ref(msg: Any) -> int | None:
+    if not isinstance(msg, dict):
+        return None
+    c = msg.get("content")
+    if isinstance(c, str) and c.startswith(LARGE_OPEN):
+        rest = c[len(LARGE_OPEN):]
+        num = rest[1: rest.find('"')] if rest.startswith("m") else ""
+        if num.isdigit():
+            return int(num)
+    return None
+
+
+def align(
+    store: Store,
+    session_id: str,
+    scope: Sequence[str],
+    messages: Sequence[Any],
+    context: Sequence[ContextEntry],
+    *,
+    large_tokens: int,
+    exploration_tokens: int,
+) -> IngestResult:
+    """Map every incoming message to a stored one (or store it) and return the slots."""
+    slots: list[Slot | None] = []
+    pending: list[tuple[int, NewMessage, Any]] = []  # (slot index, row, msg)
+    j = 0
+    last_mid = 0
+    log_cache: list[tuple[int, str, str | None]] | None = None
+    log_pos = 0
+    ctx_by_ref = {e.ref: e for e in context if e.kind == "m"}
+    known_summaries = {e.ref for e in context if e.kind == "s"}
+
+    for msg in messages:
+        # 1. Our own summary block (possibly merged into a neighbour by the host).
+        if is_summary_message(msg):
+            nodes = summary_node_ids(msg)
+            valid = [n for n in nodes if n in known_summaries]
+            if valid:
+                slots.append(Slot("S", valid, None, role_of(msg), estimate_message_tokens(msg)))
+                while j < len(context) and not (context[j].kind == "s" and context[j].ref in valid):
+                    j += 1
+                while j < len(context) and context[j].kind == "s":
+                    j += 1
+                if _is_merged(msg):
+                    log.info("lcm: our summary was merged with a neighbour by the host; the merged "
+                             "message is stored verbatim and the summary nodes kept")
+                    row = new_message(msg, large_tokens, exploration_tokens)
+                    pending.append((-1, row, msg))
+                continue
+        # 2. A large message we represented by its exploration summary.
+        lref = _large_ref(msg)
+        if lref is not None and lref in ctx_by_ref:
+            e = ctx_by_ref[lref]
+            s = _slot_for(msg, lref, estimate_message_tokens(msg))
+            s.text_tokens = e.tokens
+            slots.append(s)
+            last_mid = max(last_mid, lref)
+            continue
+        uid = message_uid(msg)
+        ident = content_ident(msg)
+        # 3. The active context, in order, with a bounded lookahead (host may drop items).
+        found = None
+        for k in range(j, min(len(context), j + LOOKAHEAD)):
+            e = context[k]
+            if e.kind == "m" and e.ident == ident:
+                found = k
+                break
+        if found is not None:
+            e = context[found]
+            slots.append(_slot_for(msg, e.ref, e.tokens))
+            j = found + 1
+            last_mid = max(last_mid, e.ref)
+            continue
+        supersedes = None
+        # 4. A known uid: same content is the same message; new content is a new version.
+        if uid:
+            hit = store.find_uid(scope, uid)
+            if hit is not None:
+                if hit[1] == ident:
+                    slots.append(_slot_for(msg, hit[0], estimate_message_tokens(msg)))
+                    last_mid = max(last_mid, hit[0])
+                    continue
+                supersedes = hit[0]
+        # 5. The log stored after the last matched message (e.g. a /compress head prefix
+        #    whose verbatim tail the host re-appended, or a flush by on_session_end).
+        if supersedes is None:
+            if log_cache is None or (log_pos >= len(log_cache) and len(log_cache) == LOG_WINDOW):
+                log_cache = store.log_after(scope, last_mid, LOG_WINDOW)
+                log_pos = 0
+            hit_mid = None
+            for k in range(log_pos, len(log_cache)):
+                mid, mident, muid = log_cache[k]
+                if mid > last_mid and mident == ident and (muid is None or uid is None or muid == uid):
+                    hit_mid = mid
+                    log_pos = k + 1
+                    break
+            if hit_mid is not None:
+                slots.append(_slot_for(msg, hit_mid, estimate_message_tokens(msg)))
+                last_mid = hit_mid
+                continue
+        # 6. New.
+        row = new_message(msg, large_tokens, exploration_tokens, supersedes=supersedes)
+        slots.append(None)
+        pending.append((len(slots) - 1, row, msg))
+
+    new_ids: list[int] = []
+    if pending:
+        ids = store.append_messages(session_id, [p[1] for p in pending])
+        new_ids = ids
+        for (idx, row, msg), mid in zip(pending, ids):
+            if idx < 0:
+                continue
+            if row.large:
+                # Represented by its exploration summary from now on.
+                slot = _slot_for(msg, mid, row.tokens)
+                slot.text_tokens = row.tokens
+                slots[idx] = slot
+            else:
+                slots[idx] = _slot_for(msg, mid, row.tokens)
+    final = [s for s in slots if s is not None]
+    changed = bool(pending) or len(final) != len(context)
+    return IngestResult(final, new_ids, changed)
+
+
+def _is_merged(msg: Any) -> bool:
+    text = flatten_content(msg.get("content")) if isinstance(msg, dict) else ""
+    stripped = text.strip()
+    return not (stripped.startswith("<lcm-summary") and stripped.endswith("</lcm-summary>"))
+
+
+def slots_to_entries(slots: Sequence[Slot]) -> list[ContextEntry]:
+    out: list[ContextEntry] = []
+    for s in slots:
+        if s.kind == "S":
+            out.extend(ContextEntry("s", r, "", "summary", 0) for r in s.refs)
+        elif s.kind == "m":
+            out.append(ContextEntry("m", s.refs[0], "", s.role, s.text_tokens or s.tokens))
+    return out
+
+
+def text_tokens(text: str) -> int:
+    return estimate_text_tokens(text)

@@ -1,0 +1,19 @@
+"""Durable stores for the lossless history: SQLite (embedded default) and PostgreSQL."""
+
+from __future__ import annotations
+
+from .base import Store, StoreError
+
+
+def open_store(location: str) -> Store:
+    """Open (lazily connecting) the store named by a path or a postgresql:// DSN."""
+    if location.startswith(("postgresql://", "postgres://")):
+        from .postgres import PostgresStore
+
+        return PostgresStore(location)
+    from .sqlite import SQLiteStore
+
+    return SQLiteStore(location)
+
+
+__all__ = ["Store", "StoreError", "open_store"]

@@ -1,0 +1,152 @@
+"""The store interface shared by the SQLite and PostgreSQL backends.
+
+The engine, the tools and the CLI talk only to this interface. Every method is safe to
+call from several threads; each backend owns its connections (one per thread or a pool).
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from typing import Any, Iterator, Sequence
+
+from ..records import (
+    ContextEntry,
+    MessageRecord,
+    NewMessage,
+    NewSummary,
+    StagedPass,
+    SummaryRecord,
+)
+
+
+class StoreError(RuntimeError):
+    """A store operation failed in a way the caller should report, not crash on."""
+
+
+class Store(abc.ABC):
+    location: str
+    kind: str
+
+    # -- sessions -----------------------------------------------------------
+    @abc.abstractmethod
+    def ensure_session(
+        self,
+        session_id: str,
+        *,
+        parent_id: str | None = None,
+        conversation_id: str | None = None,
+        platform: str | None = None,
+        model: str | None = None,
+        boundary_reason: str | None = None,
+    ) -> None: ...
+
+    @abc.abstractmethod
+    def get_session(self, session_id: str) -> dict[str, Any] | None: ...
+
+    @abc.abstractmethod
+    def list_sessions(self) -> list[dict[str, Any]]: ...
+
+    @abc.abstractmethod
+    def lineage(self, session_id: str) -> list[str]:
+        """Sessions whose history `session_id` may see: ancestors and same conversation."""
+
+    # -- messages -----------------------------------------------------------
+    @abc.abstractmethod
+    def append_messages(self, session_id: str, rows: Sequence[NewMessage]) -> list[int]: ...
+
+    @abc.abstractmethod
+    def get_messages(self, ids: Sequence[int]) -> dict[int, MessageRecord]: ...
+
+    @abc.abstractmethod
+    def log_after(self, session_ids: Sequence[str], after_id: int, limit: int) -> list[tuple[int, str, str | None]]:
+        """(id, ident, uid) of messages stored after `after_id` in these sessions, in order."""
+
+    @abc.abstractmethod
+    def find_uid(self, session_ids: Sequence[str], uid: str) -> tuple[int, str] | None:
+        """(id, ident) of the newest stored version of a message uid."""
+
+    @abc.abstractmethod
+    def session_messages(self, session_id: str, after_seq: int = -1, limit: int = 1000) -> list[MessageRecord]: ...
+
+    # -- active context and staged passes ----------------------------------
+    @abc.abstractmethod
+    def get_context(self, session_id: str) -> tuple[int, list[ContextEntry]]: ...
+
+    @abc.abstractmethod
+    def set_context(self, session_id: str, entries: Sequence[ContextEntry], expected_version: int | None = None) -> int: ...
+
+    @abc.abstractmethod
+    def stage_pass(
+        self,
+        session_id: str,
+        pass_id: str,
+        summaries: Sequence[NewSummary],
+        items: Sequence[tuple[str, Any]],
+        base_version: int,
+        base_len: int,
+    ) -> tuple[dict[str, int], list[tuple[str, int]]]:
+        """Write staged summaries and the staged context; returns key→id and resolved items."""
+
+    @abc.abstractmethod
+    def latest_staged(self, session_id: str) -> StagedPass | None: ...
+
+    @abc.abstractmethod
+    def publish_pass(self, pass_id: str, into_session: str | None = None) -> bool: ...
+
+    @abc.abstractmethod
+    def discard_pass(self, pass_id: str) -> None: ...
+
+    @abc.abstractmethod
+    def discard_stale(self, session_id: str, keep: str | None = None) -> int: ...
+
+    # -- summaries -----------------------------------------------------------
+    @abc.abstractmethod
+    def get_summaries(self, ids: Sequence[int], include_staged: bool = False) -> dict[int, SummaryRecord]: ...
+
+    @abc.abstractmethod
+    def summary_children(self, summary_id: int) -> tuple[list[int], list[int]]:
+        """(child summary ids, message ids) in order."""
+
+    @abc.abstractmethod
+    def summary_parents(self, summary_id: int) -> list[int]: ...
+
+    @abc.abstractmethod
+    def message_summaries(self, message_id: int) -> list[int]:
+        """Published leaf summaries covering a message."""
+
+    @abc.abstractmethod
+    def update_summary_text(self, summary_id: int, text: str, tokens: int, level: str, summarizer: str) -> None: ...
+
+    # -- search ---------------------------------------------------------------
+    @abc.abstractmethod
+    def search(
+        self,
+        target: str,
+        session_ids: Sequence[str] | None,
+        plan: Any,
+        *,
+        mode: str = "fts",  # fts | substring | regex
+        regex: Any = None,
+        role: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        under_summary: int | None = None,
+        limit: int = 10,
+        offset: int = 0,
+    ) -> list[dict[str, Any]]:
+        """Rows with id, session_id, role (messages), created_at, text, rank."""
+
+    # -- maintenance ----------------------------------------------------------
+    @abc.abstractmethod
+    def stats(self, session_id: str | None = None) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    def compaction_lock(self, session_id: str, timeout: float) -> contextlib.AbstractContextManager[bool]:
+        """Per-session lock across threads and processes; yields False on timeout."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    @abc.abstractmethod
+    def iter_all_messages(self, batch: int = 1000) -> Iterator[MessageRecord]: ...

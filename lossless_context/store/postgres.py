@@ -1,0 +1,957 @@
+"""PostgreSQL store: the same behaviour as :class:`~.sqlite.SQLiteStore`, for shared or
+multi-host deployments (``lcm.store: postgresql://user@host/db``).
+
+* psycopg 3 with a small :class:`psycopg_pool.ConnectionPool` (1–4 connections, autocommit),
+  opened on first use, never at construction; migrations run then, once per process,
+  serialised across processes and hosts by ``pg_advisory_xact_lock``.
+* Every write method is one transaction (``with conn.transaction()``): a crashed host
+  leaves nothing half-written. Writes that touch a session first lock its ``sessions``
+  row (``FOR NO KEY UPDATE``), which serialises writers per session exactly as SQLite's
+  single writer does globally (``seq`` allocation, context versions, publish), and keeps
+  message ids increasing in commit order within a session. Deadlocks are retried.
+* ``raw`` is TEXT holding the JSON string byte for byte (never JSONB). PostgreSQL rejects
+  NUL characters and unpaired surrogates in text: other text values are cleaned
+  (NUL removed, lone surrogates → U+FFFD); JSON escapes both, so ``raw`` needs nothing.
+* Full-text search: a generated ``tsv`` column (``to_tsvector('english', text)``) with a GIN
+  index, queried with ``to_tsquery('english', plan.pg_tsquery)`` and ranked with
+  ``ts_rank_cd``; ``rank`` is the negated score so SMALLER is better, like SQLite's bm25.
+  Substring search uses ``ILIKE … ESCAPE '\\'`` (trigram-indexed when ``pg_trgm`` exists).
+* ``compaction_lock`` is a session-level advisory lock held on a dedicated connection from
+  a separate small pool (so lock holders never starve the data pool); the server drops it
+  if the holder's connection dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+import threading
+import time
+from typing import Any, Callable, Iterator, Sequence, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from ..messages import safe_json
+from ..records import (
+    ContextEntry,
+    MessageRecord,
+    NewMessage,
+    NewSummary,
+    StagedPass,
+    SummaryRecord,
+)
+from .base import Store, StoreError
+from .postgres_migrations import MIGRATION_LOCK_KEY, MIGRATIONS, OPTIONAL
+
+try:  # optional dependency: `pip install lossless-context[postgres]`
+    import psycopg
+    from psycopg import errors as pg_errors
+    from psycopg_pool import ConnectionPool, PoolTimeout
+except ImportError:  # pragma: no cover - reported when the store is first used
+    psycopg = None  # type: ignore[assignment]
+    pg_errors = None  # type: ignore[assignment]
+    ConnectionPool = None  # type: ignore[assignment,misc]
+    PoolTimeout = Exception  # type: ignore[assignment,misc]
+
+log = logging.getLogger("lossless_context.store")
+
+T = TypeVar("T")
+
+_MSG_COLS = "id, session_id, seq, uid, ident, role, raw, text, tokens, created_at, large, exploration"
+_SUM_COLS = (
+    "id, session_id, kind, depth, text, tokens, source_tokens, level, summarizer, "
+    "t_start, t_end, n_messages, state, pass_id, created_at"
+)
+_TABLES = ("sessions", "messages", "message_absorbed", "summaries", "summary_messages",
+           "summary_parents", "context_items", "staged_passes", "lcm_migrations")
+POOL_MIN, POOL_MAX = 1, 4
+LOCK_POOL_MAX = 16
+CONNECT_TIMEOUT = 15.0  # seconds to reach the server at first use
+POOL_TIMEOUT = 15.0  # seconds to wait for a free (or re-established) pooled connection
+_RETRIES = 6
+
+_SURROGATE_PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _t(s: Any) -> Any:
+    """A str PostgreSQL accepts: NUL removed, surrogate pairs joined, lone ones → U+FFFD."""
+    if not isinstance(s, str):
+        return s
+    if "\x00" in s:
+        s = s.replace("\x00", "")
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        s = _SURROGATE_PAIR.sub(
+            lambda m: chr(0x10000 + ((ord(m[0][0]) - 0xD800) << 10) + ord(m[0][1]) - 0xDC00), s)
+        s = _SURROGATE.sub("\ufffd", s)
+    return s
+
+
+def _msg(row: tuple) -> MessageRecord:
+    try:
+        raw = json.loads(row[6])
+    except ValueError:
+        raw = row[6]
+    return MessageRecord(
+        id=row[0], session_id=row[1], seq=row[2], uid=row[3], ident=row[4], role=row[5],
+        raw=raw, text=row[7], tokens=row[8], created_at=row[9], large=bool(row[10]),
+        exploration=row[11],
+    )
+
+
+def _sum(row: tuple) -> SummaryRecord:
+    return SummaryRecord(*row)
+
+
+def _lock_key(namespace: str, name: str) -> int:
+    """A signed 64-bit advisory-lock key, the same on every host and server version."""
+    data = namespace.encode() + b"\x00" + name.encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big", signed=True)
+
+
+def _mask_dsn(dsn: str) -> str:
+    """The DSN without its password (it shows in stats and logs)."""
+    try:
+        parts = urlsplit(dsn)
+        if parts.password is not None:
+            user, host = parts.netloc.rsplit("@", 1)[0].split(":", 1)[0], parts.netloc.rsplit("@", 1)[1]
+            parts = parts._replace(netloc=f"{user}:***@{host}")
+        query = re.sub(r"(?i)(^|&)(password=)[^&]*", r"\1\2***", parts.query)
+        return urlunsplit(parts._replace(query=query))
+    except (ValueError, IndexError):
+        return re.sub(r":[^:@/]*@", ":***@", dsn)
+
+
+class PostgresStore(Store):
+    kind = "postgresql"
+
+    def __init__(self, location: str, *, pool_max: int = POOL_MAX) -> None:
+        self._dsn = location
+        self.location = _mask_dsn(location)
+        self._pool_max = max(POOL_MIN, int(pool_max))
+        self._pool: Any = None
+        self._lock_pool: Any = None
+        self._pool_lock = threading.Lock()
+        self._pid = os.getpid()
+
+    # -- connections ----------------------------------------------------------------
+
+    def _pools(self) -> tuple[Any, Any]:
+        pool, lock_pool = self._pool, self._lock_pool
+        if pool is not None and lock_pool is not None and self._pid == os.getpid():
+            return pool, lock_pool
+        with self._pool_lock:
+            if self._pid != os.getpid():
+                # A forked child must not touch the parent's sockets (closing them would end
+                # the parent's sessions): forget the inherited pools and open new ones.
+                self._pool = self._lock_pool = None
+                self._pid = os.getpid()
+            if self._pool is None:
+                if psycopg is None:
+                    raise StoreError(
+                        "the PostgreSQL store needs psycopg 3 and psycopg-pool: "
+                        "pip install 'lossless-context[postgres]'")
+                # Connect and migrate directly first: an unreachable server fails fast and
+                # clearly here instead of inside the pool's background reconnect loop.
+                with self._connect_once() as conn:
+                    try:
+                        self._migrate(conn)
+                    except psycopg.Error as exc:
+                        raise StoreError(f"cannot migrate store {self.location}: {str(exc).strip()}") from exc
+                self._pool = self._new_pool(POOL_MIN, self._pool_max, "lcm")
+                self._lock_pool = self._new_pool(0, LOCK_POOL_MAX, "lcm-locks")
+            return self._pool, self._lock_pool
+
+    def _connect_once(self) -> Any:
+        kwargs: dict[str, Any] = {"autocommit": True}
+        try:
+            if "connect_timeout" not in psycopg.conninfo.conninfo_to_dict(self._dsn):
+                kwargs["connect_timeout"] = int(CONNECT_TIMEOUT)
+        except psycopg.ProgrammingError as exc:
+            raise StoreError(f"invalid store DSN {self.location}: {exc}") from exc
+        try:
+            return psycopg.connect(self._dsn, **kwargs)
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot open store {self.location}: {str(exc).strip()}") from exc
+
+    def _new_pool(self, min_size: int, max_size: int, name: str) -> Any:
+        # Opened without waiting: the server was just reached; the pool fills in the background.
+        pool = ConnectionPool(
+            self._dsn, min_size=min_size, max_size=max_size, open=False, name=name,
+            kwargs={"autocommit": True}, check=ConnectionPool.check_connection,
+            timeout=POOL_TIMEOUT, num_workers=1,
+        )
+        pool.open(wait=False)
+        return pool
+
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[Any]:
+        pool, _ = self._pools()
+        try:
+            with pool.connection() as conn:
+                yield conn
+        except PoolTimeout as exc:
+            raise StoreError(f"store {self.location}: no connection available: {exc}") from exc
+        except psycopg.OperationalError as exc:
+            if isinstance(exc, pg_errors.TransactionRollback):
+                raise
+            raise StoreError(f"store {self.location}: {exc}") from exc
+
+    def _read(self, fn: Callable[[Any], T]) -> T:
+        with self._connection() as conn:
+            return fn(conn)
+
+    def _write(self, fn: Callable[[Any], T]) -> T:
+        """Run `fn(conn)` in one transaction; deadlocks and serialisation failures retry."""
+        for attempt in range(_RETRIES):
+            try:
+                with self._connection() as conn:
+                    with conn.transaction():
+                        return fn(conn)
+            except pg_errors.TransactionRollback as exc:  # rolled back: safe to run again
+                if attempt == _RETRIES - 1:
+                    raise StoreError(f"store {self.location}: {exc}") from exc
+                time.sleep(0.01 * (2 ** attempt) * (1 + random.random()))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _migrate(self, conn: Any) -> None:
+        def pending() -> list[str]:
+            done: set[str] = set()
+            if conn.execute("SELECT to_regclass('lcm_migrations')").fetchone()[0] is not None:
+                done = {r[0] for r in conn.execute("SELECT name FROM lcm_migrations")}
+            return [name for name, _ in MIGRATIONS if name not in done]
+
+        if not pending():
+            return
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS lcm_migrations"
+                " (name TEXT PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)")
+            todo = set(pending())  # re-read under the lock: another process may have migrated
+            for name, sql in MIGRATIONS:
+                if name not in todo:
+                    continue
+                if name in OPTIONAL:
+                    try:
+                        with conn.transaction():  # a savepoint
+                            conn.execute(sql)
+                            conn.execute("INSERT INTO lcm_migrations(name, applied_at) VALUES (%s, %s)",
+                                         (name, time.time()))
+                    except psycopg.Error as exc:
+                        log.warning("lcm store %s: optional migration %s skipped: %s",
+                                    self.location, name, str(exc).strip())
+                        continue
+                else:
+                    conn.execute(sql)
+                    conn.execute("INSERT INTO lcm_migrations(name, applied_at) VALUES (%s, %s)",
+                                 (name, time.time()))
+                log.info("lcm store %s: applied migration %s", self.location, name)
+
+    def applied_migrations(self) -> list[str]:
+        return self._read(lambda c: [r[0] for r in c.execute("SELECT name FROM lcm_migrations ORDER BY name")])
+
+    def close(self) -> None:
+        with self._pool_lock:
+            pools, self._pool, self._lock_pool = (self._pool, self._lock_pool), None, None
+        for p in pools:
+            if p is not None:
+                try:
+                    p.close()
+                except Exception:  # pragma: no cover - closing must not raise
+                    pass
+
+    @staticmethod
+    def _lock_sessions(c: Any, *session_ids: str | None) -> dict[str, int]:
+        """Lock these sessions' rows (sorted, so concurrent writers never deadlock);
+        returns id → context_version of the rows that exist."""
+        ids = sorted({_t(s) for s in session_ids if s is not None})
+        rows = c.execute(
+            "SELECT id, context_version FROM sessions WHERE id = ANY(%s::text[]) ORDER BY id FOR NO KEY UPDATE",
+            (ids,),
+        ).fetchall()
+        return {r[0]: r[1] for r in rows}
+
+    # -- sessions ----------------------------------------------------------------------
+
+    def ensure_session(
+        self,
+        session_id: str,
+        *,
+        parent_id: str | None = None,
+        conversation_id: str | None = None,
+        platform: str | None = None,
+        model: str | None = None,
+        boundary_reason: str | None = None,
+    ) -> None:
+        now = time.time()
+        sid = _t(session_id)
+        pid = _t(parent_id) if parent_id and parent_id != session_id else None
+        if pid == sid:
+            pid = None
+
+        def tx(c: Any) -> None:
+            if pid:
+                c.execute(
+                    "INSERT INTO sessions(id, created_at, updated_at) VALUES (%s, %s, %s) ON CONFLICT (id) DO NOTHING",
+                    (pid, now, now),
+                )
+            c.execute(
+                "INSERT INTO sessions(id, parent_id, conversation_id, platform, model, created_at, updated_at,"
+                " boundary_reason) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+                " ON CONFLICT (id) DO UPDATE SET"
+                " parent_id = COALESCE(sessions.parent_id, EXCLUDED.parent_id),"
+                " conversation_id = COALESCE(sessions.conversation_id, EXCLUDED.conversation_id),"
+                " platform = COALESCE(EXCLUDED.platform, sessions.platform),"
+                " model = COALESCE(EXCLUDED.model, sessions.model),"
+                " updated_at = EXCLUDED.updated_at,"
+                " boundary_reason = COALESCE(EXCLUDED.boundary_reason, sessions.boundary_reason)",
+                (sid, pid, _t(conversation_id), _t(platform), _t(model), now, now, _t(boundary_reason)),
+            )
+
+        self._write(tx)
+
+    def get_session(self, session_id: str) -> dict[str, Any] | None:
+        row = self._read(lambda c: c.execute(
+            "SELECT id, parent_id, conversation_id, platform, model, created_at, updated_at,"
+            " context_version, compactions, last_compaction_at, boundary_reason FROM sessions WHERE id=%s",
+            (_t(session_id),),
+        ).fetchone())
+        if row is None:
+            return None
+        keys = ("id", "parent_id", "conversation_id", "platform", "model", "created_at", "updated_at",
+                "context_version", "compactions", "last_compaction_at", "boundary_reason")
+        return dict(zip(keys, row))
+
+    def list_sessions(self) -> list[dict[str, Any]]:
+        rows = self._read(lambda c: c.execute(
+            "SELECT s.id, s.parent_id, s.conversation_id, s.created_at, s.updated_at, s.compactions,"
+            " s.last_compaction_at,"
+            " (SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id),"
+            " (SELECT COUNT(*) FROM summaries x WHERE x.session_id = s.id AND x.state='published')"
+            " FROM sessions s ORDER BY s.created_at, s.id"
+        ).fetchall())
+        keys = ("id", "parent_id", "conversation_id", "created_at", "updated_at", "compactions",
+                "last_compaction_at", "messages", "summaries")
+        return [dict(zip(keys, r)) for r in rows]
+
+    def lineage(self, session_id: str) -> list[str]:
+        def run(c: Any) -> list[str]:
+            seen: list[str] = []
+            frontier = [_t(session_id)]
+            conv: set[str] = set()
+            while frontier:
+                sid = frontier.pop()
+                if sid in seen:
+                    continue
+                seen.append(sid)
+                row = c.execute("SELECT parent_id, conversation_id FROM sessions WHERE id=%s", (sid,)).fetchone()
+                if row is None:
+                    continue
+                if row[0]:
+                    frontier.append(row[0])
+                if row[1] and row[1] not in conv:
+                    conv.add(row[1])
+                    frontier.extend(
+                        r[0] for r in c.execute(
+                            "SELECT id FROM sessions WHERE conversation_id=%s ORDER BY created_at, id", (row[1],))
+                    )
+            return seen
+
+        return self._read(run)
+
+    # -- messages -------------------------------------------------------------------------
+
+    def append_messages(self, session_id: str, rows: Sequence[NewMessage]) -> list[int]:
+        if not rows:
+            return []
+        sid = _t(session_id)
+
+        def tx(c: Any) -> list[int]:
+            self._lock_sessions(c, sid)  # one writer per session: seq and id order are safe
+            seq = c.execute("SELECT COALESCE(MAX(seq), -1) FROM messages WHERE session_id=%s", (sid,)).fetchone()[0]
+            params = []
+            for r in rows:
+                seq += 1
+                params.append((sid, seq, _t(r.uid), _t(r.ident), _t(r.role), _t(safe_json(r.raw)), _t(r.text),
+                               r.tokens, r.created_at, r.supersedes, bool(r.large), _t(r.exploration)))
+            ids: list[int] = []
+            with c.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO messages(session_id, seq, uid, ident, role, raw, text, tokens, created_at,"
+                    " supersedes, large, exploration) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) RETURNING id",
+                    params, returning=True,
+                )
+                while True:
+                    ids.append(cur.fetchone()[0])
+                    if not cur.nextset():
+                        break
+                absorbed = [(mid, _t(u)) for mid, r in zip(ids, rows) for u in r.absorbed]
+                if absorbed:
+                    cur.executemany(
+                        "INSERT INTO message_absorbed(message_id, uid) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                        absorbed,
+                    )
+            c.execute("UPDATE sessions SET updated_at=%s WHERE id=%s", (time.time(), sid))
+            return ids
+
+        return self._write(tx)
+
+    def get_messages(self, ids: Sequence[int]) -> dict[int, MessageRecord]:
+        ids = list(dict.fromkeys(int(i) for i in ids))
+        if not ids:
+            return {}
+        rows = self._read(lambda c: c.execute(
+            f"SELECT {_MSG_COLS} FROM messages WHERE id = ANY(%s::bigint[])", (ids,)).fetchall())
+        return {r[0]: _msg(r) for r in rows}
+
+    def log_after(self, session_ids: Sequence[str], after_id: int, limit: int) -> list[tuple[int, str, str | None]]:
+        if not session_ids:
+            return []
+        rows = self._read(lambda c: c.execute(
+            "SELECT id, ident, uid FROM messages WHERE session_id = ANY(%s::text[]) AND id > %s ORDER BY id LIMIT %s",
+            ([_t(s) for s in session_ids], after_id, limit),
+        ).fetchall())
+        return [tuple(r) for r in rows]
+
+    def find_uid(self, session_ids: Sequence[str], uid: str) -> tuple[int, str] | None:
+        row = self._read(lambda c: c.execute(
+            "SELECT id, ident FROM messages WHERE uid=%s AND session_id = ANY(%s::text[]) ORDER BY id DESC LIMIT 1",
+            (_t(uid), [_t(s) for s in session_ids]),
+        ).fetchone())
+        return (row[0], row[1]) if row else None
+
+    def session_messages(self, session_id: str, after_seq: int = -1, limit: int = 1000) -> list[MessageRecord]:
+        rows = self._read(lambda c: c.execute(
+            f"SELECT {_MSG_COLS} FROM messages WHERE session_id=%s AND seq>%s ORDER BY seq LIMIT %s",
+            (_t(session_id), after_seq, limit),
+        ).fetchall())
+        return [_msg(r) for r in rows]
+
+    def iter_all_messages(self, batch: int = 1000) -> Iterator[MessageRecord]:
+        last = 0
+        while True:
+            rows = self._read(lambda c: c.execute(
+                f"SELECT {_MSG_COLS} FROM messages WHERE id>%s ORDER BY id LIMIT %s", (last, batch)).fetchall())
+            if not rows:
+                return
+            for r in rows:
+                yield _msg(r)
+            last = rows[-1][0]
+
+    # -- active context -----------------------------------------------------------------------
+
+    def get_context(self, session_id: str) -> tuple[int, list[ContextEntry]]:
+        # One statement, so the version and the items come from the same snapshot.
+        rows = self._read(lambda c: c.execute(
+            "SELECT s.context_version, ci.pos, ci.message_id, ci.summary_id, m.ident, m.role, m.tokens, x.tokens"
+            " FROM sessions s LEFT JOIN context_items ci ON ci.session_id = s.id"
+            " LEFT JOIN messages m ON m.id = ci.message_id"
+            " LEFT JOIN summaries x ON x.id = ci.summary_id WHERE s.id=%s ORDER BY ci.pos",
+            (_t(session_id),),
+        ).fetchall())
+        if not rows:
+            return 0, []
+        entries = []
+        for _v, pos, mid, sid, m_ident, m_role, m_tokens, s_tokens in rows:
+            if pos is None:
+                continue
+            if mid is not None:
+                entries.append(ContextEntry("m", mid, m_ident, m_role, m_tokens))
+            else:
+                entries.append(ContextEntry("s", sid, "", "summary", s_tokens or 0))
+        return rows[0][0], entries
+
+    def set_context(self, session_id: str, entries: Sequence[ContextEntry], expected_version: int | None = None) -> int:
+        sid = _t(session_id)
+
+        def tx(c: Any) -> int:
+            versions = self._lock_sessions(c, sid)
+            if sid not in versions:
+                raise StoreError(f"unknown session {session_id}")
+            if expected_version is not None and versions[sid] != expected_version:
+                raise StoreError("context changed concurrently")
+            self._write_context(c, sid, [(e.kind, e.ref) for e in entries])
+            return versions[sid] + 1
+
+        return self._write(tx)
+
+    @staticmethod
+    def _write_context(c: Any, session_id: str, items: Sequence[tuple[str, int]]) -> None:
+        c.execute("DELETE FROM context_items WHERE session_id=%s", (session_id,))
+        if items:
+            c.execute(
+                "INSERT INTO context_items(session_id, pos, message_id, summary_id)"
+                " SELECT %s, u.ord - 1, u.m, u.s FROM unnest(%s::bigint[], %s::bigint[]) WITH ORDINALITY AS u(m, s, ord)",
+                (session_id,
+                 [int(ref) if kind == "m" else None for kind, ref in items],
+                 [int(ref) if kind == "s" else None for kind, ref in items]),
+            )
+        c.execute(
+            "UPDATE sessions SET context_version = context_version + 1, updated_at=%s WHERE id=%s",
+            (time.time(), session_id),
+        )
+
+    # -- staged passes ------------------------------------------------------------------------
+
+    def stage_pass(
+        self,
+        session_id: str,
+        pass_id: str,
+        summaries: Sequence[NewSummary],
+        items: Sequence[tuple[str, Any]],
+        base_version: int,
+        base_len: int,
+    ) -> tuple[dict[str, int], list[tuple[str, int]]]:
+        now = time.time()
+        sid, pid = _t(session_id), _t(pass_id)
+
+        def tx(c: Any) -> tuple[dict[str, int], list[tuple[str, int]]]:
+            self._lock_sessions(c, sid)
+            keymap: dict[str, int] = {}
+            for s in summaries:
+                new_id = c.execute(
+                    "INSERT INTO summaries(session_id, kind, depth, text, tokens, source_tokens, level,"
+                    " summarizer, t_start, t_end, n_messages, state, pass_id, created_at)"
+                    " VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,'staged',%s,%s) RETURNING id",
+                    (sid, _t(s.kind), s.depth, _t(s.text), s.tokens, s.source_tokens, _t(s.level),
+                     _t(s.summarizer), s.t_start, s.t_end, s.n_messages, pid, now),
+                ).fetchone()[0]
+                keymap[s.key] = new_id
+                if s.message_ids:
+                    c.execute(
+                        "INSERT INTO summary_messages(summary_id, message_id, ord)"
+                        " SELECT %s, u.m, u.ord - 1 FROM unnest(%s::bigint[]) WITH ORDINALITY AS u(m, ord)",
+                        (new_id, [int(m) for m in s.message_ids]),
+                    )
+                if s.child_keys:
+                    c.execute(
+                        "INSERT INTO summary_parents(parent_id, child_id, ord)"
+                        " SELECT %s, u.k, u.ord - 1 FROM unnest(%s::bigint[]) WITH ORDINALITY AS u(k, ord)",
+                        (new_id, [keymap[k] if isinstance(k, str) else int(k) for k in s.child_keys]),
+                    )
+            resolved = [(k, keymap[r] if isinstance(r, str) else int(r)) for k, r in items]
+            top = [r for k, r in resolved if k == "s"]
+            c.execute(
+                "INSERT INTO staged_passes(pass_id, session_id, base_version, base_len, items, top_nodes,"
+                " created_at) VALUES (%s,%s,%s,%s,%s,%s,%s)",
+                (pid, sid, base_version, base_len, json.dumps(resolved), json.dumps(top), now),
+            )
+            return keymap, resolved
+
+        return self._write(tx)
+
+    def latest_staged(self, session_id: str) -> StagedPass | None:
+        row = self._read(lambda c: c.execute(
+            "SELECT pass_id, session_id, base_version, base_len, items, top_nodes, created_at"
+            " FROM staged_passes WHERE session_id=%s ORDER BY created_at DESC, rid DESC LIMIT 1",
+            (_t(session_id),),
+        ).fetchone())
+        if row is None:
+            return None
+        return StagedPass(row[0], row[1], row[2], row[3], [tuple(x) for x in json.loads(row[4])],
+                          json.loads(row[5]), row[6])
+
+    def publish_pass(self, pass_id: str, into_session: str | None = None) -> bool:
+        pid = _t(pass_id)
+        into = _t(into_session) if into_session else None
+
+        def tx(c: Any) -> bool:
+            first = c.execute("SELECT session_id FROM staged_passes WHERE pass_id=%s", (pid,)).fetchone()
+            if first is None:
+                return False
+            session_id = first[0]
+            # Lock the sessions first (the order every writer uses), then re-read the stage:
+            # a concurrent publish of the same pass may have consumed it meanwhile.
+            versions = self._lock_sessions(c, session_id, into)
+            row = c.execute(
+                "SELECT session_id, base_version, base_len, items FROM staged_passes WHERE pass_id=%s FOR UPDATE",
+                (pid,),
+            ).fetchone()
+            if row is None or row[0] != session_id:
+                raise _Retry()
+            _, base_version, base_len, items_json = row
+            items = [tuple(x) for x in json.loads(items_json)]
+            cur = versions.get(session_id)
+            if cur is not None and cur != base_version:
+                # The published context moved on since staging: keep what was appended after
+                # the staged base so no message reference is lost.
+                extra = c.execute(
+                    "SELECT message_id, summary_id FROM context_items WHERE session_id=%s AND pos>=%s ORDER BY pos",
+                    (session_id, base_len),
+                ).fetchall()
+                have = {tuple(x) for x in items}
+                for mid, sid in extra:
+                    it = ("m", mid) if mid is not None else ("s", sid)
+                    if it not in have:
+                        items.append(it)
+            c.execute("UPDATE summaries SET state='published' WHERE pass_id=%s", (pid,))
+            c.execute(
+                "UPDATE sessions SET compactions = compactions + 1, last_compaction_at=%s WHERE id=%s",
+                (time.time(), session_id),
+            )
+            self._write_context(c, session_id, items)
+            if into and into != session_id:
+                self._write_context(c, into, items)
+            c.execute("DELETE FROM staged_passes WHERE pass_id=%s", (pid,))
+            # Older stages of this session can never be adopted any more.
+            self._discard_stale_tx(c, session_id, keep=None)
+            return True
+
+        for _ in range(_RETRIES):
+            try:
+                return self._write(tx)
+            except _Retry:
+                continue
+        return self._write(tx)
+
+    def discard_pass(self, pass_id: str) -> None:
+        pid = _t(pass_id)
+
+        def tx(c: Any) -> None:
+            owners = [r[0] for r in c.execute(
+                "SELECT session_id FROM staged_passes WHERE pass_id=%s"
+                " UNION SELECT session_id FROM summaries WHERE pass_id=%s AND state='staged'",
+                (pid, pid),
+            )]
+            self._lock_sessions(c, *owners)
+            c.execute("DELETE FROM summaries WHERE pass_id=%s AND state='staged'", (pid,))
+            c.execute("DELETE FROM staged_passes WHERE pass_id=%s", (pid,))
+
+        self._write(tx)
+
+    def discard_stale(self, session_id: str, keep: str | None = None) -> int:
+        sid = _t(session_id)
+
+        def tx(c: Any) -> int:
+            self._lock_sessions(c, sid)
+            return self._discard_stale_tx(c, sid, _t(keep))
+
+        return self._write(tx)
+
+    @staticmethod
+    def _discard_stale_tx(c: Any, session_id: str, keep: str | None) -> int:
+        rows = c.execute(
+            "SELECT pass_id FROM staged_passes WHERE session_id=%s AND pass_id IS DISTINCT FROM %s",
+            (session_id, keep),
+        ).fetchall()
+        orphan = c.execute(
+            "SELECT DISTINCT pass_id FROM summaries WHERE session_id=%s AND state='staged'"
+            " AND pass_id IS DISTINCT FROM %s"
+            " AND pass_id NOT IN (SELECT pass_id FROM staged_passes)",
+            (session_id, keep),
+        ).fetchall()
+        ids = {r[0] for r in rows} | {r[0] for r in orphan}
+        if ids:
+            c.execute("DELETE FROM summaries WHERE pass_id = ANY(%s::text[]) AND state='staged'", (list(ids),))
+            c.execute("DELETE FROM staged_passes WHERE pass_id = ANY(%s::text[])", (list(ids),))
+        return len(ids)
+
+    # -- summaries ------------------------------------------------------------------------------
+
+    def get_summaries(self, ids: Sequence[int], include_staged: bool = False) -> dict[int, SummaryRecord]:
+        ids = list(dict.fromkeys(int(i) for i in ids))
+        if not ids:
+            return {}
+        state = "" if include_staged else " AND state='published'"
+        rows = self._read(lambda c: c.execute(
+            f"SELECT {_SUM_COLS} FROM summaries WHERE id = ANY(%s::bigint[]){state}", (ids,)).fetchall())
+        return {r[0]: _sum(r) for r in rows}
+
+    def summary_children(self, summary_id: int) -> tuple[list[int], list[int]]:
+        def run(c: Any) -> tuple[list[int], list[int]]:
+            kids = [r[0] for r in c.execute(
+                "SELECT child_id FROM summary_parents WHERE parent_id=%s ORDER BY ord", (summary_id,))]
+            msgs = [r[0] for r in c.execute(
+                "SELECT message_id FROM summary_messages WHERE summary_id=%s ORDER BY ord", (summary_id,))]
+            return kids, msgs
+
+        return self._read(run)
+
+    def summary_parents(self, summary_id: int) -> list[int]:
+        return self._read(lambda c: [r[0] for r in c.execute(
+            "SELECT sp.parent_id FROM summary_parents sp JOIN summaries s ON s.id = sp.parent_id"
+            " WHERE sp.child_id=%s AND s.state='published' ORDER BY sp.parent_id", (summary_id,))])
+
+    def message_summaries(self, message_id: int) -> list[int]:
+        return self._read(lambda c: [r[0] for r in c.execute(
+            "SELECT sm.summary_id FROM summary_messages sm JOIN summaries s ON s.id = sm.summary_id"
+            " WHERE sm.message_id=%s AND s.state='published' ORDER BY sm.summary_id", (message_id,))])
+
+    def update_summary_text(self, summary_id: int, text: str, tokens: int, level: str, summarizer: str) -> None:
+        self._write(lambda c: c.execute(
+            "UPDATE summaries SET text=%s, tokens=%s, level=%s, summarizer=%s WHERE id=%s",
+            (_t(text), tokens, _t(level), _t(summarizer), summary_id),
+        ))
+
+    # -- search ---------------------------------------------------------------------------------
+
+    def search(
+        self,
+        target: str,
+        session_ids: Sequence[str] | None,
+        plan: Any,
+        *,
+        mode: str = "fts",
+        regex: Any = None,
+        role: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        under_summary: int | None = None,
+        limit: int = 10,
+        offset: int = 0,
+    ) -> list[dict[str, Any]]:
+        is_msg = target == "messages"
+        table = "messages" if is_msg else "summaries"
+        where: list[str] = []
+        params: list[Any] = []
+        with_sql = ""
+        with_params: list[Any] = []
+        if session_ids is not None:
+            where.append("t.session_id = ANY(%s::text[])")
+            params.append([_t(s) for s in session_ids])
+        if not is_msg:
+            where.append("t.state='published'")
+        if role and is_msg:
+            where.append("t.role=%s")
+            params.append(_t(role))
+        tcol = "created_at" if is_msg else "t_end"
+        if since is not None:
+            where.append(f"t.{tcol} >= %s")
+            params.append(since)
+        if until is not None:
+            where.append(f"t.{tcol} <= %s")
+            params.append(until)
+        if under_summary is not None:
+            with_sql = (
+                "WITH RECURSIVE sub(id) AS (SELECT %s::bigint UNION SELECT sp.child_id FROM summary_parents sp"
+                " JOIN sub ON sp.parent_id = sub.id) "
+            )
+            with_params.append(int(under_summary))
+            if is_msg:
+                where.append("t.id IN (SELECT message_id FROM summary_messages WHERE summary_id IN (SELECT id FROM sub))")
+            else:
+                where.append("t.id IN (SELECT id FROM sub)")
+        cols = f"t.id, t.session_id, {'t.role' if is_msg else chr(39) + 'summary' + chr(39)}, t.{tcol}, t.text"
+        and_where = "".join(f" AND {w}" for w in where)
+        keys = ("id", "session_id", "role", "created_at", "text", "rank")
+
+        if mode == "fts":
+            tsq = getattr(plan, "pg_tsquery", None)
+            if not tsq:
+                return []
+
+            def fts(c: Any) -> list[tuple]:
+                # The english configuration drops stop words; a query made only of them (the
+                # plan keeps them when nothing else is left) is matched word for word instead,
+                # as SQLite's FTS5 (which keeps every word) would.
+                useful = c.execute("SELECT numnode(to_tsquery('english', %s))", (tsq,)).fetchone()[0]
+                if useful:
+                    vec, cfg = "t.tsv", "english"
+                else:
+                    vec, cfg = "to_tsvector('simple', t.text)", "simple"
+                sql = (
+                    f"{with_sql}SELECT {cols}, -ts_rank_cd({vec}, q.q, 1)::float8 AS rank"
+                    f" FROM {table} t, to_tsquery('{cfg}', %s) AS q(q) WHERE {vec} @@ q.q{and_where}"
+                    " ORDER BY rank, t.id DESC LIMIT %s OFFSET %s"
+                )
+                return c.execute(sql, (*with_params, tsq, *params, limit, offset)).fetchall()
+
+            try:
+                rows = self._read(fts)
+            except (psycopg.DataError, psycopg.ProgrammingError) as exc:  # a tsquery the server refuses
+                raise StoreError(f"search failed: {exc}") from exc
+        elif mode == "substring":
+            subs = [_t(s) for s in (getattr(plan, "substrings", ()) or ()) if _t(s)]
+            if not subs:
+                return []
+            from ..query import like_pattern
+
+            ors = " OR ".join("t.text ILIKE %s ESCAPE '\\'" for _ in subs)
+            sql = (
+                f"{with_sql}SELECT {cols}, 0.0::float8 FROM {table} t WHERE ({ors}){and_where}"
+                " ORDER BY t.id DESC LIMIT %s OFFSET %s"
+            )
+            rows = self._read(lambda c: c.execute(
+                sql, (*with_params, *[like_pattern(s) for s in subs], *params, limit, offset)).fetchall())
+        elif mode == "regex" and regex is not None:
+            from ..query import regex_search_bounded
+
+            sql = (
+                f"{with_sql}SELECT {cols}, 0.0::float8 FROM {table} t"
+                + (" WHERE " + " AND ".join(where) if where else "")
+                + " ORDER BY t.id DESC LIMIT %s"
+            )
+
+            def scan(c: Any) -> list[tuple]:
+                out: list[tuple] = []
+                found = 0
+                deadline = time.monotonic() + 2.0  # regex search is bounded in time
+                with c.transaction():  # a server-side cursor streams rows instead of loading all
+                    with c.cursor(name="lcm_regex_scan") as cur:
+                        cur.itersize = 256
+                        cur.execute(sql, (*with_params, *params, 200_000))
+                        for row in cur:
+                            if time.monotonic() > deadline:
+                                break
+                            if regex_search_bounded(regex, row[4]) is not None:
+                                if found >= offset:
+                                    out.append(row)
+                                found += 1
+                                if len(out) >= limit:
+                                    break
+                return out
+
+            rows = self._read(scan)
+        else:
+            rows = []
+        return [dict(zip(keys, r)) for r in rows]
+
+    # -- maintenance ------------------------------------------------------------------------------
+
+    def stats(self, session_id: str | None = None) -> dict[str, Any]:
+        if session_id is None:
+            w, p = "", ()
+        else:
+            w, p = " WHERE session_id=%s", (_t(session_id),)
+
+        def run(c: Any) -> dict[str, Any]:
+            msgs = c.execute(f"SELECT COUNT(*), COALESCE(SUM(tokens),0)::bigint FROM messages{w}", p).fetchone()
+            by_depth = {
+                int(d): n
+                for d, n in c.execute(
+                    f"SELECT depth, COUNT(*) FROM summaries{w}{' AND' if w else ' WHERE'} state='published'"
+                    " GROUP BY depth ORDER BY depth", p)
+            }
+            staged = c.execute(
+                f"SELECT COUNT(*) FROM summaries{w}{' AND' if w else ' WHERE'} state='staged'", p).fetchone()[0]
+            sess = c.execute(
+                "SELECT COUNT(*), COALESCE(SUM(compactions),0)::bigint, MAX(last_compaction_at) FROM sessions"
+                + ("" if session_id is None else " WHERE id=%s"), p).fetchone()
+            size = c.execute(
+                "SELECT COALESCE(SUM(pg_total_relation_size(to_regclass(n))),0)::bigint FROM unnest(%s::text[]) AS n",
+                (list(_TABLES),)).fetchone()[0]
+            return {
+                "backend": "postgresql",
+                "location": self.location,
+                "bytes": size,
+                "sessions": sess[0],
+                "messages": msgs[0],
+                "message_tokens": msgs[1],
+                "summaries_by_depth": by_depth,
+                "staged_summaries": staged,
+                "compactions": sess[1],
+                "last_compaction_at": sess[2],
+            }
+
+        return self._read(run)
+
+    @contextlib.contextmanager
+    def compaction_lock(self, session_id: str, timeout: float) -> Iterator[bool]:
+        """A session-level advisory lock on a dedicated connection: works across threads,
+        processes and hosts, and the server releases it if the holder's connection dies."""
+        _, lock_pool = self._pools()
+        key = _lock_key("lcm.compaction", session_id)
+        try:
+            conn = lock_pool.getconn()
+        except PoolTimeout as exc:
+            raise StoreError(f"store {self.location}: no connection for the compaction lock: {exc}") from exc
+        acquired = False
+        try:
+            deadline = time.monotonic() + max(0.0, timeout)
+            try:
+                while True:
+                    if conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]:
+                        acquired = True
+                        break
+                    if time.monotonic() >= deadline:
+                        break
+                    time.sleep(0.02)
+            except psycopg.OperationalError as exc:
+                raise StoreError(f"store {self.location}: compaction lock failed: {exc}") from exc
+            yield acquired
+        finally:
+            clean = True
+            if acquired:
+                try:
+                    clean = bool(conn.execute("SELECT pg_advisory_unlock(%s)", (key,)).fetchone()[0])
+                except psycopg.Error:
+                    clean = False
+            if not clean:
+                conn.close()  # never hand a connection that may still hold the lock to anyone
+            lock_pool.putconn(conn)
+
+
+class _Retry(Exception):
+    """The row read before locking changed meanwhile: run the transaction again."""
+
+
+def doctor_checks(store: PostgresStore, repair: bool, rep: Any) -> Any:
+    """`lcm doctor` for PostgreSQL: the checks of the SQLite doctor that apply here."""
+
+    def q(c: Any, sql: str, *params: Any) -> list[tuple]:
+        return c.execute(sql, params).fetchall()
+
+    with store._connection() as c:
+        empty = q(c, "SELECT s.id FROM summaries s WHERE NOT EXISTS (SELECT 1 FROM summary_messages m WHERE m.summary_id=s.id)"
+                     " AND NOT EXISTS (SELECT 1 FROM summary_parents p WHERE p.parent_id=s.id)")
+        rep.add("every summary has sources", not empty,
+                f"{len(empty)} without sources: " + ", ".join(f"s{r[0]}" for r in empty[:10]) if empty else "")
+        cyc = q(c, """
+            WITH RECURSIVE walk(start, node, depth) AS (
+                SELECT parent_id, child_id, 1 FROM summary_parents
+                UNION ALL
+                SELECT w.start, p.child_id, w.depth + 1 FROM walk w JOIN summary_parents p ON p.parent_id = w.node
+                WHERE w.depth < 200)
+            SELECT DISTINCT start FROM walk WHERE start = node LIMIT 10""")
+        rep.add("summary DAG has no cycles", not cyc, ", ".join(f"s{r[0]}" for r in cyc) if cyc else "")
+        from ..doctor import STALE_STAGE_SECONDS
+
+        stale = q(c, "SELECT pass_id, session_id FROM staged_passes WHERE created_at < %s",
+                  time.time() - STALE_STAGE_SECONDS)
+        orphan = q(c, "SELECT COUNT(*) FROM summaries WHERE state='staged'"
+                      " AND pass_id NOT IN (SELECT pass_id FROM staged_passes)")[0][0]
+        unreachable = q(c, """
+            SELECT m.id, m.session_id FROM messages m
+            WHERE NOT EXISTS (SELECT 1 FROM context_items ci WHERE ci.message_id = m.id)
+              AND NOT EXISTS (SELECT 1 FROM summary_messages sm WHERE sm.message_id = m.id)
+            ORDER BY m.id LIMIT 100000""")
+        multi = q(c, """
+            SELECT sm.message_id FROM summary_messages sm JOIN summaries s ON s.id = sm.summary_id
+            WHERE s.state='published' GROUP BY sm.message_id HAVING COUNT(*) > 1 LIMIT 10""")
+    chk = rep.add("no stale staged work", not stale and not orphan,
+                  f"{len(stale)} stale staged passes, {orphan} orphan staged summaries" if stale or orphan else "")
+    if (stale or orphan) and repair:
+        for pid, _sid in stale:
+            store.discard_pass(pid)
+        store._write(lambda w: w.execute(
+            "DELETE FROM summaries WHERE state='staged' AND pass_id NOT IN (SELECT pass_id FROM staged_passes)"))
+        chk.repaired = True
+    chk = rep.add("every message reachable from a context or the DAG", not unreachable,
+                  f"{len(unreachable)} unreachable (still stored; searchable)" if unreachable else "")
+    if unreachable and repair:
+        by_session: dict[str, list[int]] = {}
+        for mid, sid in unreachable:
+            by_session.setdefault(sid, []).append(mid)
+
+        def reattach(w: Any) -> None:
+            for sid, mids in sorted(by_session.items()):
+                PostgresStore._lock_sessions(w, sid)
+                top = w.execute("SELECT COALESCE(MAX(pos), -1) FROM context_items WHERE session_id=%s",
+                                (sid,)).fetchone()[0]
+                with w.cursor() as cur:
+                    cur.executemany(
+                        "INSERT INTO context_items(session_id, pos, message_id) VALUES (%s,%s,%s)",
+                        [(sid, top + 1 + i, mid) for i, mid in enumerate(sorted(mids))])
+                w.execute("UPDATE sessions SET context_version = context_version + 1 WHERE id=%s", (sid,))
+
+        store._write(reattach)
+        chk.repaired = True
+    rep.add("each message under at most one leaf", not multi, ", ".join(f"m{r[0]}" for r in multi) if multi else "")
+    return rep

@@ -1,0 +1,731 @@
+"""SQLite store: the embedded default. One file, WAL, foreign keys, FTS5, 0600 in a 0700 dir.
+
+Connections are per thread; every write is a short `BEGIN IMMEDIATE` transaction with a
+bounded busy wait, so a gateway and a CLI can share one file. No network wait ever
+happens while a transaction is open: the engine summarises first, then writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from ..messages import safe_json
+from ..records import (
+    ContextEntry,
+    MessageRecord,
+    NewMessage,
+    NewSummary,
+    StagedPass,
+    SummaryRecord,
+)
+from .base import Store, StoreError
+from .sqlite_migrations import MIGRATIONS
+
+log = logging.getLogger("lossless_context.store")
+
+_MSG_COLS = "id, session_id, seq, uid, ident, role, raw, text, tokens, created_at, large, exploration"
+_SUM_COLS = (
+    "id, session_id, kind, depth, text, tokens, source_tokens, level, summarizer, "
+    "t_start, t_end, n_messages, state, pass_id, created_at"
+)
+BUSY_TIMEOUT_MS = 30_000
+
+
+def _msg(row: sqlite3.Row | tuple) -> MessageRecord:
+    try:
+        raw = json.loads(row[6])
+    except ValueError:
+        raw = row[6]
+    return MessageRecord(
+        id=row[0], session_id=row[1], seq=row[2], uid=row[3], ident=row[4], role=row[5],
+        raw=raw, text=row[7], tokens=row[8], created_at=row[9], large=bool(row[10]),
+        exploration=row[11],
+    )
+
+
+def _sum(row: tuple) -> SummaryRecord:
+    return SummaryRecord(*row)
+
+
+def _private_dir(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        if path.stat().st_mode & 0o077:
+            os.chmod(path, 0o700)
+    except OSError:
+        pass
+
+
+class SQLiteStore(Store):
+    kind = "sqlite"
+
+    def __init__(self, location: str) -> None:
+        self.location = str(Path(location).expanduser())
+        self._local = threading.local()
+        self._conns: list[sqlite3.Connection] = []
+        self._conns_lock = threading.Lock()
+        self._ready = False
+        self._ready_lock = threading.Lock()
+        self._thread_locks: dict[str, threading.Lock] = {}
+
+    # -- connections ----------------------------------------------------------
+
+    def _prepare_file(self) -> None:
+        path = Path(self.location)
+        _private_dir(path.parent)
+        if not path.exists():
+            # Create the file with 0600 before SQLite touches it (umask-proof).
+            fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+            os.close(fd)
+        try:
+            if path.stat().st_mode & 0o077:
+                os.chmod(path, 0o600)
+        except OSError:
+            pass
+
+    def conn(self) -> sqlite3.Connection:
+        c = getattr(self._local, "conn", None)
+        if c is not None:
+            return c
+        if not self._ready:
+            with self._ready_lock:
+                if not self._ready:
+                    self._prepare_file()
+                    c0 = self._connect()
+                    self._migrate(c0)
+                    self._ready = True
+                    self._local.conn = c0
+                    return c0
+        c = self._connect()
+        self._local.conn = c
+        return c
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            c = sqlite3.connect(
+                self.location, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
+                check_same_thread=False,
+            )
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open store {self.location}: {exc}") from exc
+        c.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        c.execute("PRAGMA journal_mode=WAL")
+        c.execute("PRAGMA synchronous=NORMAL")
+        c.execute("PRAGMA foreign_keys=ON")
+        with self._conns_lock:
+            self._conns.append(c)
+        return c
+
+    @contextlib.contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction; BEGIN IMMEDIATE takes the single writer slot up front."""
+        c = self.conn()
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000 * 2
+        while True:
+            try:
+                c.execute("BEGIN IMMEDIATE")
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise
+                if time.monotonic() > deadline:
+                    raise StoreError(f"store busy for too long: {exc}") from exc
+                time.sleep(0.05)
+        try:
+            yield c
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+        else:
+            c.execute("COMMIT")
+
+    def _migrate(self, c: sqlite3.Connection) -> None:
+        c.execute(
+            "CREATE TABLE IF NOT EXISTS lcm_migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)"
+        )
+        done = {r[0] for r in c.execute("SELECT name FROM lcm_migrations")}
+        for name, sql in MIGRATIONS:
+            if name in done:
+                continue
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                # Re-check under the write lock: another process may have migrated meanwhile.
+                if c.execute("SELECT 1 FROM lcm_migrations WHERE name=?", (name,)).fetchone():
+                    c.execute("COMMIT")
+                    continue
+                for stmt in _split_sql(sql):
+                    c.execute(stmt)
+                c.execute("INSERT INTO lcm_migrations(name, applied_at) VALUES (?, ?)", (name, time.time()))
+                c.execute("COMMIT")
+            except BaseException:
+                c.execute("ROLLBACK")
+                raise
+            log.info("lcm store %s: applied migration %s", self.location, name)
+
+    def applied_migrations(self) -> list[str]:
+        return [r[0] for r in self.conn().execute("SELECT name FROM lcm_migrations ORDER BY name")]
+
+    def close(self) -> None:
+        with self._conns_lock:
+            conns, self._conns = self._conns, []
+        for c in conns:
+            try:
+                c.close()
+            except sqlite3.Error:
+                pass
+        self._local = threading.local()
+        self._ready = False
+
+    # -- sessions -----------------------------------------------------------
+
+    def ensure_session(
+        self,
+        session_id: str,
+        *,
+        parent_id: str | None = None,
+        conversation_id: str | None = None,
+        platform: str | None = None,
+        model: str | None = None,
+        boundary_reason: str | None = None,
+    ) -> None:
+        now = time.time()
+        with self.tx() as c:
+            if parent_id and parent_id != session_id:
+                c.execute(
+                    "INSERT OR IGNORE INTO sessions(id, created_at, updated_at) VALUES (?, ?, ?)",
+                    (parent_id, now, now),
+                )
+            else:
+                parent_id = None
+            row = c.execute("SELECT parent_id, conversation_id FROM sessions WHERE id=?", (session_id,)).fetchone()
+            if row is None:
+                c.execute(
+                    "INSERT INTO sessions(id, parent_id, conversation_id, platform, model, created_at,"
+                    " updated_at, boundary_reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (session_id, parent_id, conversation_id, platform, model, now, now, boundary_reason),
+                )
+            else:
+                c.execute(
+                    "UPDATE sessions SET parent_id=COALESCE(parent_id, ?),"
+                    " conversation_id=COALESCE(conversation_id, ?), platform=COALESCE(?, platform),"
+                    " model=COALESCE(?, model), updated_at=?,"
+                    " boundary_reason=COALESCE(?, boundary_reason) WHERE id=?",
+                    (parent_id, conversation_id, platform, model, now, boundary_reason, session_id),
+                )
+
+    def get_session(self, session_id: str) -> dict[str, Any] | None:
+        c = self.conn()
+        c.row_factory = None
+        row = c.execute(
+            "SELECT id, parent_id, conversation_id, platform, model, created_at, updated_at,"
+            " context_version, compactions, last_compaction_at, boundary_reason FROM sessions WHERE id=?",
+            (session_id,),
+        ).fetchone()
+        if row is None:
+            return None
+        keys = ("id", "parent_id", "conversation_id", "platform", "model", "created_at", "updated_at",
+                "context_version", "compactions", "last_compaction_at", "boundary_reason")
+        return dict(zip(keys, row))
+
+    def list_sessions(self) -> list[dict[str, Any]]:
+        rows = self.conn().execute(
+            "SELECT s.id, s.parent_id, s.conversation_id, s.created_at, s.updated_at, s.compactions,"
+            " s.last_compaction_at,"
+            " (SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id),"
+            " (SELECT COUNT(*) FROM summaries x WHERE x.session_id = s.id AND x.state='published')"
+            " FROM sessions s ORDER BY s.created_at, s.id"
+        ).fetchall()
+        keys = ("id", "parent_id", "conversation_id", "created_at", "updated_at", "compactions",
+                "last_compaction_at", "messages", "summaries")
+        return [dict(zip(keys, r)) for r in rows]
+
+    def lineage(self, session_id: str) -> list[str]:
+        c = self.conn()
+        seen: list[str] = []
+        frontier = [session_id]
+        conv: set[str] = set()
+        while frontier:
+            sid = frontier.pop()
+            if sid in seen:
+                continue
+            seen.append(sid)
+            row = c.execute("SELECT parent_id, conversation_id FROM sessions WHERE id=?", (sid,)).fetchone()
+            if row is None:
+                continue
+            if row[0]:
+                frontier.append(row[0])
+            if row[1] and row[1] not in conv:
+                conv.add(row[1])
+                frontier.extend(
+                    r[0] for r in c.execute("SELECT id FROM sessions WHERE conversation_id=?", (row[1],))
+                )
+        return seen
+
+    # -- messages -------------------------------------------------------------
+
+    def append_messages(self, session_id: str, rows: Sequence[NewMessage]) -> list[int]:
+        if not rows:
+            return []
+        ids: list[int] = []
+        with self.tx() as c:
+            cur = c.execute("SELECT COALESCE(MAX(seq), -1) FROM messages WHERE session_id=?", (session_id,))
+            seq = cur.fetchone()[0]
+            for r in rows:
+                seq += 1
+                raw = safe_json(r.raw)
+                cur = c.execute(
+                    "INSERT INTO messages(session_id, seq, uid, ident, role, raw, text, tokens, created_at,"
+                    " supersedes, large, exploration) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                    (session_id, seq, r.uid, r.ident, r.role, raw, r.text, r.tokens, r.created_at,
+                     r.supersedes, int(r.large), r.exploration),
+                )
+                mid = cur.lastrowid
+                ids.append(mid)
+                for u in r.absorbed:
+                    c.execute("INSERT OR IGNORE INTO message_absorbed(message_id, uid) VALUES (?, ?)", (mid, u))
+            c.execute("UPDATE sessions SET updated_at=? WHERE id=?", (time.time(), session_id))
+        return ids
+
+    def get_messages(self, ids: Sequence[int]) -> dict[int, MessageRecord]:
+        out: dict[int, MessageRecord] = {}
+        ids = list(dict.fromkeys(int(i) for i in ids))
+        c = self.conn()
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
+            q = f"SELECT {_MSG_COLS} FROM messages WHERE id IN ({','.join('?' * len(chunk))})"
+            for row in c.execute(q, chunk):
+                out[row[0]] = _msg(row)
+        return out
+
+    def log_after(self, session_ids: Sequence[str], after_id: int, limit: int) -> list[tuple[int, str, str | None]]:
+        if not session_ids:
+            return []
+        q = (
+            f"SELECT id, ident, uid FROM messages WHERE session_id IN ({','.join('?' * len(session_ids))})"
+            " AND id > ? ORDER BY id LIMIT ?"
+        )
+        return [tuple(r) for r in self.conn().execute(q, (*session_ids, after_id, limit))]
+
+    def find_uid(self, session_ids: Sequence[str], uid: str) -> tuple[int, str] | None:
+        q = (
+            f"SELECT id, ident FROM messages WHERE uid=? AND session_id IN ({','.join('?' * len(session_ids))})"
+            " ORDER BY id DESC LIMIT 1"
+        )
+        row = self.conn().execute(q, (uid, *session_ids)).fetchone()
+        return (row[0], row[1]) if row else None
+
+    def session_messages(self, session_id: str, after_seq: int = -1, limit: int = 1000) -> list[MessageRecord]:
+        rows = self.conn().execute(
+            f"SELECT {_MSG_COLS} FROM messages WHERE session_id=? AND seq>? ORDER BY seq LIMIT ?",
+            (session_id, after_seq, limit),
+        )
+        return [_msg(r) for r in rows]
+
+    def iter_all_messages(self, batch: int = 1000) -> Iterator[MessageRecord]:
+        last = 0
+        while True:
+            rows = self.conn().execute(
+                f"SELECT {_MSG_COLS} FROM messages WHERE id>? ORDER BY id LIMIT ?", (last, batch)
+            ).fetchall()
+            if not rows:
+                return
+            for r in rows:
+                yield _msg(r)
+            last = rows[-1][0]
+
+    # -- active context ---------------------------------------------------------
+
+    def get_context(self, session_id: str) -> tuple[int, list[ContextEntry]]:
+        c = self.conn()
+        row = c.execute("SELECT context_version FROM sessions WHERE id=?", (session_id,)).fetchone()
+        if row is None:
+            return 0, []
+        entries = []
+        for pos, mid, sid, m_ident, m_role, m_tokens, s_tokens in c.execute(
+            "SELECT ci.pos, ci.message_id, ci.summary_id, m.ident, m.role, m.tokens, s.tokens"
+            " FROM context_items ci LEFT JOIN messages m ON m.id = ci.message_id"
+            " LEFT JOIN summaries s ON s.id = ci.summary_id WHERE ci.session_id=? ORDER BY ci.pos",
+            (session_id,),
+        ):
+            if mid is not None:
+                entries.append(ContextEntry("m", mid, m_ident, m_role, m_tokens))
+            else:
+                entries.append(ContextEntry("s", sid, "", "summary", s_tokens or 0))
+        return row[0], entries
+
+    def set_context(self, session_id: str, entries: Sequence[ContextEntry], expected_version: int | None = None) -> int:
+        with self.tx() as c:
+            row = c.execute("SELECT context_version FROM sessions WHERE id=?", (session_id,)).fetchone()
+            if row is None:
+                raise StoreError(f"unknown session {session_id}")
+            if expected_version is not None and row[0] != expected_version:
+                raise StoreError("context changed concurrently")
+            self._write_context(c, session_id, [(e.kind, e.ref) for e in entries])
+            return row[0] + 1
+
+    @staticmethod
+    def _write_context(c: sqlite3.Connection, session_id: str, items: Sequence[tuple[str, int]]) -> None:
+        c.execute("DELETE FROM context_items WHERE session_id=?", (session_id,))
+        c.executemany(
+            "INSERT INTO context_items(session_id, pos, message_id, summary_id) VALUES (?,?,?,?)",
+            [
+                (session_id, pos, ref if kind == "m" else None, ref if kind == "s" else None)
+                for pos, (kind, ref) in enumerate(items)
+            ],
+        )
+        c.execute(
+            "UPDATE sessions SET context_version = context_version + 1, updated_at=? WHERE id=?",
+            (time.time(), session_id),
+        )
+
+    # -- staged passes ------------------------------------------------------------
+
+    def stage_pass(
+        self,
+        session_id: str,
+        pass_id: str,
+        summaries: Sequence[NewSummary],
+        items: Sequence[tuple[str, Any]],
+        base_version: int,
+        base_len: int,
+    ) -> tuple[dict[str, int], list[tuple[str, int]]]:
+        keymap: dict[str, int] = {}
+        now = time.time()
+        with self.tx() as c:
+            for s in summaries:
+                cur = c.execute(
+                    "INSERT INTO summaries(session_id, kind, depth, text, tokens, source_tokens, level,"
+                    " summarizer, t_start, t_end, n_messages, state, pass_id, created_at)"
+                    " VALUES (?,?,?,?,?,?,?,?,?,?,?,'staged',?,?)",
+                    (session_id, s.kind, s.depth, s.text, s.tokens, s.source_tokens, s.level, s.summarizer,
+                     s.t_start, s.t_end, s.n_messages, pass_id, now),
+                )
+                sid = cur.lastrowid
+                keymap[s.key] = sid
+                c.executemany(
+                    "INSERT INTO summary_messages(summary_id, message_id, ord) VALUES (?,?,?)",
+                    [(sid, mid, i) for i, mid in enumerate(s.message_ids)],
+                )
+                c.executemany(
+                    "INSERT INTO summary_parents(parent_id, child_id, ord) VALUES (?,?,?)",
+                    [(sid, keymap[k] if isinstance(k, str) else k, i) for i, k in enumerate(s.child_keys)],
+                )
+            resolved = [(k, keymap[r] if isinstance(r, str) else int(r)) for k, r in items]
+            top = [r for k, r in resolved if k == "s"]
+            c.execute(
+                "INSERT INTO staged_passes(pass_id, session_id, base_version, base_len, items, top_nodes,"
+                " created_at) VALUES (?,?,?,?,?,?,?)",
+                (pass_id, session_id, base_version, base_len, json.dumps(resolved), json.dumps(top), now),
+            )
+        return keymap, resolved
+
+    def latest_staged(self, session_id: str) -> StagedPass | None:
+        row = self.conn().execute(
+            "SELECT pass_id, session_id, base_version, base_len, items, top_nodes, created_at"
+            " FROM staged_passes WHERE session_id=? ORDER BY created_at DESC, rowid DESC LIMIT 1",
+            (session_id,),
+        ).fetchone()
+        if row is None:
+            return None
+        return StagedPass(row[0], row[1], row[2], row[3], [tuple(x) for x in json.loads(row[4])],
+                          json.loads(row[5]), row[6])
+
+    def publish_pass(self, pass_id: str, into_session: str | None = None) -> bool:
+        with self.tx() as c:
+            row = c.execute(
+                "SELECT session_id, base_version, base_len, items FROM staged_passes WHERE pass_id=?", (pass_id,)
+            ).fetchone()
+            if row is None:
+                return False
+            session_id, base_version, base_len, items_json = row
+            items = [tuple(x) for x in json.loads(items_json)]
+            cur = c.execute("SELECT context_version FROM sessions WHERE id=?", (session_id,)).fetchone()
+            if cur and cur[0] != base_version:
+                # The published context moved on since staging: keep what was appended after
+                # the staged base so no message reference is lost.
+                extra = c.execute(
+                    "SELECT message_id, summary_id FROM context_items WHERE session_id=? AND pos>=? ORDER BY pos",
+                    (session_id, base_len),
+                ).fetchall()
+                have = {tuple(x) for x in items}
+                for mid, sid in extra:
+                    it = ("m", mid) if mid is not None else ("s", sid)
+                    if it not in have:
+                        items.append(it)
+            c.execute("UPDATE summaries SET state='published' WHERE pass_id=?", (pass_id,))
+            c.execute(
+                "UPDATE sessions SET compactions = compactions + 1, last_compaction_at=? WHERE id=?",
+                (time.time(), session_id),
+            )
+            self._write_context(c, session_id, items)
+            if into_session and into_session != session_id:
+                self._write_context(c, into_session, items)
+            c.execute("DELETE FROM staged_passes WHERE pass_id=?", (pass_id,))
+            # Older stages of this session can never be adopted any more.
+            self._discard_stale_tx(c, session_id, keep=None)
+        return True
+
+    def discard_pass(self, pass_id: str) -> None:
+        with self.tx() as c:
+            c.execute("DELETE FROM summaries WHERE pass_id=? AND state='staged'", (pass_id,))
+            c.execute("DELETE FROM staged_passes WHERE pass_id=?", (pass_id,))
+
+    def discard_stale(self, session_id: str, keep: str | None = None) -> int:
+        with self.tx() as c:
+            return self._discard_stale_tx(c, session_id, keep)
+
+    @staticmethod
+    def _discard_stale_tx(c: sqlite3.Connection, session_id: str, keep: str | None) -> int:
+        rows = c.execute(
+            "SELECT pass_id FROM staged_passes WHERE session_id=? AND pass_id IS NOT ?", (session_id, keep)
+        ).fetchall()
+        orphan = c.execute(
+            "SELECT DISTINCT pass_id FROM summaries WHERE session_id=? AND state='staged' AND pass_id IS NOT ?"
+            " AND pass_id NOT IN (SELECT pass_id FROM staged_passes)",
+            (session_id, keep),
+        ).fetchall()
+        ids = {r[0] for r in rows} | {r[0] for r in orphan}
+        for pid in ids:
+            c.execute("DELETE FROM summaries WHERE pass_id=? AND state='staged'", (pid,))
+            c.execute("DELETE FROM staged_passes WHERE pass_id=?", (pid,))
+        return len(ids)
+
+    # -- summaries -------------------------------------------------------------------
+
+    def get_summaries(self, ids: Sequence[int], include_staged: bool = False) -> dict[int, SummaryRecord]:
+        out: dict[int, SummaryRecord] = {}
+        ids = list(dict.fromkeys(int(i) for i in ids))
+        state = "" if include_staged else " AND state='published'"
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
+            q = f"SELECT {_SUM_COLS} FROM summaries WHERE id IN ({','.join('?' * len(chunk))}){state}"
+            for row in self.conn().execute(q, chunk):
+                out[row[0]] = _sum(row)
+        return out
+
+    def summary_children(self, summary_id: int) -> tuple[list[int], list[int]]:
+        c = self.conn()
+        kids = [r[0] for r in c.execute(
+            "SELECT child_id FROM summary_parents WHERE parent_id=? ORDER BY ord", (summary_id,))]
+        msgs = [r[0] for r in c.execute(
+            "SELECT message_id FROM summary_messages WHERE summary_id=? ORDER BY ord", (summary_id,))]
+        return kids, msgs
+
+    def summary_parents(self, summary_id: int) -> list[int]:
+        return [r[0] for r in self.conn().execute(
+            "SELECT sp.parent_id FROM summary_parents sp JOIN summaries s ON s.id = sp.parent_id"
+            " WHERE sp.child_id=? AND s.state='published' ORDER BY sp.parent_id", (summary_id,))]
+
+    def message_summaries(self, message_id: int) -> list[int]:
+        return [r[0] for r in self.conn().execute(
+            "SELECT sm.summary_id FROM summary_messages sm JOIN summaries s ON s.id = sm.summary_id"
+            " WHERE sm.message_id=? AND s.state='published' ORDER BY sm.summary_id", (message_id,))]
+
+    def update_summary_text(self, summary_id: int, text: str, tokens: int, level: str, summarizer: str) -> None:
+        with self.tx() as c:
+            c.execute(
+                "UPDATE summaries SET text=?, tokens=?, level=?, summarizer=? WHERE id=?",
+                (text, tokens, level, summarizer, summary_id),
+            )
+
+    # -- search ------------------------------------------------------------------------
+
+    def search(
+        self,
+        target: str,
+        session_ids: Sequence[str] | None,
+        plan: Any,
+        *,
+        mode: str = "fts",
+        regex: Any = None,
+        role: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        under_summary: int | None = None,
+        limit: int = 10,
+        offset: int = 0,
+    ) -> list[dict[str, Any]]:
+        is_msg = target == "messages"
+        table = "messages" if is_msg else "summaries"
+        alias = "t"
+        where: list[str] = []
+        params: list[Any] = []
+        with_sql = ""
+        with_params: list[Any] = []
+        if session_ids is not None:
+            where.append(f"{alias}.session_id IN ({','.join('?' * len(session_ids))})")
+            params.extend(session_ids)
+        if not is_msg:
+            where.append(f"{alias}.state='published'")
+        if role and is_msg:
+            where.append(f"{alias}.role=?")
+            params.append(role)
+        tcol = "created_at" if is_msg else "t_end"
+        if since is not None:
+            where.append(f"{alias}.{tcol} >= ?")
+            params.append(since)
+        if until is not None:
+            where.append(f"{alias}.{tcol} <= ?")
+            params.append(until)
+        if under_summary is not None:
+            with_sql = (
+                "WITH RECURSIVE sub(id) AS (SELECT ? UNION SELECT sp.child_id FROM summary_parents sp"
+                " JOIN sub ON sp.parent_id = sub.id) "
+            )
+            with_params.append(under_summary)
+            if is_msg:
+                where.append(f"{alias}.id IN (SELECT message_id FROM summary_messages WHERE summary_id IN sub)")
+            else:
+                where.append(f"{alias}.id IN sub")
+        cols = (
+            f"{alias}.id, {alias}.session_id, {'t.role' if is_msg else chr(39) + 'summary' + chr(39)},"
+            f" {alias}.{tcol}, {alias}.text"
+        )
+        c = self.conn()
+        rows: list[tuple] = []
+        if mode == "fts":
+            if not getattr(plan, "fts_match", None):
+                return []
+            sql = (
+                f"{with_sql}SELECT {cols}, bm25({table}_fts) AS rank FROM {table}_fts"
+                f" JOIN {table} {alias} ON {alias}.id = {table}_fts.rowid WHERE {table}_fts MATCH ?"
+                + "".join(f" AND {w}" for w in where)
+                + " ORDER BY rank LIMIT ? OFFSET ?"
+            )
+            rows = c.execute(sql, (*with_params, plan.fts_match, *params, limit, offset)).fetchall()
+        elif mode == "substring":
+            subs = list(getattr(plan, "substrings", ()) or ())
+            if not subs:
+                return []
+            from ..query import like_pattern
+
+            ors = " OR ".join(f"{alias}.text LIKE ? ESCAPE '\\'" for _ in subs)
+            sql = (
+                f"{with_sql}SELECT {cols}, 0.0 FROM {table} {alias} WHERE ({ors})"
+                + "".join(f" AND {w}" for w in where)
+                + f" ORDER BY {alias}.id DESC LIMIT ? OFFSET ?"
+            )
+            rows = c.execute(
+                sql, (*with_params, *[like_pattern(s) for s in subs], *params, limit, offset)
+            ).fetchall()
+        elif mode == "regex" and regex is not None:
+            from ..query import regex_search_bounded
+
+            sql = (
+                f"{with_sql}SELECT {cols}, 0.0 FROM {table} {alias}"
+                + (" WHERE " + " AND ".join(where) if where else "")
+                + f" ORDER BY {alias}.id DESC LIMIT ?"
+            )
+            found = 0
+            deadline = time.monotonic() + 2.0  # regex search is bounded in time
+            for row in c.execute(sql, (*with_params, *params, 200_000)):
+                if time.monotonic() > deadline:
+                    break
+                if regex_search_bounded(regex, row[4]) is not None:
+                    if found >= offset:
+                        rows.append(row)
+                    found += 1
+                    if len(rows) >= limit:
+                        break
+        keys = ("id", "session_id", "role", "created_at", "text", "rank")
+        return [dict(zip(keys, r)) for r in rows]
+
+    # -- maintenance -----------------------------------------------------------------------
+
+    def stats(self, session_id: str | None = None) -> dict[str, Any]:
+        c = self.conn()
+        if session_id is None:
+            w, p = "", ()
+        else:
+            w, p = " WHERE session_id=?", (session_id,)
+        msgs = c.execute(f"SELECT COUNT(*), COALESCE(SUM(tokens),0) FROM messages{w}", p).fetchone()
+        by_depth = {
+            int(d): n
+            for d, n in c.execute(
+                f"SELECT depth, COUNT(*) FROM summaries{w}{' AND' if w else ' WHERE'} state='published'"
+                " GROUP BY depth ORDER BY depth", p)
+        }
+        staged = c.execute(
+            f"SELECT COUNT(*) FROM summaries{w}{' AND' if w else ' WHERE'} state='staged'", p).fetchone()[0]
+        sess = c.execute("SELECT COUNT(*), COALESCE(SUM(compactions),0), MAX(last_compaction_at) FROM sessions"
+                         + ("" if session_id is None else " WHERE id=?"), p).fetchone()
+        try:
+            size = sum(os.path.getsize(self.location + suf) for suf in ("", "-wal") if os.path.exists(self.location + suf))
+        except OSError:
+            size = 0
+        return {
+            "backend": "sqlite",
+            "location": self.location,
+            "bytes": size,
+            "sessions": sess[0],
+            "messages": msgs[0],
+            "message_tokens": msgs[1],
+            "summaries_by_depth": by_depth,
+            "staged_summaries": staged,
+            "compactions": sess[1],
+            "last_compaction_at": sess[2],
+        }
+
+    @contextlib.contextmanager
+    def compaction_lock(self, session_id: str, timeout: float) -> Iterator[bool]:
+        """flock on a per-session file: works across threads and processes, and is
+        released by the kernel if the holder dies (SIGKILL leaves no stale lock)."""
+        lockdir = Path(self.location + ".locks")
+        _private_dir(lockdir)
+        name = hashlib.blake2b(session_id.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
+        path = lockdir / f"{name}.lock"
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+        acquired = False
+        try:
+            deadline = time.monotonic() + max(0.0, timeout)
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    acquired = True
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        break
+                    time.sleep(0.02)
+            yield acquired
+        finally:
+            if acquired:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                except OSError:
+                    pass
+            os.close(fd)
+
+
+def _split_sql(script: str) -> list[str]:
+    """Split a migration into statements, keeping trigger bodies (BEGIN … END;) whole."""
+    out, buf, depth = [], [], 0
+    for line in script.splitlines():
+        s = line.strip()
+        if not s:
+            continue
+        buf.append(line)
+        up = s.upper()
+        if up.startswith("CREATE TRIGGER"):
+            depth = 1
+        if depth and up == "END;":
+            depth = 0
+            out.append("\n".join(buf))
+            buf = []
+            continue
+        if not depth and s.endswith(";"):
+            out.append("\n".join(buf))
+            buf = []
+    if buf:
+        out.append("\n".join(buf))
+    return out

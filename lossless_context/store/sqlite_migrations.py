@@ -1,0 +1,138 @@
+"""Append-only named schema migrations for the SQLite store.
+
+Never edit or reorder an entry once released: add a new one. Each runs once, inside a
+transaction, and is recorded in `lcm_migrations`.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: list[tuple[str, str]] = [
+    (
+        "001_initial",
+        """
+        CREATE TABLE sessions (
+            id TEXT PRIMARY KEY,
+            parent_id TEXT REFERENCES sessions(id),
+            conversation_id TEXT,
+            platform TEXT,
+            model TEXT,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            context_version INTEGER NOT NULL DEFAULT 0,
+            compactions INTEGER NOT NULL DEFAULT 0,
+            last_compaction_at REAL,
+            boundary_reason TEXT
+        );
+        CREATE INDEX sessions_parent ON sessions(parent_id);
+        CREATE INDEX sessions_conversation ON sessions(conversation_id);
+
+        CREATE TABLE messages (
+            id INTEGER PRIMARY KEY,
+            session_id TEXT NOT NULL REFERENCES sessions(id),
+            seq INTEGER NOT NULL,
+            uid TEXT,
+            ident TEXT NOT NULL,
+            role TEXT NOT NULL,
+            raw TEXT NOT NULL,
+            text TEXT NOT NULL,
+            tokens INTEGER NOT NULL,
+            created_at REAL NOT NULL,
+            supersedes INTEGER REFERENCES messages(id),
+            large INTEGER NOT NULL DEFAULT 0,
+            exploration TEXT,
+            UNIQUE (session_id, seq)
+        );
+        CREATE INDEX messages_uid ON messages(uid) WHERE uid IS NOT NULL;
+        CREATE INDEX messages_session_ident ON messages(session_id, ident);
+        CREATE INDEX messages_created ON messages(session_id, created_at);
+
+        CREATE TABLE message_absorbed (
+            message_id INTEGER NOT NULL REFERENCES messages(id),
+            uid TEXT NOT NULL,
+            PRIMARY KEY (message_id, uid)
+        );
+
+        CREATE VIRTUAL TABLE messages_fts USING fts5(
+            text, content='messages', content_rowid='id',
+            tokenize='porter unicode61 remove_diacritics 2'
+        );
+        CREATE TRIGGER messages_ai AFTER INSERT ON messages BEGIN
+            INSERT INTO messages_fts(rowid, text) VALUES (new.id, new.text);
+        END;
+        CREATE TRIGGER messages_ad AFTER DELETE ON messages BEGIN
+            INSERT INTO messages_fts(messages_fts, rowid, text) VALUES ('delete', old.id, old.text);
+        END;
+
+        CREATE TABLE summaries (
+            id INTEGER PRIMARY KEY,
+            session_id TEXT NOT NULL REFERENCES sessions(id),
+            kind TEXT NOT NULL CHECK (kind IN ('leaf', 'condensed')),
+            depth INTEGER NOT NULL,
+            text TEXT NOT NULL,
+            tokens INTEGER NOT NULL,
+            source_tokens INTEGER NOT NULL,
+            level TEXT NOT NULL,
+            summarizer TEXT NOT NULL,
+            t_start REAL,
+            t_end REAL,
+            n_messages INTEGER NOT NULL,
+            state TEXT NOT NULL CHECK (state IN ('staged', 'published')),
+            pass_id TEXT,
+            created_at REAL NOT NULL
+        );
+        CREATE INDEX summaries_session ON summaries(session_id, state);
+        CREATE INDEX summaries_pass ON summaries(pass_id);
+
+        CREATE TABLE summary_messages (
+            summary_id INTEGER NOT NULL REFERENCES summaries(id) ON DELETE CASCADE,
+            message_id INTEGER NOT NULL REFERENCES messages(id),
+            ord INTEGER NOT NULL,
+            PRIMARY KEY (summary_id, message_id)
+        );
+        CREATE INDEX summary_messages_message ON summary_messages(message_id);
+
+        CREATE TABLE summary_parents (
+            parent_id INTEGER NOT NULL REFERENCES summaries(id) ON DELETE CASCADE,
+            child_id INTEGER NOT NULL REFERENCES summaries(id) ON DELETE CASCADE,
+            ord INTEGER NOT NULL,
+            PRIMARY KEY (parent_id, child_id)
+        );
+        CREATE INDEX summary_parents_child ON summary_parents(child_id);
+
+        CREATE VIRTUAL TABLE summaries_fts USING fts5(
+            text, content='summaries', content_rowid='id',
+            tokenize='porter unicode61 remove_diacritics 2'
+        );
+        CREATE TRIGGER summaries_ai AFTER INSERT ON summaries BEGIN
+            INSERT INTO summaries_fts(rowid, text) VALUES (new.id, new.text);
+        END;
+        CREATE TRIGGER summaries_ad AFTER DELETE ON summaries BEGIN
+            INSERT INTO summaries_fts(summaries_fts, rowid, text) VALUES ('delete', old.id, old.text);
+        END;
+        CREATE TRIGGER summaries_au AFTER UPDATE OF text ON summaries BEGIN
+            INSERT INTO summaries_fts(summaries_fts, rowid, text) VALUES ('delete', old.id, old.text);
+            INSERT INTO summaries_fts(rowid, text) VALUES (new.id, new.text);
+        END;
+
+        CREATE TABLE context_items (
+            session_id TEXT NOT NULL REFERENCES sessions(id),
+            pos INTEGER NOT NULL,
+            message_id INTEGER REFERENCES messages(id),
+            summary_id INTEGER REFERENCES summaries(id),
+            CHECK ((message_id IS NULL) <> (summary_id IS NULL)),
+            PRIMARY KEY (session_id, pos)
+        );
+
+        CREATE TABLE staged_passes (
+            pass_id TEXT PRIMARY KEY,
+            session_id TEXT NOT NULL REFERENCES sessions(id),
+            base_version INTEGER NOT NULL,
+            base_len INTEGER NOT NULL,
+            items TEXT NOT NULL,
+            top_nodes TEXT NOT NULL,
+            created_at REAL NOT NULL
+        );
+        CREATE INDEX staged_passes_session ON staged_passes(session_id, created_at);
+        """,
+    ),
+]

@@ -1,0 +1,170 @@
+"""The engine core against the real hermes-agent 0.19.0 ABC: contract, budgets, compaction."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+
+import pytest
+from agent.context_engine import ContextEngine as HostContextEngine
+
+from lossless_context import LCMEngine
+from lossless_context.assemble import problems
+from lossless_context.config import LCMConfig
+from lossless_context.sessions import coding_session
+from lossless_context.tokens import estimate_messages_tokens
+from tests.support.hostsim import HostSim
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    h = tmp_path / "hermes"
+    monkeypatch.setenv("HERMES_HOME", str(h))
+    for k in list(os.environ):
+        if k.startswith("LCM_"):
+            monkeypatch.delenv(k)
+    return h
+
+
+def make_engine(tmp_path, **kw) -> LCMEngine:
+    cfg = LCMConfig.load({"store": str(tmp_path / "lcm" / "lcm.db"), "summarizer": "extractive", **kw},
+                         read_file=False)
+    return LCMEngine(config=cfg)
+
+
+# -- the seed's examples and the host ABC ---------------------------------------------------
+
+def test_seed_examples_and_isinstance(home):
+    engine = LCMEngine()
+    assert isinstance(engine, HostContextEngine)
+    assert engine.name == "lcm"
+    out = engine.compress([{"role": "user", "content": "hello"}])
+    assert isinstance(out, list) and all(isinstance(m, dict) and "role" in m for m in out)
+    assert out == [{"role": "user", "content": "hello"}]
+
+
+def test_construction_touches_no_disk(home):
+    LCMEngine()
+    e = LCMEngine(context_length=200_000)
+    assert e.context_length == 200_000
+    assert e.threshold_tokens == int(200_000 * 0.75)
+    assert not home.exists(), "constructing an engine must not create files"
+
+
+def test_status_clamps_sentinel_and_reset(home):
+    e = LCMEngine(context_length=100_000)
+    e.last_prompt_tokens = -1
+    st = e.get_status()
+    assert st["last_prompt_tokens"] == 0 and st["usage_percent"] == 0
+    for key in ("lcm_messages", "lcm_summaries_by_depth", "lcm_compactions", "lcm_summarizer_calls",
+                "lcm_summarizer_failures", "lcm_store"):
+        assert key in st
+    e.last_prompt_tokens, e.last_completion_tokens, e.last_total_tokens, e.compression_count = 5, 6, 11, 2
+    e.on_session_reset()
+    assert (e.last_prompt_tokens, e.last_completion_tokens, e.last_total_tokens, e.compression_count) == (0, 0, 0, 0)
+
+
+def test_defaults_and_unknown_tool(home):
+    e = LCMEngine()
+    names = {s["name"] for s in e.get_tool_schemas()}
+    assert names == {"lcm_grep", "lcm_describe", "lcm_expand", "lcm_expand_query"}
+    for s in e.get_tool_schemas():
+        assert set(s) == {"name", "description", "parameters"}
+    assert "error" in json.loads(e.handle_tool_call("nope", {}))
+
+
+def test_deepcopy_and_clone_share_no_budget_state(tmp_path, home):
+    e = make_engine(tmp_path)
+    e.update_model("m", 128_000)
+    e.on_session_start("s1")
+    for c in (copy.deepcopy(e), e.clone_for_agent()):
+        assert isinstance(c, LCMEngine) and c is not e
+        assert c.threshold_tokens == e.threshold_tokens
+        c.threshold_tokens = 1
+        c.last_prompt_tokens = 999
+        c.compression_count = 7
+        assert e.threshold_tokens != 1 and e.last_prompt_tokens != 999 and e.compression_count == 0
+        assert c.store is not e.store and c.store.location == e.store.location
+        assert c._stats is not e._stats
+
+
+def test_usage_updates_and_sentinels(home):
+    e = LCMEngine(context_length=100_000)
+    e.update_from_response({"prompt_tokens": 80_000, "completion_tokens": 100, "total_tokens": 80_100})
+    assert e.last_prompt_tokens == 80_000 and e.should_compress()
+    e.last_prompt_tokens = -1  # host: waiting for real usage
+    assert e.should_compress() is False
+    e.update_from_response({})
+    assert e.last_prompt_tokens == -1
+    e.update_from_response({"input_tokens": 10, "output_tokens": 2, "cache_read_tokens": 3, "prompt_tokens": 10,
+                            "completion_tokens": 2, "total_tokens": 12})
+    assert e.last_prompt_tokens == 10
+    e.threshold_tokens = 5  # the host lowers it to fit the auxiliary model
+    assert e.should_compress(6) and not e.should_compress(4)
+
+
+def test_model_thresholds_longest_match(home):
+    e = LCMEngine()
+    e.model_thresholds = {"claude": 0.5, "claude-sonnet": 0.6, "openrouter:sonnet": 0.9, "bad": "x"}
+    e.update_model("anthropic/claude-sonnet-4", 200_000, provider="anthropic")
+    assert e.threshold_tokens == 120_000
+    e.update_model("anthropic/claude-sonnet-4", 200_000, provider="openrouter")
+    assert e.threshold_tokens == 180_000
+    e.update_model("gpt-5", 100_000, provider="openai")
+    assert e.threshold_tokens == int(100_000 * e.config.threshold)
+
+
+def test_has_content_to_compress(tmp_path, home):
+    e = make_engine(tmp_path)
+    e.update_model("m", 64_000)
+    short = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    assert e.has_content_to_compress(short) is False
+    long = short + [{"role": "user" if i % 2 else "assistant", "content": f"msg {i} " * 50} for i in range(40)]
+    assert e.has_content_to_compress(long) is True
+
+
+# -- compaction through a simulated host ----------------------------------------------------
+
+def _drive(engine, session, context_length=64_000, step=1):
+    host = HostSim(engine, overhead_tokens=2_000)
+    host.start(context_length=context_length)
+    i = 0
+    msgs = session.messages
+    while i < len(msgs):
+        j = i + 1
+        while j < len(msgs) and msgs[j]["role"] != "user":
+            j += 1
+        host.add(*msgs[i:j])
+        i = j
+        host.maybe_compress()
+    return host
+
+
+def test_long_session_compaction_is_lossless(tmp_path, home):
+    sess = coding_session(1500, seed=3)
+    e = make_engine(tmp_path)
+    host = _drive(e, sess)
+    assert host.compactions >= 3
+    assert host.invalid == []
+    assert problems(host.messages) == []
+    # within budget after every pass
+    assert estimate_messages_tokens(host.messages) < e.threshold_tokens
+    # every input message stored byte-for-byte
+    stored = {json.dumps(m.raw, sort_keys=True) for m in e.store.iter_all_messages()}
+    for m in sess.messages:
+        assert json.dumps(m, sort_keys=True) in stored
+    assert e.store.stats()["messages"] == len(sess.messages)
+    assert e.store.stats()["summaries_by_depth"], "summary nodes were published"
+
+
+def test_focus_and_force(tmp_path, home):
+    sess = coding_session(300, seed=5)
+    e = make_engine(tmp_path)
+    host = HostSim(e)
+    host.start(context_length=1_000_000)
+    host.add(*sess.messages)
+    assert host.maybe_compress() is False  # far below threshold
+    assert host.maybe_compress(force=True, focus="billing") is True
+    assert problems(host.messages) == []
+    assert estimate_messages_tokens(host.messages) < estimate_messages_tokens(sess.messages)
