@@ -62,10 +62,11 @@ def fmt_time(ts: float | None) -> str:
     return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M")
 
 
-def render_summary(nodes: Sequence[SummaryRecord], covered: int, first_mid: int | None,
-                   last_mid: int | None, role: str) -> dict[str, Any]:
+def render_summary(nodes: Sequence[SummaryRecord], covered: int, role: str) -> dict[str, Any]:
     ids = ",".join(f"s{n.id}" for n in nodes)
-    span = f" (m{first_mid}–m{last_mid})" if first_mid is not None and last_mid is not None else ""
+    starts = [n.t_start for n in nodes if n.t_start]
+    ends = [n.t_end for n in nodes if n.t_end]
+    span = f" ({fmt_time(min(starts))} – {fmt_time(max(ends))})" if starts and ends else ""
     lines = [
         f'{SUMMARY_OPEN}{ids}">',
         f"[Lossless context: {covered} earlier messages{span} are condensed below; nothing was "
@@ -103,11 +104,12 @@ def choose_summary_role(prev_role: str | None, next_role: str | None) -> str | N
     return None
 
 
-def repair(messages: list[Any]) -> list[dict[str, Any]]:
+def repair(messages: list[Any], changes: list[tuple[dict, dict]] | None = None) -> list[dict[str, Any]]:
     """Drop what cannot be valid: non-dicts, orphan tool results, calls without results.
 
     An assistant message whose calls lack results keeps its text (if any) without the
-    unanswered calls, so nothing is invented and no provider rejects the list.
+    unanswered calls, so nothing is invented and no provider rejects the list. Each
+    message replaced by a repaired copy is reported in `changes` as (original, copy).
     """
     out: list[dict[str, Any]] = []
     n = len(messages)
@@ -141,6 +143,8 @@ def repair(messages: list[Any]) -> list[dict[str, Any]]:
                 fixed = dict(m)
                 fixed["tool_calls"] = answered
                 out.append(fixed)
+                if changes is not None:
+                    changes.append((m, fixed))
                 by_id = {r.get("tool_call_id"): r for r in results}
                 out.extend(by_id[tc["id"]] for tc in answered)
             else:
@@ -148,6 +152,8 @@ def repair(messages: list[Any]) -> list[dict[str, Any]]:
                 if text:
                     fixed = {k: v for k, v in m.items() if k != "tool_calls"}
                     out.append(fixed)
+                    if changes is not None:
+                        changes.append((m, fixed))
             i = j
             continue
         out.append(m)

@@ -24,7 +24,7 @@ from .assemble import (
     total_tokens,
 )
 from .extractive import Source
-from .messages import message_text
+from .messages import content_ident
 from .records import MessageRecord, NewSummary, SummaryRecord
 from .store.base import Store
 from .summarize import Escalator, SummaryRequest
@@ -71,8 +71,6 @@ class _Node:
     t_start: float | None
     t_end: float | None
     n_messages: int
-    first_mid: int | None
-    last_mid: int | None
 
 
 class Compactor:
@@ -158,12 +156,14 @@ class Compactor:
             return PassResult(self._plain(system, slots), reason="cancelled by the host",
                               tokens_before=tokens_before, tokens_after=tokens_before)
         pass_id = uuid.uuid4().hex
+        held = self._cover_unemitted(slots, h, t, output, nodes, records)
         items: list[tuple[str, Any]] = []
         for s in slots[:h]:
-            items.append(("m", s.refs[0]) if s.kind != "S" else ("s", s.refs[0]))
+            if s.refs[0] not in held:
+                items.append(("m", s.refs[0]) if s.kind != "S" else ("s", s.refs[0]))
         items.extend(("s", n.key) for n in nodes)
         for s in slots[t:]:
-            if s.kind in ("m", "x"):
+            if s.kind in ("m", "x") and s.refs[0] not in held:
                 items.append(("m", s.refs[0]))
         keymap, _ = self.store.stage_pass(session_id, pass_id, self.new, items, base_version, base_len)
         if self.new:
@@ -173,6 +173,7 @@ class Compactor:
                     n.key = keymap[n.key]
             output, _ = self._assemble(system, slots, h, t, nodes, records)
             tokens_after = total_tokens(output)
+        self._record_aliases(slots, output)
         reason = "" if tokens_after <= budget.target else (
             f"target {budget.target} unreachable: head {head_tokens} + system {sys_tokens} tokens "
             "are protected; returned the smallest valid list")
@@ -229,7 +230,7 @@ class Compactor:
                     rec = existing.get(ref)
                     if rec is not None:
                         nodes.append(_Node(ref, rec.depth, rec.tokens, rec.text, rec.t_start, rec.t_end,
-                                           rec.n_messages, None, None))
+                                           rec.n_messages))
                 continue
             for s in grp:
                 st = self._source_tokens(s, records)
@@ -274,13 +275,13 @@ class Compactor:
         src_tokens = sum(estimate_text_tokens(x.text) for x in sources)
         target = min(budget.leaf_summary, max(32, src_tokens // 2))
         text, level, summarizer = self._summarise(sources, target, "leaf", focus, memory)
-        key = f"n{len(self.new)}"
+        key = f"new{len(self.new)}"
         tokens = estimate_text_tokens(text)
         self.new.append(NewSummary(key, "leaf", 0, text, tokens, src_tokens, level, summarizer,
                                    min(times) if times else None, max(times) if times else None,
                                    len(mids), message_ids=mids))
         return _Node(key, 0, tokens, text, min(times) if times else None, max(times) if times else None,
-                     len(mids), mids[0], mids[-1])
+                     len(mids))
 
     def _summarise(self, sources: list[Source], target: int, kind: str, focus: str | None,
                    memory: str) -> tuple[str, str, str]:
@@ -307,7 +308,7 @@ class Compactor:
             src_tokens = sum(n.tokens for n in group)
             target = min(budget.condensed_summary, max(32, src_tokens // 2))
             text, level, summarizer = self._summarise(sources, target, "condensed", focus, memory)
-            key = f"n{len(self.new)}"
+            key = f"new{len(self.new)}"
             tokens = estimate_text_tokens(text)
             starts = [n.t_start for n in group if n.t_start]
             ends = [n.t_end for n in group if n.t_end]
@@ -316,11 +317,8 @@ class Compactor:
             self.new.append(NewSummary(key, "condensed", depth, text, tokens, src_tokens, level, summarizer,
                                        min(starts) if starts else None, max(ends) if ends else None, total,
                                        child_keys=[n.key for n in group]))
-            firsts = [n.first_mid for n in group if n.first_mid is not None]
-            lasts = [n.last_mid for n in group if n.last_mid is not None]
             nodes[a:b] = [_Node(key, depth, tokens, text, min(starts) if starts else None,
-                                max(ends) if ends else None, total,
-                                firsts[0] if firsts else None, lasts[-1] if lasts else None)]
+                                max(ends) if ends else None, total)]
 
     @staticmethod
     def _condense_run(nodes: Sequence[_Node], budget: Budget) -> tuple[int, int] | None:
@@ -350,15 +348,54 @@ class Compactor:
             role_ok = role is not None
             recs = [SummaryRecord(n.key if isinstance(n.key, int) else -1, "", "", n.depth, n.text, n.tokens,
                                   0, "", "", n.t_start, n.t_end, n.n_messages, "", None, 0.0) for n in nodes]
-            firsts = [n.first_mid for n in nodes if n.first_mid is not None]
-            lasts = [n.last_mid for n in nodes if n.last_mid is not None]
             covered = sum(n.n_messages for n in nodes)
-            out.append(render_summary(recs, covered, firsts[0] if firsts else None,
-                                      lasts[-1] if lasts else None, role or "user"))
+            out.append(render_summary(recs, covered, role or "user"))
         else:
             role_ok = True
         out.extend(s.msg for s in slots[t:] if s.kind == "m" and s.msg is not None)
-        return repair(out), role_ok
+        self._changes: list[tuple[dict, dict]] = []
+        return repair(out, self._changes), role_ok
+
+    def _cover_unemitted(self, slots: Sequence[Slot], h: int, t: int, output: list[dict[str, Any]],
+                         nodes: list[_Node], records: dict[int, MessageRecord]) -> set[int]:
+        """Head/tail messages that cannot be sent (orphan results, unparseable input) are
+        put under a leaf, so every stored message stays reachable from the DAG."""
+        emitted = {id(m) for m in output}
+        repaired = {id(o) for o, _ in getattr(self, "_changes", [])}
+        held = [s.refs[0] for s in list(slots[:h]) + list(slots[t:])
+                if s.kind in ("m", "x") and (s.msg is None or (id(s.msg) not in emitted and id(s.msg) not in repaired))]
+        if not held:
+            return set()
+        log.info("lcm: %d message(s) held back from the context (not valid to send); covered by a leaf", len(held))
+        leaf = next((x for x in reversed(self.new) if x.kind == "leaf"), None)
+        if leaf is not None and nodes and any(n.key == leaf.key for n in nodes):
+            leaf.message_ids.extend(held)
+            leaf.n_messages += len(held)
+            for n in nodes:
+                if n.key == leaf.key:
+                    n.n_messages += len(held)
+        else:
+            text = (f"({len(held)} message(s) held back from the context because they cannot be sent "
+                    "as they are (orphan tool results or unparseable input); stored verbatim: "
+                    + ", ".join(f"m{m}" for m in held[:20]) + ")")
+            times = [records[m].created_at for m in held if m in records]
+            key = f"new{len(self.new)}"
+            tokens = estimate_text_tokens(text)
+            self.new.append(NewSummary(key, "leaf", 0, text, tokens, tokens, "deterministic", "extractive",
+                                       min(times) if times else None, max(times) if times else None,
+                                       len(held), message_ids=held))
+            nodes.append(_Node(key, 0, tokens, text, min(times) if times else None,
+                               max(times) if times else None, len(held)))
+        return set(held)
+
+    def _record_aliases(self, slots: Sequence[Slot], output: list[dict[str, Any]]) -> None:
+        """Messages we had to repair come back from the host in that form: remember them."""
+        changes = getattr(self, "_changes", [])
+        if not changes:
+            return
+        by_obj = {id(s.msg): s.refs[0] for s in slots if s.kind == "m" and s.msg is not None}
+        pairs = [(content_ident(new), by_obj[id(orig)]) for orig, new in changes if id(orig) in by_obj]
+        self.store.add_aliases(pairs)
 
     @staticmethod
     def _plain(system: dict | None, slots: Sequence[Slot]) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from .compaction import Budget, Compactor, PassResult
 from .config import LCMConfig, model_threshold
 from .ingest import align, slots_to_entries
 from .messages import role_of, summary_node_ids, tool_call_ids
+from .newhooks import NewHostHooks
 from .store import Store, open_store
 from .summarize import Escalator, HostSummarizer, ModelSummarizer, OpenAISummarizer, guard_for
 from .tokens import estimate_messages_tokens, estimate_message_tokens
@@ -39,7 +40,7 @@ def _session_lock(location: str, session_id: str) -> threading.RLock:
         return lk
 
 
-class LCMEngine(base_class()):  # type: ignore[misc]
+class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
     """Lossless Context Management: verbatim store + summary DAG + recall tools."""
 
     threshold_percent: float = 0.75
@@ -78,6 +79,8 @@ class LCMEngine(base_class()):  # type: ignore[misc]
         self._overhead = 0  # host tokens outside the message list (system prompt, tool schemas)
         self._no_progress_at: int | None = None
         self._pending: dict[str, str] = {}
+        self._select_cache: dict[str, Any] = {}
+        self._select_lock = threading.Lock()
         self._stats = {"compactions": 0, "summarizer_calls": 0, "summarizer_failures": 0,
                        "last_pass_ms": 0.0, "last_reason": ""}
         self._stats_lock = threading.Lock()
@@ -189,12 +192,17 @@ class LCMEngine(base_class()):  # type: ignore[misc]
         try:
             slots = _cheap_slots(messages)
             h = Compactor.head_end(slots, self.protect_first_n)
-            t = Compactor.tail_start(slots, h, self._budget(0).fresh_tail)
+            t = Compactor.tail_start(slots, h, self._forced_tail(self._budget(0), sum(s.tokens for s in slots)))
             # the last protect_last_n messages are protected too
             t = min(t, max(h, len(slots) - self.protect_last_n))
             return any(s.kind == "m" for s in slots[h:t]) or sum(len(s.refs) for s in slots[h:t] if s.kind == "S") > 1
         except Exception:
             return False
+
+    @staticmethod
+    def _forced_tail(budget: Budget, tokens: int) -> int:
+        """A manual /compress on a context already under target still has to shrink it."""
+        return min(budget.fresh_tail, int(tokens * 0.3)) if tokens <= budget.target else budget.fresh_tail
 
     def _budget(self, overhead: int) -> Budget:
         cfg = self.config
@@ -327,10 +335,10 @@ class LCMEngine(base_class()):  # type: ignore[misc]
         with _session_lock(self.store.location, sid):
             return self._ingest_locked(sid, messages)[0]
 
-    def _ingest_locked(self, sid: str, messages: List[Any]) -> tuple[list[Slot], int, int]:
+    def _ingest_locked(self, sid: str, messages: List[Any], for_pass: bool = False) -> tuple[list[Slot], int, int]:
         self._ensure(sid)
         body = messages[1:] if messages and role_of(messages[0]) == "system" else messages
-        self._adopt_or_drop_stage(sid, body)
+        self._adopt_or_drop_stage(sid, body, for_pass)
         version, ctx = self.store.get_context(sid)
         scope = self.store.lineage(sid)
         cfg = self.config
@@ -341,7 +349,7 @@ class LCMEngine(base_class()):  # type: ignore[misc]
             version = self.store.set_context(sid, entries)
         return res.slots, version, len(entries)
 
-    def _adopt_or_drop_stage(self, sid: str, body: List[Any]) -> None:
+    def _adopt_or_drop_stage(self, sid: str, body: List[Any], for_pass: bool) -> None:
         """Without a commit signal, the host's list itself tells whether it adopted a stage."""
         staged = self.store.latest_staged(sid)
         if staged is None:
@@ -353,7 +361,8 @@ class LCMEngine(base_class()):  # type: ignore[misc]
             self.store.publish_pass(staged.pass_id)
             with self._stats_lock:
                 self._stats["compactions"] += 1
-        elif self._pending.get(sid) != staged.pass_id or seen:
+        elif for_pass:
+            # A new pass starts from the host's list: a stage it does not carry was not adopted.
             self.store.discard_pass(staged.pass_id)
 
     # -- compress -------------------------------------------------------------------------------------
@@ -398,14 +407,16 @@ class LCMEngine(base_class()):  # type: ignore[misc]
                 if not got:
                     self._note("another process is compacting this session")
                     return messages
-                slots, version, base_len = self._ingest_locked(sid, messages)
+                slots, version, base_len = self._ingest_locked(sid, messages, for_pass=True)
                 ours = estimate_messages_tokens(messages)
                 if isinstance(current_tokens, (int, float)) and current_tokens > ours:
                     self._overhead = int(current_tokens) - ours
                 budget = self._budget(self._overhead)
-                if not force and ours <= budget.target:
-                    self._note(f"{ours} tokens already within target {budget.target}")
-                    return messages
+                if ours <= budget.target:
+                    if not force:
+                        self._note(f"{ours} tokens already within target {budget.target}")
+                        return messages
+                    budget.fresh_tail = self._forced_tail(budget, ours)
                 comp = Compactor(self.store, self._get_escalator(), cancelled=self._cancel_check(),
                                  time_budget=cfg.compaction_time_budget)
                 res: PassResult = comp.run(sid, system, slots, budget, focus=focus or None,

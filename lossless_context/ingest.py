@@ -117,6 +117,7 @@ def align(
     log_cache: list[tuple[int, str, str | None]] | None = None
     log_pos = 0
     ctx_by_ref = {e.ref: e for e in context if e.kind == "m"}
+    aliases = store.aliases_for(list(ctx_by_ref)) if ctx_by_ref else {}
     known_summaries = {e.ref for e in context if e.kind == "s"}
 
     for msg in messages:
@@ -149,9 +150,10 @@ def align(
         ident = content_ident(msg)
         # 3. The active context, in order, with a bounded lookahead (host may drop items).
         found = None
+        alias_of = aliases.get(ident)
         for k in range(j, min(len(context), j + LOOKAHEAD)):
             e = context[k]
-            if e.kind == "m" and e.ident == ident:
+            if e.kind == "m" and (e.ident == ident or e.ref == alias_of):
                 found = k
                 break
         if found is not None:

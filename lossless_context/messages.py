@@ -23,9 +23,14 @@ SUMMARY_OPEN = '<lcm-summary nodes="'
 SUMMARY_MARKER_RE = re.compile(r'<lcm-summary nodes="([0-9s,]*)"')
 
 
-def _clean(s: str) -> str:
-    # Lone surrogates cannot be encoded; replace them so hashing and storage never fail.
-    return s.encode("utf-8", "surrogatepass").decode("utf-8", "replace") if s else s
+def clean_text(s: str) -> str:
+    """Text safe for any store: lone surrogates replaced, NUL bytes dropped."""
+    if not s:
+        return s
+    return s.encode("utf-8", "surrogatepass").decode("utf-8", "replace").replace("\x00", "")
+
+
+_clean = clean_text
 
 
 def safe_json(obj: Any) -> str:

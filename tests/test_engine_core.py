@@ -138,6 +138,7 @@ def _drive(engine, session, context_length=64_000, step=1):
         host.add(*msgs[i:j])
         i = j
         host.maybe_compress()
+    host.end()
     return host
 
 

@@ -7,6 +7,7 @@ call from several threads; each backend owns its connections (one per thread or 
 from __future__ import annotations
 
 import abc
+import re
 import contextlib
 from typing import Any, Iterator, Sequence
 
@@ -22,6 +23,16 @@ from ..records import (
 
 class StoreError(RuntimeError):
     """A store operation failed in a way the caller should report, not crash on."""
+
+
+_KEY_RE = re.compile(r"\bnew(\d+)\b")
+
+
+def resolve_keys(text: str, keymap: dict[str, int]) -> str:
+    """Replace a pass's temporary node keys (`new3`) cited in summary text by real ids (`s812`)."""
+    if "new" not in text:
+        return text
+    return _KEY_RE.sub(lambda m: f"s{keymap[m.group(0)]}" if m.group(0) in keymap else m.group(0), text)
 
 
 class Store(abc.ABC):
@@ -65,6 +76,14 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def find_uid(self, session_ids: Sequence[str], uid: str) -> tuple[int, str] | None:
         """(id, ident) of the newest stored version of a message uid."""
+
+    @abc.abstractmethod
+    def add_aliases(self, pairs: Sequence[tuple[str, int]]) -> None:
+        """Record that a message we emitted in a repaired form (ident) stands for a stored one."""
+
+    @abc.abstractmethod
+    def aliases_for(self, message_ids: Sequence[int]) -> dict[str, int]:
+        """alias ident → message id, for these messages."""
 
     @abc.abstractmethod
     def session_messages(self, session_id: str, after_seq: int = -1, limit: int = 1000) -> list[MessageRecord]: ...

@@ -35,7 +35,7 @@ import time
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from ..messages import safe_json
+from ..messages import clean_text, safe_json
 from ..records import (
     ContextEntry,
     MessageRecord,
@@ -44,7 +44,7 @@ from ..records import (
     StagedPass,
     SummaryRecord,
 )
-from .base import Store, StoreError
+from .base import Store, StoreError, resolve_keys
 from .postgres_migrations import MIGRATION_LOCK_KEY, MIGRATIONS, OPTIONAL
 
 try:  # optional dependency: `pip install lossless-context[postgres]`
@@ -66,7 +66,7 @@ _SUM_COLS = (
     "id, session_id, kind, depth, text, tokens, source_tokens, level, summarizer, "
     "t_start, t_end, n_messages, state, pass_id, created_at"
 )
-_TABLES = ("sessions", "messages", "message_absorbed", "summaries", "summary_messages",
+_TABLES = ("sessions", "messages", "message_absorbed", "message_aliases", "summaries", "summary_messages",
            "summary_parents", "context_items", "staged_passes", "lcm_migrations")
 POOL_MIN, POOL_MAX = 1, 4
 LOCK_POOL_MAX = 16
@@ -74,22 +74,17 @@ CONNECT_TIMEOUT = 15.0  # seconds to reach the server at first use
 POOL_TIMEOUT = 15.0  # seconds to wait for a free (or re-established) pooled connection
 _RETRIES = 6
 
-_SURROGATE_PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]")
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
 def _t(s: Any) -> Any:
-    """A str PostgreSQL accepts: NUL removed, surrogate pairs joined, lone ones → U+FFFD."""
-    if not isinstance(s, str):
+    """A str PostgreSQL accepts (no NUL, no lone surrogate), cleaned exactly as
+    :func:`~lossless_context.messages.clean_text` does for the SQLite store."""
+    if not isinstance(s, str) or not s:
         return s
     if "\x00" in s:
-        s = s.replace("\x00", "")
+        return clean_text(s)
     try:
         s.encode("utf-8")
     except UnicodeEncodeError:
-        s = _SURROGATE_PAIR.sub(
-            lambda m: chr(0x10000 + ((ord(m[0][0]) - 0xD800) << 10) + ord(m[0][1]) - 0xDC00), s)
-        s = _SURROGATE.sub("\ufffd", s)
+        return clean_text(s)
     return s
 
 
@@ -427,6 +422,27 @@ class PostgresStore(Store):
         ).fetchone())
         return (row[0], row[1]) if row else None
 
+    def add_aliases(self, pairs: Sequence[tuple[str, int]]) -> None:
+        if not pairs:
+            return
+        rows = [(_t(ident), int(mid)) for ident, mid in pairs]
+
+        def tx(c: Any) -> None:
+            with c.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO message_aliases(ident, message_id) VALUES (%s, %s) ON CONFLICT DO NOTHING", rows)
+
+        self._write(tx)
+
+    def aliases_for(self, message_ids: Sequence[int]) -> dict[str, int]:
+        ids = list(dict.fromkeys(int(i) for i in message_ids))
+        if not ids:
+            return {}
+        rows = self._read(lambda c: c.execute(
+            "SELECT ident, message_id FROM message_aliases WHERE message_id = ANY(%s::bigint[])"
+            " ORDER BY message_id, ident", (ids,)).fetchall())
+        return {r[0]: r[1] for r in rows}
+
     def session_messages(self, session_id: str, after_seq: int = -1, limit: int = 1000) -> list[MessageRecord]:
         rows = self._read(lambda c: c.execute(
             f"SELECT {_MSG_COLS} FROM messages WHERE session_id=%s AND seq>%s ORDER BY seq LIMIT %s",
@@ -520,7 +536,7 @@ class PostgresStore(Store):
                     "INSERT INTO summaries(session_id, kind, depth, text, tokens, source_tokens, level,"
                     " summarizer, t_start, t_end, n_messages, state, pass_id, created_at)"
                     " VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,'staged',%s,%s) RETURNING id",
-                    (sid, _t(s.kind), s.depth, _t(s.text), s.tokens, s.source_tokens, _t(s.level),
+                    (sid, _t(s.kind), s.depth, _t(resolve_keys(s.text, keymap)), s.tokens, s.source_tokens, _t(s.level),
                      _t(s.summarizer), s.t_start, s.t_end, s.n_messages, pid, now),
                 ).fetchone()[0]
                 keymap[s.key] = new_id

@@ -180,6 +180,17 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX summaries_text_trgm ON summaries USING GIN (text gin_trgm_ops);
         """,
     ),
+    (
+        "003_message_aliases",
+        r"""
+        CREATE TABLE message_aliases (
+            ident TEXT NOT NULL,
+            message_id BIGINT NOT NULL REFERENCES messages(id),
+            PRIMARY KEY (ident, message_id)
+        );
+        CREATE INDEX message_aliases_message ON message_aliases(message_id);
+        """,
+    ),
 ]
 
 # Migrations the store can live without (run in a savepoint; retried at the next start).

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from ..messages import safe_json
+from ..messages import clean_text, safe_json
 from ..records import (
     ContextEntry,
     MessageRecord,
@@ -28,7 +28,7 @@ from ..records import (
     StagedPass,
     SummaryRecord,
 )
-from .base import Store, StoreError
+from .base import Store, StoreError, resolve_keys
 from .sqlite_migrations import MIGRATIONS
 
 log = logging.getLogger("lossless_context.store")
@@ -286,7 +286,7 @@ class SQLiteStore(Store):
                 cur = c.execute(
                     "INSERT INTO messages(session_id, seq, uid, ident, role, raw, text, tokens, created_at,"
                     " supersedes, large, exploration) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                    (session_id, seq, r.uid, r.ident, r.role, raw, r.text, r.tokens, r.created_at,
+                    (session_id, seq, r.uid, r.ident, r.role, raw, clean_text(r.text), r.tokens, r.created_at,
                      r.supersedes, int(r.large), r.exploration),
                 )
                 mid = cur.lastrowid
@@ -323,6 +323,21 @@ class SQLiteStore(Store):
         )
         row = self.conn().execute(q, (uid, *session_ids)).fetchone()
         return (row[0], row[1]) if row else None
+
+    def add_aliases(self, pairs: Sequence[tuple[str, int]]) -> None:
+        if not pairs:
+            return
+        with self.tx() as c:
+            c.executemany("INSERT OR IGNORE INTO message_aliases(ident, message_id) VALUES (?, ?)", list(pairs))
+
+    def aliases_for(self, message_ids: Sequence[int]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        ids = list(dict.fromkeys(message_ids))
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
+            q = f"SELECT ident, message_id FROM message_aliases WHERE message_id IN ({','.join('?' * len(chunk))})"
+            out.update({r[0]: r[1] for r in self.conn().execute(q, chunk)})
+        return out
 
     def session_messages(self, session_id: str, after_seq: int = -1, limit: int = 1000) -> list[MessageRecord]:
         rows = self.conn().execute(
@@ -407,7 +422,7 @@ class SQLiteStore(Store):
                     "INSERT INTO summaries(session_id, kind, depth, text, tokens, source_tokens, level,"
                     " summarizer, t_start, t_end, n_messages, state, pass_id, created_at)"
                     " VALUES (?,?,?,?,?,?,?,?,?,?,?,'staged',?,?)",
-                    (session_id, s.kind, s.depth, s.text, s.tokens, s.source_tokens, s.level, s.summarizer,
+                    (session_id, s.kind, s.depth, clean_text(resolve_keys(s.text, keymap)), s.tokens, s.source_tokens, s.level, s.summarizer,
                      s.t_start, s.t_end, s.n_messages, pass_id, now),
                 )
                 sid = cur.lastrowid

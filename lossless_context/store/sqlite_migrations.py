@@ -135,4 +135,15 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX staged_passes_session ON staged_passes(session_id, created_at);
         """,
     ),
+    (
+        "002_message_aliases",
+        """
+        CREATE TABLE message_aliases (
+            ident TEXT NOT NULL,
+            message_id INTEGER NOT NULL REFERENCES messages(id),
+            PRIMARY KEY (ident, message_id)
+        );
+        CREATE INDEX message_aliases_message ON message_aliases(message_id);
+        """,
+    ),
 ]

@@ -44,6 +44,10 @@ class HostSim:
     def add(self, *msgs: dict[str, Any]) -> None:
         self.messages.extend(copy.deepcopy(list(msgs)))
 
+    def end(self) -> None:
+        """CLI exit: the host hands the whole list over once more."""
+        self.engine.on_session_end(self.session_id, copy.deepcopy(self.messages))
+
     def maybe_compress(self, force: bool = False, focus: str | None = None) -> bool:
         did = False
         for _ in range(self.max_passes):
