@@ -8,6 +8,7 @@ publishes it by committing the pass. Model calls happen before any write transac
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 import uuid
@@ -27,7 +28,7 @@ from .extractive import Source
 from .messages import content_ident
 from .records import MessageRecord, NewSummary, SummaryRecord
 from .store.base import Store
-from .summarize import Escalator, SummaryRequest
+from .summarize import Escalator, SummaryRequest, deterministic_summary
 from .tokens import estimate_message_tokens, estimate_text_tokens
 
 log = logging.getLogger("lossless_context.compaction")
@@ -60,6 +61,8 @@ class PassResult:
     tokens_after: int = 0
     reason: str = ""
     levels: dict[str, int] = field(default_factory=dict)
+    upgrade_ids: list[int] = field(default_factory=list)
+    adopted: int = 0
 
 
 @dataclass
@@ -75,8 +78,12 @@ class _Node:
 
 class Compactor:
     def __init__(self, store: Store, escalator: Escalator, *,
-                 cancelled: Callable[[], bool] | None = None, time_budget: float = 240.0) -> None:
+                 cancelled: Callable[[], bool] | None = None, time_budget: float = 240.0,
+                 fast: bool = False) -> None:
         self.store = store
+        self.fast = fast  # background mode: no model calls on the critical path
+        self.to_upgrade: list[str] = []  # keys of deterministic nodes the worker should upgrade
+        self.adopted = 0  # leaves taken from summaries prepared ahead of time
         self.esc = escalator
         self.cancelled = cancelled
         self.deadline = time.monotonic() + time_budget
@@ -180,7 +187,8 @@ class Compactor:
         if reason:
             log.warning("lcm: %s", reason)
         return PassResult(output, pass_id, True, len(self.new), self.calls, self.failures,
-                          tokens_before, tokens_after, reason, dict(self.levels))
+                          tokens_before, tokens_after, reason, dict(self.levels),
+                          [keymap[k] for k in self.to_upgrade if k in keymap], self.adopted)
 
     # -- pieces ------------------------------------------------------------------------
 
@@ -213,50 +221,20 @@ class Compactor:
                           a: int, b: int, nodes: list[_Node], existing: dict[int, SummaryRecord],
                           budget: Budget, focus: str | None, memory: str) -> list[_Node]:
         nodes = list(nodes)
-        chunk: list[Slot] = []
-        chunk_tokens = 0
-
-        def flush() -> None:
-            nonlocal chunk, chunk_tokens
-            if chunk:
-                nodes.append(self._leaf(session_id, chunk, records, budget, focus, memory))
-            chunk, chunk_tokens = [], 0
-
-        for ga, gb in groups(list(slots[a:b])):
-            grp = list(slots[a + ga: a + gb])
-            if grp[0].kind == "S":
-                flush()
-                for ref in grp[0].refs:
+        for kind, item, _full in plan_region(slots, a, b, records, budget.leaf_chunk):
+            if kind == "S":
+                for ref in item:
                     rec = existing.get(ref)
                     if rec is not None:
                         nodes.append(_Node(ref, rec.depth, rec.tokens, rec.text, rec.t_start, rec.t_end,
                                            rec.n_messages))
-                continue
-            for s in grp:
-                st = self._source_tokens(s, records)
-                if chunk and chunk_tokens + st > budget.leaf_chunk:
-                    flush()
-                chunk.append(s)
-                chunk_tokens += st
-        flush()
+            else:
+                nodes.append(self._leaf(session_id, item, records, budget, focus, memory))
         return nodes
 
     @staticmethod
     def _source_text(s: Slot, records: dict[int, MessageRecord]) -> str | None:
-        rec = records.get(s.refs[0])
-        if s.kind == "x" or rec is None or rec.role in ("invalid", "unknown"):
-            return None
-        if rec.large and rec.exploration:
-            return rec.exploration
-        text = rec.text
-        if len(text) > SOURCE_TEXT_LIMIT:
-            half = SOURCE_TEXT_LIMIT // 2
-            text = text[:half] + f"\n…[{len(rec.text) - SOURCE_TEXT_LIMIT} chars omitted]…\n" + text[-half:]
-        return text
-
-    def _source_tokens(self, s: Slot, records: dict[int, MessageRecord]) -> int:
-        text = self._source_text(s, records)
-        return estimate_text_tokens(text) if text else 1
+        return source_text(s, records)
 
     def _leaf(self, session_id: str, chunk: Sequence[Slot], records: dict[int, MessageRecord],
               budget: Budget, focus: str | None, memory: str) -> _Node:
@@ -274,8 +252,18 @@ class Compactor:
         times = [records[m].created_at for m in mids if m in records]
         src_tokens = sum(estimate_text_tokens(x.text) for x in sources)
         target = min(budget.leaf_summary, max(32, src_tokens // 2))
-        text, level, summarizer = self._summarise(sources, target, "leaf", focus, memory)
+        cached = None if focus else self.store.get_presummary(session_id, span_key(mids))
         key = f"new{len(self.new)}"
+        if cached is not None:
+            # Summarised ahead of time by the background worker for exactly these messages.
+            text, level, summarizer = cached["text"], cached["level"], cached["summarizer"]
+            self.adopted += 1
+            self.levels[level] = self.levels.get(level, 0) + 1
+        elif self.fast and self.esc.model is not None:
+            text, level, summarizer = self._summarise(sources, target, "leaf", focus, memory, deterministic=True)
+            self.to_upgrade.append(key)
+        else:
+            text, level, summarizer = self._summarise(sources, target, "leaf", focus, memory)
         tokens = estimate_text_tokens(text)
         self.new.append(NewSummary(key, "leaf", 0, text, tokens, src_tokens, level, summarizer,
                                    min(times) if times else None, max(times) if times else None,
@@ -284,9 +272,13 @@ class Compactor:
                      len(mids))
 
     def _summarise(self, sources: list[Source], target: int, kind: str, focus: str | None,
-                   memory: str) -> tuple[str, str, str]:
+                   memory: str, deterministic: bool = False) -> tuple[str, str, str]:
         if not sources:
             return "(no summarisable content: the covered messages are stored verbatim)", "deterministic", "extractive"
+        if deterministic:
+            self.levels["deterministic"] = self.levels.get("deterministic", 0) + 1
+            return deterministic_summary(SummaryRequest(sources, target, kind, focus, memory),
+                                         self.esc.do_redact), "deterministic", "extractive"
         res = self.esc.summarize(SummaryRequest(sources, target, kind, focus, memory),
                                  cancelled=self.cancelled, deadline=self.deadline)
         self.calls += res.calls
@@ -307,8 +299,11 @@ class Compactor:
                        for n in group]
             src_tokens = sum(n.tokens for n in group)
             target = min(budget.condensed_summary, max(32, src_tokens // 2))
-            text, level, summarizer = self._summarise(sources, target, "condensed", focus, memory)
             key = f"new{len(self.new)}"
+            fast = self.fast and self.esc.model is not None
+            text, level, summarizer = self._summarise(sources, target, "condensed", focus, memory, deterministic=fast)
+            if fast:
+                self.to_upgrade.append(key)
             tokens = estimate_text_tokens(text)
             starts = [n.t_start for n in group if n.t_start]
             ends = [n.t_end for n in group if n.t_end]
@@ -402,6 +397,55 @@ class Compactor:
         out: list[dict[str, Any]] = [system] if system else []
         out.extend(s.msg for s in slots if s.kind == "m" and s.msg is not None)
         return out
+
+
+def source_text(s: Slot, records: dict[int, MessageRecord]) -> str | None:
+    """What a summariser sees of one message (None: not summarisable, stored verbatim only)."""
+    rec = records.get(s.refs[0])
+    if s.kind == "x" or rec is None or rec.role in ("invalid", "unknown"):
+        return None
+    if rec.large and rec.exploration:
+        return rec.exploration
+    text = rec.text
+    if len(text) > SOURCE_TEXT_LIMIT:
+        half = SOURCE_TEXT_LIMIT // 2
+        text = text[:half] + f"\n…[{len(rec.text) - SOURCE_TEXT_LIMIT} chars omitted]…\n" + text[-half:]
+    return text
+
+
+def plan_region(slots: Sequence[Slot], a: int, b: int, records: dict[int, MessageRecord],
+                leaf_chunk: int) -> list[tuple[str, Any, bool]]:
+    """The region's items in order: ("S", node ids, _) for existing summaries and
+    ("chunk", slots, full) for leaf chunks bounded in source tokens. Deterministic, so the
+    background worker and compress() cut the same chunks; `full` chunks are stable."""
+    out: list[tuple[str, Any, bool]] = []
+    chunk: list[Slot] = []
+    used = 0
+    for ga, gb in groups(list(slots[a:b])):
+        grp = list(slots[a + ga: a + gb])
+        if grp[0].kind == "S":
+            if chunk:
+                out.append(("chunk", chunk, False))
+            chunk, used = [], 0
+            out.append(("S", list(grp[0].refs), True))
+            continue
+        for s in grp:
+            text = source_text(s, records)
+            st = estimate_text_tokens(text) if text else 1
+            if chunk and used + st > leaf_chunk:
+                out.append(("chunk", chunk, True))
+                chunk, used = [], 0
+            chunk.append(s)
+            used += st
+    if chunk:
+        out.append(("chunk", chunk, False))
+    return out
+
+
+def span_key(message_ids: Sequence[int]) -> str:
+    """Identity of a leaf's span: the exact stored messages it covers, in order."""
+    data = ",".join(str(m) for m in message_ids).encode()
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
 def _safe(fn: Callable[[], bool]) -> bool:

@@ -58,6 +58,7 @@ class LCMConfig:
     lock_timeout: float = 30.0
     background_compaction: bool = False
     soft_threshold: float = 0.6
+    hard_threshold: float = 0.9  # above this fraction of the window compress() blocks on the model
     background_concurrency: int = 2
     warnings: list[str] = field(default_factory=list, compare=False, repr=False)
 
@@ -146,6 +147,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "threshold": _range(0.05, 0.98),
     "target_ratio": _range(0.1, 0.95),
     "soft_threshold": _range(0.05, 0.95),
+    "hard_threshold": _range(0.1, 1.0),
     "fresh_tail_tokens": _range(0, 10_000_000),
     "leaf_chunk_tokens": _range(200, 1_000_000),
     "leaf_summary_tokens": _range(50, 100_000),

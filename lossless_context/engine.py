@@ -15,7 +15,8 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from ._base import base_class
-from .assemble import Slot, groups
+from .assemble import Slot
+from .background import BackgroundWorker, presummarise, upgrade_nodes
 from .compaction import Budget, Compactor, PassResult
 from .config import LCMConfig, model_threshold
 from .ingest import align, slots_to_entries
@@ -417,8 +418,12 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
                         self._note(f"{ours} tokens already within target {budget.target}")
                         return messages
                     budget.fresh_tail = self._forced_tail(budget, ours)
-                comp = Compactor(self.store, self._get_escalator(), cancelled=self._cancel_check(),
-                                 time_budget=cfg.compaction_time_budget)
+                esc = self._get_escalator()
+                host_tokens = int(current_tokens) if isinstance(current_tokens, (int, float)) else ours + self._overhead
+                fast = (cfg.background_compaction and esc.model is not None and not force
+                        and host_tokens < cfg.hard_threshold * (self.context_length or host_tokens + 1))
+                comp = Compactor(self.store, esc, cancelled=self._cancel_check(),
+                                 time_budget=cfg.compaction_time_budget, fast=fast)
                 res: PassResult = comp.run(sid, system, slots, budget, focus=focus or None,
                                            memory_context=memory, force=force, base_version=version,
                                            base_len=base_len, tokens_before=ours)
@@ -434,12 +439,44 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
             return messages
         self._no_progress_at = None
         self._pending[sid] = res.pass_id or ""
+        if res.upgrade_ids:
+            self._submit_upgrade(sid, res.upgrade_ids, budget)
         self.compression_count += 1
         self._last_compression_made_progress = True
         self._last_summary_fallback_used = bool(res.failures)
         log.info("lcm: pass %s for %s: %d → %d tokens, %d new nodes, %d summariser calls",
                  res.pass_id, sid, res.tokens_before, res.tokens_after, res.new_nodes, res.calls)
         return res.output
+
+    # -- background compaction -----------------------------------------------------------------
+
+    def _worker(self) -> BackgroundWorker | None:
+        cfg = self.config
+        if not cfg.background_compaction:
+            return None
+        return BackgroundWorker.for_store(self.store.location, cfg.background_concurrency)
+
+    def _submit_upgrade(self, sid: str, node_ids: list[int], budget: Budget) -> None:
+        worker = self._worker()
+        if worker is None:
+            return
+        store, esc = self.store, self._get_escalator()
+        worker.submit(f"{sid}#upgrade", lambda stop: upgrade_nodes(store, esc, sid, list(node_ids), budget, stop))
+
+    def maybe_presummarise(self, messages: List[Any], session_id: str | None = None) -> bool:
+        """Between turns, above the soft threshold: summarise ahead what the next pass takes."""
+        worker = self._worker()
+        if worker is None or not self.context_length:
+            return False
+        esc = self._get_escalator()
+        if esc.model is None:
+            return False
+        tokens = estimate_messages_tokens(messages) + self._overhead
+        if tokens < self.config.soft_threshold * self.context_length:
+            return False
+        sid = session_id or self._sid()
+        store, budget = self.store, self._budget(self._overhead)
+        return worker.submit(sid, lambda stop: presummarise(store, esc, sid, budget, stop))
 
     def _cancel_check(self) -> Callable[[], bool] | None:
         fn = getattr(self, "_compression_cancelled_check", None)
@@ -457,12 +494,17 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
         with self._stats_lock:
             status.update({f"lcm_{k}": v for k, v in self._stats.items()})
         status["lcm_session_id"] = self._session_id
+        worker = _WORKER_OR_NONE(self)
+        if worker is not None:
+            status.update({"lcm_background_backlog": worker.backlog, "lcm_background_jobs": worker.jobs_done,
+                           "lcm_background_seconds": round(worker.model_seconds, 3)})
         try:
             st = self.store.stats()
             status.update({
                 "lcm_store": st["location"], "lcm_backend": st["backend"], "lcm_messages": st["messages"],
                 "lcm_summaries_by_depth": st["summaries_by_depth"], "lcm_staged_summaries": st["staged_summaries"],
                 "lcm_sessions": st["sessions"], "lcm_store_compactions": st["compactions"],
+                "lcm_presummaries": self.store.count_presummaries(),
             })
         except Exception as exc:
             status["lcm_store_error"] = str(exc)
@@ -479,6 +521,13 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
         from .tools import dispatch
 
         return dispatch(self, name, args, **kwargs)
+
+
+def _WORKER_OR_NONE(engine: "LCMEngine") -> BackgroundWorker | None:
+    try:
+        return engine._worker() if engine._config is not None and engine._store is not None else None
+    except Exception:
+        return None
 
 
 def _host_available() -> bool:

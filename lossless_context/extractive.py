@@ -350,6 +350,8 @@ def _summarise(sources: Sequence[Source], target_tokens: int, focus: str | None,
         chosen[top_si] = [order[0]]
         used = len(prefix(top_si)) + len(top_text) + 1
     for k in order[1:]:
+        if aggressive and scores[k] <= 0:
+            break  # terse: no filler, even when it would fit
         si, ui, text = units[k]
         overhead = len(_SEP) if si in chosen else len(prefix(si)) + 1
         if used + overhead + len(text) > room:

@@ -150,7 +150,9 @@ class NewHostHooks:
     def on_turn_complete(self, messages: List[Dict[str, Any]], usage: Any = None, **kwargs: Any) -> None:
         try:
             if isinstance(messages, list) and messages:
-                self.ingest(messages, session_id=self._sid(kwargs))  # type: ignore[attr-defined]
+                sid = self._sid(kwargs)  # type: ignore[attr-defined]
+                self.ingest(messages, session_id=sid)  # type: ignore[attr-defined]
+                self.maybe_presummarise(messages, session_id=sid)  # type: ignore[attr-defined]
         except Exception as exc:
             log.warning("lcm: on_turn_complete ingestion failed (the host keeps its copy): %s", exc)
 

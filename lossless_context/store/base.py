@@ -137,6 +137,17 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def update_summary_text(self, summary_id: int, text: str, tokens: int, level: str, summarizer: str) -> None: ...
 
+    # -- summaries prepared ahead of a pass (background compaction) --------------
+    @abc.abstractmethod
+    def put_presummary(self, session_id: str, span_key: str, text: str, tokens: int, source_tokens: int,
+                       level: str, summarizer: str) -> None: ...
+
+    @abc.abstractmethod
+    def get_presummary(self, session_id: str, span_key: str) -> dict[str, Any] | None: ...
+
+    @abc.abstractmethod
+    def count_presummaries(self, session_id: str | None = None) -> int: ...
+
     # -- search ---------------------------------------------------------------
     @abc.abstractmethod
     def search(

@@ -10,8 +10,9 @@ multi-host deployments (``lcm.store: postgresql://user@host/db``).
   single writer does globally (``seq`` allocation, context versions, publish), and keeps
   message ids increasing in commit order within a session. Deadlocks are retried.
 * ``raw`` is TEXT holding the JSON string byte for byte (never JSONB). PostgreSQL rejects
-  NUL characters and unpaired surrogates in text: other text values are cleaned
-  (NUL removed, lone surrogates → U+FFFD); JSON escapes both, so ``raw`` needs nothing.
+  NUL characters and unpaired surrogates in text: other text values are cleaned exactly
+  like :func:`~lossless_context.messages.clean_text` (which SQLite applies to message and
+  summary text); JSON escapes both, so ``raw`` needs nothing.
 * Full-text search: a generated ``tsv`` column (``to_tsvector('english', text)``) with a GIN
   index, queried with ``to_tsquery('english', plan.pg_tsquery)`` and ranked with
   ``ts_rank_cd``; ``rank`` is the negated score so SMALLER is better, like SQLite's bm25.

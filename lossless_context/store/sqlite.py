@@ -553,6 +553,31 @@ class SQLiteStore(Store):
                 (text, tokens, level, summarizer, summary_id),
             )
 
+    # -- presummaries ------------------------------------------------------------------
+
+    def put_presummary(self, session_id: str, span_key: str, text: str, tokens: int, source_tokens: int,
+                       level: str, summarizer: str) -> None:
+        with self.tx() as c:
+            c.execute(
+                "INSERT OR REPLACE INTO presummaries(session_id, span_key, text, tokens, source_tokens, level,"
+                " summarizer, created_at) VALUES (?,?,?,?,?,?,?,?)",
+                (session_id, span_key, clean_text(text), tokens, source_tokens, level, summarizer, time.time()),
+            )
+
+    def get_presummary(self, session_id: str, span_key: str) -> dict[str, Any] | None:
+        row = self.conn().execute(
+            "SELECT text, tokens, source_tokens, level, summarizer FROM presummaries WHERE session_id=? AND span_key=?",
+            (session_id, span_key),
+        ).fetchone()
+        if row is None:
+            return None
+        return dict(zip(("text", "tokens", "source_tokens", "level", "summarizer"), row))
+
+    def count_presummaries(self, session_id: str | None = None) -> int:
+        if session_id is None:
+            return self.conn().execute("SELECT COUNT(*) FROM presummaries").fetchone()[0]
+        return self.conn().execute("SELECT COUNT(*) FROM presummaries WHERE session_id=?", (session_id,)).fetchone()[0]
+
     # -- search ------------------------------------------------------------------------
 
     def search(

@@ -146,4 +146,20 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX message_aliases_message ON message_aliases(message_id);
         """,
     ),
+    (
+        "003_presummaries",
+        """
+        CREATE TABLE presummaries (
+            session_id TEXT NOT NULL REFERENCES sessions(id),
+            span_key TEXT NOT NULL,
+            text TEXT NOT NULL,
+            tokens INTEGER NOT NULL,
+            source_tokens INTEGER NOT NULL,
+            level TEXT NOT NULL,
+            summarizer TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            PRIMARY KEY (session_id, span_key)
+        );
+        """,
+    ),
 ]

@@ -1,0 +1,773 @@
+"""The `lcm` command line: demo, install, status, sessions, the agent tools for humans,
+the HTML view, export/import, Hermes backfill, doctor and backup.
+
+Only this module knows about click and rich; the engine never imports it. Every failure ends with one line `lcm: <reason>` on stderr and a non-zero exit code,
+never a traceback (set LCM_DEBUG=1 to see one for internal errors).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import click
+
+from . import __version__
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+class UserError(Exception):
+    """A problem the user can fix: reported as one line, exit code 1."""
+
+
+def _is_dsn(loc: str) -> bool:
+    return loc.startswith(("postgresql://", "postgres://"))
+
+
+# --------------------------------------------------------------------------- app state
+
+
+class App:
+    def __init__(self, store: str | None, verbose: bool) -> None:
+        self.store_opt = store
+        self.verbose = verbose
+        self._config = None
+
+    def config(self, **over: Any):
+        from .config import LCMConfig
+
+        base = {"summarizer": "extractive"}
+        if self.store_opt:
+            base["store"] = self.store_opt
+        base.update(over)
+        return LCMConfig.load(base)
+
+    def location(self) -> str:
+        if self.store_opt:
+            return self.store_opt if _is_dsn(self.store_opt) else str(Path(self.store_opt).expanduser())
+        return self.config().store_location()
+
+    def check_location(self, loc: str, must_exist: bool = True) -> None:
+        if _is_dsn(loc):
+            return
+        p = Path(loc)
+        if p.is_dir():
+            raise UserError(f"{p} is a directory; give the store file (e.g. {p / 'lcm.db'})")
+        if not p.exists():
+            if must_exist:
+                raise UserError(f"no store at {p} (run `lcm demo --store {p}` or use Hermes with the lcm engine first)")
+            return
+        try:
+            with open(p, "rb") as fh:
+                head = fh.read(16)
+        except OSError as exc:
+            raise UserError(f"cannot read {p}: {exc.strerror or exc}") from exc
+        if not head:
+            return  # an empty file: a store that was created and never written
+        if head != SQLITE_MAGIC:
+            raise UserError(f"{p} is not an lcm store (not an SQLite database)")
+        try:
+            c = sqlite3.connect(f"file:{quote(str(p.resolve()))}?mode=ro", uri=True)
+            try:
+                tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            finally:
+                c.close()
+        except sqlite3.Error as exc:
+            raise UserError(f"cannot open {p}: {exc}") from exc
+        if tables and "lcm_migrations" not in tables:
+            raise UserError(f"{p} is an SQLite database but not an lcm store (refusing to touch it)")
+
+    def open_store(self, must_exist: bool = True):
+        from .store import open_store
+
+        loc = self.location()
+        self.check_location(loc, must_exist)
+        return open_store(loc)
+
+    def engine(self, session: str | None = None, all_sessions: bool = False):
+        from .engine import LCMEngine
+
+        loc = self.location()
+        self.check_location(loc, True)
+        over: dict[str, Any] = {"store": loc}
+        if all_sessions:
+            over["cross_session_search"] = True
+        engine = LCMEngine(config=self.config(**over))
+        sid = self.resolve_session(engine.store, session)
+        engine.bind_session_state(None, sid)
+        return engine, sid
+
+    @staticmethod
+    def resolve_session(store: Any, session: str | None) -> str:
+        from .viewer import latest_session
+
+        if session:
+            if store.get_session(session) is None:
+                raise UserError(f"unknown session {session!r} (see `lcm sessions`)")
+            return session
+        sid = latest_session(store)
+        if sid is None:
+            raise UserError("the store has no sessions yet")
+        return sid
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(file=stream, width=None if stream.isatty() else 120, highlight=False)
+
+
+def _progress(console: Any):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console, transient=True, disable=not console.is_terminal)
+
+
+def _tool(engine: Any, name: str, args: dict[str, Any]) -> dict[str, Any]:
+    data = json.loads(engine.handle_tool_call(name, args))
+    if isinstance(data, dict) and "error" in data:
+        raise UserError(str(data["error"]))
+    return data
+
+
+pass_app = click.make_pass_decorator(App)
+
+
+# --------------------------------------------------------------------------- the group
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--store", metavar="PATH|DSN", default=None,
+              help="Store: an SQLite file or a postgresql:// DSN (default: lcm.store of config.yaml, "
+                   "$LCM_STORE, or $HERMES_HOME/lcm/lcm.db).")
+@click.option("-v", "--verbose", is_flag=True, help="Show the engine's log messages.")
+@click.version_option(__version__, prog_name="lcm")
+@click.pass_context
+def lcm(ctx: click.Context, store: str | None, verbose: bool) -> None:
+    """Lossless Context Management for Hermes Agent: every message kept verbatim, old context
+    replaced by a searchable DAG of summaries."""
+    _setup_logging(verbose)
+    ctx.obj = App(store, verbose)
+
+
+class _OneLine(logging.Formatter):
+    def __init__(self, verbose: bool) -> None:
+        super().__init__("lcm: %(levelname)s: %(message)s")
+        self.verbose = verbose
+
+    def format(self, record: logging.LogRecord) -> str:
+        if not self.verbose:
+            record.exc_info, record.exc_text, record.stack_info = None, None, None
+            return super().format(record).splitlines()[0]
+        return super().format(record)
+
+
+def _setup_logging(verbose: bool) -> None:
+    log = logging.getLogger("lossless_context")
+    for h in list(log.handlers):
+        if getattr(h, "_lcm_cli", False):
+            log.removeHandler(h)
+    h = logging.StreamHandler(sys.stderr)
+    h._lcm_cli = True  # type: ignore[attr-defined]
+    h.setFormatter(_OneLine(verbose))
+    log.addHandler(h)
+    log.setLevel(logging.INFO if verbose else logging.ERROR)
+    log.propagate = False
+
+
+# --------------------------------------------------------------------------- demo
+
+
+@lcm.command()
+@click.option("--messages", "n_messages", type=click.IntRange(20, 2_000_000), default=3000, show_default=True,
+              help="Messages in the generated coding session.")
+@click.option("--store", "demo_store", metavar="PATH", default=None,
+              help="Store file for the demo (default: a new temporary directory).")
+@click.option("--summarizer", type=click.Choice(["extractive", "openai"]), default="extractive", show_default=True,
+              help="extractive: built-in, no network; openai: an OpenAI-compatible endpoint (--base-url).")
+@click.option("--base-url", default="", help="OpenAI-compatible base URL (with --summarizer openai).")
+@click.option("--model", default="", help="Model name for --summarizer openai.")
+@click.option("--api-key-env", default="", metavar="VAR", help="Environment variable holding the API key.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the generated session.")
+@click.option("--context-length", type=click.IntRange(16_000, 10_000_000), default=64_000, show_default=True,
+              help="The simulated model's context window.")
+@click.option("--rotate", is_flag=True, help="Give each compaction a new session id with a parent link "
+              "(the host's rotation mode) instead of compacting in place.")
+@click.option("--html", "html_path", metavar="FILE", default=None,
+              help="Where to write the HTML DAG view (default: lcm-demo.html next to the store).")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@pass_app
+def demo(app: App, n_messages: int, demo_store: str | None, summarizer: str, base_url: str, model: str,
+         api_key_env: str, seed: int, context_length: int, rotate: bool, html_path: str | None,
+         as_json: bool) -> None:
+    """Replay a long deterministic coding session through a real engine and show what LCM kept."""
+    from .demo import run_demo
+
+    if summarizer == "openai":
+        if not base_url.startswith(("http://", "https://")):
+            raise UserError("--summarizer openai needs --base-url http(s)://…/v1")
+    store = demo_store or app.store_opt
+    if store and _is_dsn(store):
+        raise UserError("lcm demo writes an SQLite store; give --store PATH")
+    if store:
+        app.check_location(str(Path(store).expanduser()), must_exist=False)
+    err = _console(stderr=True)
+    with _progress(err) as prog:
+        tasks: dict[str, Any] = {}
+
+        def progress(stage: str, done: int, total: int) -> None:
+            label = {"replay": "replaying turns", "canaries": "checking canaries", "html": "writing view"}[stage]
+            if stage not in tasks:
+                tasks[stage] = prog.add_task(label, total=total)
+            prog.update(tasks[stage], completed=done)
+
+        res = run_demo(n_messages, store, seed=seed, summarizer=summarizer, base_url=base_url, model=model,
+                       api_key_env=api_key_env, context_length=context_length, rotate=rotate,
+                       html=html_path, progress=progress)
+    if as_json:
+        click.echo(json.dumps(res.as_dict(), indent=2))
+    else:
+
+        from .demo import print_tables
+
+        print_tables(_console(), res)
+    if res.canaries_recovered != len(res.canaries):
+        click.echo(f"lcm: only {res.canaries_recovered} of {len(res.canaries)} canaries were recovered", err=True)
+        raise click.exceptions.Exit(1)
+
+
+# --------------------------------------------------------------------------- install
+
+
+@lcm.command()
+@click.option("--hermes-home", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Hermes home (default: $HERMES_HOME or ~/.hermes).")
+@click.option("--mode", type=click.Choice(["entrypoint", "directory"]), default="entrypoint", show_default=True,
+              help="entrypoint: Hermes loads the installed package; directory: also copy the plugin folder "
+                   "to $HERMES_HOME/plugins/lcm/.")
+def install(hermes_home: Path | None, mode: str) -> None:
+    """Enable the lcm engine in Hermes' config.yaml (comments and other settings are kept)."""
+    from .config import hermes_home as default_home
+    from .install import install as do_install
+
+    home = hermes_home or default_home()
+    res = do_install(home, mode)
+    for c in res.changes:
+        click.echo(f"  {c}")
+    click.echo(f"lcm {'installed' if res.changed else 'already installed'} in {home} ({mode} mode)"
+               + ("" if res.changed else ": nothing to do"))
+
+
+@lcm.command()
+@click.option("--hermes-home", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Hermes home (default: $HERMES_HOME or ~/.hermes).")
+def uninstall(hermes_home: Path | None) -> None:
+    """Switch Hermes back to the built-in compressor and remove the plugin folder (the store is kept)."""
+    from .config import hermes_home as default_home
+    from .install import uninstall as do_uninstall
+
+    home = hermes_home or default_home()
+    res = do_uninstall(home)
+    for c in res.changes:
+        click.echo(f"  {c}")
+    click.echo(f"lcm {'uninstalled from' if res.changed else 'is not installed in'} {home}"
+               + ("" if res.changed else ": nothing to do"))
+
+
+# --------------------------------------------------------------------------- status / sessions
+
+
+@lcm.command()
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@pass_app
+def status(app: App, as_json: bool) -> None:
+    """Store location, size, sessions, messages, summary nodes by depth, last compaction."""
+
+    store = app.open_store()
+    st = store.stats()
+    sessions = store.list_sessions()
+    last = max((s for s in sessions if s.get("last_compaction_at")), key=lambda s: s["last_compaction_at"],
+               default=None)
+    st["last_compaction_session"] = last["id"] if last else None
+    st["summaries_by_depth"] = {str(k): v for k, v in sorted(st["summaries_by_depth"].items())}
+    if as_json:
+        click.echo(json.dumps(st, indent=2, default=str))
+    else:
+        status_table(_console(), st)
+
+
+@lcm.command()
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@pass_app
+def sessions(app: App, as_json: bool) -> None:
+    """Sessions with their lineage (parent), conversation id, messages and summary nodes."""
+
+    store = app.open_store()
+    rows = store.list_sessions()
+    if as_json:
+        click.echo(json.dumps(rows, indent=2, default=str))
+    else:
+        sessions_table(_console(), rows)
+
+
+# --------------------------------------------------------------------------- the agent tools
+
+
+@lcm.command()
+@click.argument("query")
+@click.option("--session", default=None, help="Session whose lineage is searched (default: the latest).")
+@click.option("--all-sessions", is_flag=True, help="Search every session in the store.")
+@click.option("--mode", type=click.Choice(["text", "regex"]), default="text", show_default=True)
+@click.option("--scope", type=click.Choice(["both", "messages", "summaries"]), default="both", show_default=True)
+@click.option("--role", default=None, help="Only messages with this role.")
+@click.option("--limit", type=click.IntRange(1, 100), default=10, show_default=True)
+@click.option("--cursor", default=None, help="next_cursor of a previous page.")
+@click.option("--json", "as_json", is_flag=True, help="Print the tool's raw JSON.")
+@pass_app
+def grep(app: App, query: str, session: str | None, all_sessions: bool, mode: str, scope: str, role: str | None,
+         limit: int, cursor: str | None, as_json: bool) -> None:
+    """Search the whole history (originals and summaries), like the agent's lcm_grep."""
+
+    engine, _sid = app.engine(session, all_sessions)
+    args: dict[str, Any] = {"query": query, "mode": mode, "scope": scope, "limit": limit}
+    if role:
+        args["role"] = role
+    if cursor:
+        args["cursor"] = cursor
+    if all_sessions:
+        args["session_scope"] = "all"
+    data = _tool(engine, "lcm_grep", args)
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False) if as_json else grep_text(data))
+
+
+@lcm.command()
+@click.argument("node_id", metavar="ID")
+@click.option("--session", default=None, help="Session whose lineage the id belongs to (default: the latest).")
+@click.option("--json", "as_json", is_flag=True, help="Print the tool's raw JSON.")
+@pass_app
+def describe(app: App, node_id: str, session: str | None, as_json: bool) -> None:
+    """Metadata of a summary (s12) or message (m345): span, depth, parents, children, text."""
+
+    engine, _ = app.engine(session)
+    data = _tool(engine, "lcm_describe", {"id": node_id})
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False) if as_json else describe_text(data))
+
+
+@lcm.command()
+@click.argument("node_id", metavar="ID")
+@click.option("--session", default=None, help="Session whose lineage the id belongs to (default: the latest).")
+@click.option("--max-tokens", type=click.IntRange(200, 12000), default=4000, show_default=True,
+              help="Page budget.")
+@click.option("--cursor", default=None, help="next_cursor of a previous page.")
+@click.option("--json", "as_json", is_flag=True, help="Print the tool's raw JSON.")
+@pass_app
+def expand(app: App, node_id: str, session: str | None, max_tokens: int, cursor: str | None,
+           as_json: bool) -> None:
+    """Open a summary into its children, or a message into its verbatim original."""
+
+    engine, _ = app.engine(session)
+    args: dict[str, Any] = {"id": node_id, "max_tokens": max_tokens}
+    if cursor:
+        args["cursor"] = cursor
+    data = _tool(engine, "lcm_expand", args)
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False) if as_json else expand_text(data))
+
+
+# --------------------------------------------------------------------------- view / export / import
+
+
+@lcm.command()
+@click.argument("session", required=False)
+@click.option("-o", "--output", metavar="FILE.html", default="lcm-view.html", show_default=True)
+@pass_app
+def view(app: App, session: str | None, output: str) -> None:
+    """Write a self-contained HTML page of a session's summary DAG (no network needed to open it)."""
+    from .viewer import write_view
+
+    store = app.open_store()
+    sid = app.resolve_session(store, session)
+    path = write_view(store, sid, output)
+    click.echo(f"wrote {path} (session {sid})")
+
+
+@lcm.command()
+@click.argument("session", required=False)
+@click.option("-o", "--output", metavar="FILE.jsonl", default="-", show_default=True, help="'-' for stdout.")
+@pass_app
+def export(app: App, session: str | None, output: str) -> None:
+    """Export the whole store, or one session's lineage, as versioned JSONL (messages and DAG)."""
+    from .export import export_jsonl
+
+    store = app.open_store()
+    if session:
+        app.resolve_session(store, session)
+    if output == "-":
+        n = export_jsonl(store, sys.stdout, session)
+        return
+    dest = Path(output).expanduser()
+    fd, tmp = tempfile.mkstemp(prefix=".lcm-export.", suffix=".tmp", dir=str(dest.parent.resolve()))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+            n = export_jsonl(store, fh, session)
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    click.echo(f"exported {n} records to {dest}" + (f" (lineage of {session})" if session else ""), err=True)
+
+
+@lcm.group(name="import")
+def import_() -> None:
+    """Import history: an lcm JSONL export, or sessions from Hermes' own database."""
+
+
+@import_.command(name="jsonl")
+@click.argument("file", metavar="FILE")
+@pass_app
+def import_jsonl_cmd(app: App, file: str) -> None:
+    """Import an `lcm export` file (idempotent: importing twice adds nothing)."""
+    from .export import import_jsonl
+
+    try:
+        fh = sys.stdin if file == "-" else open(Path(file).expanduser(), encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"cannot read {file}: {exc.strerror or exc}") from exc
+    with fh:
+        try:
+            lines = list(fh)
+        except UnicodeDecodeError as exc:
+            raise UserError(f"cannot read {file}: not UTF-8 text") from exc
+    store = app.open_store(must_exist=False)
+    rep = import_jsonl(store, lines)
+    for w in rep.warnings[:20]:
+        click.echo(f"lcm: warning: {w}", err=True)
+    click.echo(f"imported {rep.sessions_added} sessions, {rep.messages_added} messages, "
+               f"{rep.summaries_added} summaries, {rep.contexts_set} contexts"
+               + (" (nothing new)" if not rep.added else "")
+               + (f"; {rep.ids_remapped} ids remapped" if rep.ids_remapped else ""))
+
+
+@import_.command(name="hermes")
+@click.option("--session", "session_ids", multiple=True, metavar="ID",
+              help="A Hermes session to import (with its ancestors); repeatable.")
+@click.option("--all", "all_", is_flag=True, help="Import every session.")
+@click.option("--hermes-home", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Hermes home holding state.db (default: $HERMES_HOME or ~/.hermes).")
+@pass_app
+def import_hermes_cmd(app: App, session_ids: tuple[str, ...], all_: bool, hermes_home: Path | None) -> None:
+    """Backfill sessions from Hermes' session database (read-only; idempotent)."""
+    from .config import hermes_home as default_home
+    from .engine import LCMEngine
+    from .hermes_import import import_hermes
+
+    if bool(session_ids) == bool(all_):
+        raise UserError("give --session ID (repeatable) or --all")
+    home = hermes_home or default_home()
+    loc = app.location()
+    app.check_location(loc, must_exist=False)
+    engine = LCMEngine(config=app.config(store=loc))
+    err = _console(stderr=True)
+    with _progress(err) as prog:
+        task = prog.add_task("importing sessions", total=None)
+
+        def progress(sid: str, done: int, total: int) -> None:
+            prog.update(task, completed=done, total=total)
+
+        rep = import_hermes(engine, home, list(session_ids) if session_ids else None, progress=progress)
+
+    from .hermes_import import print_report
+
+    print_report(_console(), rep)
+
+
+# --------------------------------------------------------------------------- doctor / backup
+
+
+@lcm.command()
+@click.option("--repair", is_flag=True, help="Apply the safe repairs (never deletes user data).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@pass_app
+def doctor(app: App, repair: bool, as_json: bool) -> None:
+    """Check the store's integrity; exits non-zero when it is unhealthy."""
+    from .doctor import run_doctor
+
+    store = app.open_store()
+    rep = run_doctor(store, repair=repair)
+    click.echo(json.dumps(rep.as_dict(), indent=2) if as_json else rep.render_text())
+    if not rep.ok:
+        failed = [c.name for c in rep.checks if not (c.ok or c.repaired)]
+        click.echo(f"lcm: the store is unhealthy ({'; '.join(failed)})", err=True)
+        raise click.exceptions.Exit(1)
+
+
+@lcm.command()
+@click.option("-o", "--output", metavar="FILE", required=True, help="Backup file to write.")
+@click.option("--force", is_flag=True, help="Overwrite FILE if it exists.")
+@pass_app
+def backup(app: App, output: str, force: bool) -> None:
+    """Copy the SQLite store with SQLite's online backup API (safe while Hermes runs)."""
+    loc = app.location()
+    if _is_dsn(loc):
+        raise UserError("the store is PostgreSQL: back it up with pg_dump (e.g. `pg_dump -Fc DBNAME > lcm.dump`)")
+    app.check_location(loc, must_exist=True)
+    dest = Path(output).expanduser()
+    if dest.exists() and not force:
+        raise UserError(f"{dest} exists (use --force to overwrite)")
+    if dest.resolve() == Path(loc).resolve():
+        raise UserError("the backup file must differ from the store")
+    fd, tmp = tempfile.mkstemp(prefix=".lcm-backup.", suffix=".db", dir=str(dest.parent.resolve()))
+    os.close(fd)
+    err = _console(stderr=True)
+    try:
+        src = sqlite3.connect(f"file:{quote(str(Path(loc).resolve()))}?mode=ro", uri=True, timeout=30)
+        dst = sqlite3.connect(tmp)
+        try:
+            with _progress(err) as prog:
+                task = prog.add_task("backing up", total=None)
+
+                def cb(status: int, remaining: int, total: int) -> None:
+                    prog.update(task, completed=total - remaining, total=total)
+
+                src.backup(dst, pages=1024, progress=cb)
+            dst.execute("PRAGMA journal_mode=DELETE")
+            ok = dst.execute("PRAGMA quick_check").fetchone()[0]
+        finally:
+            dst.close()
+            src.close()
+        if ok != "ok":
+            raise UserError(f"the backup failed its integrity check: {ok}")
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    click.echo(f"backed up {loc} → {dest} ({dest.stat().st_size:,} bytes)")
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _ts(t: Any) -> str:
+    if not t:
+        return "-"
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(float(t), tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def _depths(by_depth: dict[Any, int]) -> str:
+    items = sorted(((int(k), v) for k, v in by_depth.items()))
+    return ", ".join(f"d{d}: {n}" for d, n in items) if items else "none"
+
+
+def status_table(console: Any, st: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    t = Table(show_header=False, title="lcm store", title_justify="left")
+    t.add_column("what", style="bold")
+    t.add_column("value")
+    t.add_row("store", f"{st['location']} ({st['backend']})")
+    t.add_row("size", _size(int(st.get("bytes") or 0)))
+    t.add_row("sessions", f"{st['sessions']:,}")
+    t.add_row("messages", f"{st['messages']:,} ({st.get('message_tokens', 0):,} tokens)")
+    t.add_row("summary nodes", _depths(st["summaries_by_depth"]))
+    if st.get("staged_summaries"):
+        t.add_row("staged (uncommitted)", f"{st['staged_summaries']:,}")
+    t.add_row("compactions", f"{st['compactions']:,}")
+    last = _ts(st.get("last_compaction_at"))
+    if st.get("last_compaction_session"):
+        last += f" (session {st['last_compaction_session']})"
+    t.add_row("last compaction", last)
+    console.print(t)
+
+
+def sessions_table(console: Any, rows: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+
+    if not rows:
+        console.print("no sessions")
+        return
+    by_parent: dict[Any, list[dict[str, Any]]] = {}
+    ids = {r["id"] for r in rows}
+    for r in rows:
+        by_parent.setdefault(r["parent_id"] if r["parent_id"] in ids else None, []).append(r)
+    t = Table(title=f"{len(rows)} sessions", title_justify="left")
+    for col, just in (("session", "left"), ("parent", "left"), ("conversation", "left"), ("messages", "right"),
+                      ("summaries", "right"), ("compactions", "right"), ("updated", "left")):
+        t.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]
+    seen: set[str] = set()
+
+    def add(r: dict[str, Any], depth: int) -> None:
+        if r["id"] in seen:
+            return
+        seen.add(r["id"])
+        prefix = ("   " * (depth - 1) + "└─ ") if depth else ""
+        t.add_row(prefix + r["id"], r["parent_id"] or "-", r["conversation_id"] or "-", f"{r['messages']:,}",
+                  f"{r['summaries']:,}", str(r["compactions"]), _ts(r["updated_at"]))
+        for kid in by_parent.get(r["id"], []):
+            add(kid, depth + 1)
+
+    for r in by_parent.get(None, []):
+        add(r, 0)
+    for r in rows:  # cycles or anything unreached
+        add(r, 0)
+    console.print(t)
+
+
+def _one_line(s: Any, n: int = 160) -> str:
+    s = " ".join(str(s or "").split())
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def grep_text(data: dict[str, Any]) -> str:
+    lines = [f"{data.get('hits', 0)} hits for {data.get('query')!r} ({data.get('mode')})"]
+    for g in data.get("groups", []):
+        lines.append("")
+        lines.append(f"[{g.get('summary_id') or 'active context'}]" + (f" {g['note']}" if g.get("note") else ""))
+        for h in g.get("hits", []):
+            chain = " → ".join(h.get("summary_chain") or [])
+            lines.append(f"  {h['id']:>8}  {h.get('role') or '':9} {h.get('time') or '':25} "
+                         f"{_one_line(h.get('snippet'), 120)}")
+            if chain:
+                lines.append(f"  {'':8}  under {chain}")
+    if data.get("next_cursor"):
+        lines.append("")
+        lines.append(f"more: --cursor {data['next_cursor']}")
+    return "\n".join(lines)
+
+
+def describe_text(d: dict[str, Any]) -> str:
+    if d.get("kind") == "message":
+        lines = [f"{d['id']}  message  role {d.get('role')}  session {d.get('session_id')}",
+                 f"time {d.get('time')}  tokens {d.get('tokens')}  chars {d.get('chars')}"]
+        if d.get("tool_call_id"):
+            lines.append(f"tool_call_id {d['tool_call_id']}")
+        if d.get("tool_calls"):
+            lines.append("tool calls: " + ", ".join(str(x) for x in d["tool_calls"]))
+        lines.append("covered by: " + (" → ".join(d.get("covered_by") or []) or "(not summarised)"))
+        if d.get("large"):
+            lines.append("large message; exploration summary:")
+            lines.append(str(d.get("exploration") or ""))
+        lines.append("")
+        lines.append(str(d.get("preview") or ""))
+        return "\n".join(lines)
+    kids = d.get("children") or []
+    lines = [
+        f"{d['id']}  {d.get('kind')} summary  depth {d.get('depth')}",
+        f"tokens {d.get('tokens')} (from {d.get('source_tokens')} source tokens), "
+        f"{d.get('messages_covered')} messages, {d.get('time_start')} → {d.get('time_end')}",
+        f"level {d.get('level')}, summariser {d.get('summarizer')}",
+        "parents: " + (" ".join(d.get("parents") or []) or "none (top of the DAG)"),
+        f"children ({d.get('children_total', len(kids))}): " + " ".join(kids[:40])
+        + (" …" if len(kids) > 40 else ""),
+        "", str(d.get("text") or ""),
+    ]
+    return "\n".join(lines)
+
+
+def _message_body(msg: Any) -> str:
+    if not isinstance(msg, dict):
+        return json.dumps(msg, ensure_ascii=False)
+    out = []
+    content = msg.get("content")
+    if isinstance(content, str):
+        out.append(content)
+    elif content is not None:
+        out.append(json.dumps(content, ensure_ascii=False, indent=2))
+    if msg.get("tool_calls"):
+        out.append("tool_calls: " + json.dumps(msg["tool_calls"], ensure_ascii=False, indent=2))
+    return "\n".join(out)
+
+
+def expand_text(d: dict[str, Any]) -> str:
+    lines: list[str] = []
+    if str(d.get("id", "")).startswith("m"):
+        msg = d.get("message")
+        lines.append(f"── {d['id']}  {d.get('role')}  {d.get('time')}"
+                     + (f"  tool_call_id {msg.get('tool_call_id')}" if isinstance(msg, dict) and msg.get("tool_call_id") else ""))
+        if msg is not None:
+            lines.append(_message_body(msg))
+        else:
+            lines.append(f"(characters {d.get('offset')}–{d.get('offset', 0) + len(d.get('page', ''))} of "
+                         f"{d.get('total_chars')}, field {d.get('paged_field')})")
+            lines.append(str(d.get("page", "")))
+    else:
+        lines.append(f"── {d['id']}  {d.get('kind')} summary, depth {d.get('depth')}: children "
+                     f"{d.get('from', 0) + 1}–{d.get('from', 0) + len(d.get('children') or [])} of {d.get('children_total')}")
+        for c in d.get("children") or []:
+            lines.append("")
+            if str(c.get("id", "")).startswith("s"):
+                lines.append(f"── {c['id']}  {c.get('kind')} d{c.get('depth')}  {c.get('messages_covered')} messages  "
+                             f"{c.get('time_start')} → {c.get('time_end')}")
+                lines.append(str(c.get("text") or ""))
+            else:
+                lines.append(f"── {c['id']}  {c.get('role')}  {c.get('time')}")
+                lines.append(_message_body(c.get("message")) if "message" in c else
+                             f"{c.get('note')}\n{c.get('preview', '')}")
+    if d.get("next_cursor"):
+        lines.append("")
+        lines.append(f"more: lcm expand {d['id']} --cursor {d['next_cursor']}")
+    return "\n".join(lines)
+
+
+def _user_error_types() -> tuple[type[BaseException], ...]:
+    from .export import ExportError
+    from .hermes_import import HermesImportError
+    from .install import InstallError
+    from .store.base import StoreError
+
+    return (UserError, StoreError, InstallError, ExportError, HermesImportError, LookupError, OSError,
+            sqlite3.Error, UnicodeError)
+
+
+def _fail(msg: str, code: int) -> None:
+    line = " ".join(str(msg).split()) or "failed"
+    click.echo(f"lcm: {line}", err=True)
+    sys.exit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        rv = lcm.main(args=argv, prog_name="lcm", standalone_mode=False)
+    except click.exceptions.Exit as e:  # pragma: no cover - click returns it in non-standalone mode
+        sys.exit(e.exit_code)
+    except click.UsageError as e:
+        where = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
+        _fail(e.format_message() + where, e.exit_code)
+    except click.ClickException as e:
+        _fail(e.format_message(), e.exit_code)
+    except (click.Abort, KeyboardInterrupt):
+        _fail("interrupted", 130)
+    except BrokenPipeError:
+        sys.exit(0)
+    except Exception as e:
+        if os.environ.get("LCM_DEBUG"):
+            raise
+        if isinstance(e, _user_error_types()):
+            if isinstance(e, OSError) and e.strerror:
+                _fail(f"{e.strerror}: {e.filename}" if e.filename else e.strerror, 1)
+            _fail(str(e) or type(e).__name__, 1)
+        _fail(f"internal error: {type(e).__name__}: {e} (set LCM_DEBUG=1 for a traceback)", 2)
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

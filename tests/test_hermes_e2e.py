@@ -1,0 +1,90 @@
+"""Our engine inside the real hermes-agent 0.19.0 agent loop, offline (issue: runs inside real Hermes).
+
+Each run drives `run_agent.AIAgent` in a subprocess against an OpenAI-compatible server on
+127.0.0.1 that records every request. Conversations are made large (30 KB replies) so the
+host's own threshold logic fires compaction several times.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.support.fake_openai import ChatResponder, FakeOpenAI, Router, ScriptedResponder, SummariserResponder, ToolCall
+from tests.support.hermes_host import hermes_available, run_hermes
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not hermes_available(), reason="hermes-agent not importable")]
+
+CANARY = "QX-7781-PELICAN"
+
+
+def _host_calls(run, name=None):
+    return [c for c in run.engine_calls if c["depth"] == 0 and (name is None or c["method"] == name)]
+
+
+def _turns():
+    turns = [f"Question {i}: please keep working on the billing refactor." for i in range(12)]
+    turns[1] = f"Remember the ticket id {CANARY}; we will need it at the very end."
+    turns[10] = "search the history for the ticket id"
+    return turns
+
+
+@pytest.mark.parametrize("mode", ["entrypoint", "directory"])
+def test_lcm_compacts_inside_the_real_agent_loop(tmp_path, mode):
+    chat = ScriptedResponder({"search the history": ToolCall("lcm_grep", {"query": CANARY})},
+                             then=ChatResponder(reply_chars=30_000))
+    router = Router(chat=chat, summariser=SummariserResponder(max_chars=2000))
+    with FakeOpenAI(responder=router) as srv:
+        run = run_hermes(srv, _turns(), engine="lcm", plugin_mode=mode, workdir=tmp_path,
+                         extra_config={"lcm": {"summarizer": "auto"}})
+        assert run.ok, run.describe()
+        # our engine was the active one, not the built-in fallback
+        assert run.engine_name == "lcm" and run.engine["class"] == "lossless_context.engine.LCMEngine"
+        assert "falling back to built-in compressor" not in run.log
+        # compaction fired several times, committed through the host's boundary
+        compress = _host_calls(run, "compress")
+        starts = [c for c in _host_calls(run, "on_session_start") if c["kwargs"].get("boundary_reason") == "compression"]
+        assert len(compress) >= 2 and len(starts) >= 2
+        # the provider received our compacted list: the summary marker and fewer bytes
+        with_summary = [r for r in srv.chat_requests if r.body.get("stream") and
+                        any("<lcm-summary" in str(m.get("content")) for m in r.messages)]
+        assert with_summary, "no request carried our summary message"
+        # the host's compression model summarised through the same server (summarizer: auto → host)
+        assert router.summary_calls >= 1
+        # our tool schemas were in the requests, and the fake model's tool call was answered by us
+        assert all("lcm_grep" in r.tool_names for r in srv.chat_requests if r.body.get("stream"))
+        [res] = [json.loads(m["content"]) for m in chat.tool_results if "groups" in m["content"]]
+        hits = [h for g in res["groups"] for h in g["hits"]]
+        assert any(CANARY in (h.get("snippet") or "") for h in hits)
+        # the store survives the process: a second agent on the same HERMES_HOME sees the history
+        sid = run.result["session_id"]
+        chat2 = ScriptedResponder({"find it": ToolCall("lcm_grep", {"query": CANARY})},
+                                  then=ChatResponder(reply_chars=200))
+        srv.responder = Router(chat=chat2, summariser=SummariserResponder())
+        second = run_hermes(srv, ["find it"], engine="lcm", plugin_mode=mode, hermes_home=run.hermes_home,
+                            home=run.home, session_id=sid, resume=True)
+        assert second.ok, second.describe()
+        [res2] = [json.loads(m["content"]) for m in chat2.tool_results]
+        assert any(CANARY in (h.get("snippet") or "") for g in res2["groups"] for h in g["hits"])
+    db = run.hermes_home / "lcm" / "lcm.db"
+    assert db.exists() and (db.stat().st_mode & 0o777) == 0o600
+    assert (db.parent.stat().st_mode & 0o777) == 0o700
+
+
+def test_lcm_slash_command_and_manual_compress(tmp_path):
+    with FakeOpenAI(responder=Router(chat=ChatResponder(reply_chars=3_000))) as srv:
+        turns = [f"step {i} of the migration plan" for i in range(6)]
+        turns += [{"command": "/compress migration"}, {"command": "/lcm status"}, {"command": "/lcm grep migration plan"},
+                  {"command": "/lcm doctor"}, "and now?"]
+        run = run_hermes(srv, turns, engine="lcm", plugin_mode="entrypoint", workdir=tmp_path,
+                         extra_config={"lcm": {"summarizer": "extractive"}})
+        assert run.ok, run.describe()
+        [comp] = _host_calls(run, "compress")
+        assert comp["kwargs"]["force"] is True and comp["kwargs"]["focus_topic"] == "migration"
+        outs = {t.get("command"): t.get("command_output") for t in run.turns if t.get("command")}
+        assert "LCM engine" in outs["/lcm status"] and "messages stored" in outs["/lcm status"]
+        assert "step" in outs["/lcm grep migration plan"]
+        assert "healthy" in outs["/lcm doctor"]
+        last = srv.chat_requests[-1].messages
+        assert any("<lcm-summary" in str(m.get("content")) for m in last)
