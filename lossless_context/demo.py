@@ -155,6 +155,22 @@ class _Host:
         self.engine.on_session_end(self.sid, list(self.messages))
 
 
+DEMO_START = 1_767_603_600.0  # 2026-01-05 09:00 UTC: the session's simulated start
+
+
+def with_timestamps(messages: list[dict[str, Any]], start: float = DEMO_START) -> list[dict[str, Any]]:
+    """Copies carrying the host-only `timestamp` a live host stamps on every message: 20 s
+    between messages, a few minutes between turns (deterministic, so spans and the tools'
+    since/until filters mean something)."""
+    out, t = [], start
+    for i, m in enumerate(messages):
+        if i and m.get("role") == "user":
+            t += 180 + (i * 37) % 420
+        out.append({**m, "timestamp": t})
+        t += 20
+    return out
+
+
 def replay(engine: Any, messages: list[dict[str, Any]], session_id: str, context_length: int,
            rotate: bool = False, progress: Callable[[int], None] | None = None) -> _Host:
     """Drive `messages` through `engine` turn by turn; returns the host state at the end."""
@@ -262,7 +278,7 @@ def run_demo(
     cfg = demo_config(store, summarizer, base_url, model, api_key_env)
     engine = LCMEngine(config=cfg)
     session = coding_session(n_messages, seed)
-    msgs = session.messages
+    msgs = with_timestamps(session.messages)
     sid = _unique_session_id(engine.store, f"demo-{seed}")
 
     def tick(done: int) -> None:
@@ -296,7 +312,7 @@ def run_demo(
         seed=seed,
         messages_generated=len(msgs),
         messages_stored=int(st["messages"]),
-        tokens_before=estimate_text_tokens(SYSTEM_PROMPT) + estimate_messages_tokens(msgs),
+        tokens_before=estimate_text_tokens(SYSTEM_PROMPT) + estimate_messages_tokens(session.messages),
         tokens_after=host.estimate() - TOOL_SCHEMA_TOKENS,
         context_length=context_length,
         threshold_tokens=int(engine.threshold_tokens),

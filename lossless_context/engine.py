@@ -54,6 +54,9 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
         # Nothing here touches the disk: the config file and the store open lazily.
         self._config = config
         self._overrides = dict(overrides)
+        # Shared by every copy made for an agent: lets the registered engine (the one a
+        # plugin slash command holds) find the session the agents are working on.
+        self._family: dict[str, Any] = {"last_session": None}
         self._init_runtime_state()
         self.last_prompt_tokens = 0
         self.last_completion_tokens = 0
@@ -117,6 +120,7 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
         new = type(self).__new__(type(self))
         new._config = self._config
         new._overrides = dict(self._overrides)
+        new._family = self._family
         new._init_runtime_state()
         for attr in ("last_prompt_tokens", "last_completion_tokens", "last_total_tokens",
                      "threshold_tokens", "context_length", "compression_count",
@@ -266,7 +270,11 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
             sid = kwargs.get("session_id")
             if isinstance(sid, str) and sid:
                 return sid
-        return self._session_id or DEFAULT_SESSION
+        return self._session_id or self._family.get("last_session") or DEFAULT_SESSION
+
+    def _set_session(self, session_id: str) -> None:
+        self._session_id = session_id
+        self._family["last_session"] = session_id
 
     def _ensure(self, session_id: str, **kw: Any) -> None:
         if session_id in self._known_sessions and not kw:
@@ -278,7 +286,7 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
                            **kwargs: Any) -> None:
         self._session_db = session_db
         if isinstance(session_id, str) and session_id:
-            self._session_id = session_id
+            self._set_session(session_id)
 
     def on_session_start(self, session_id: str, **kwargs: Any) -> None:
         try:
@@ -297,7 +305,7 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
         parent = old if isinstance(old, str) and old and old != session_id else None
         platform = kwargs.get("platform") if isinstance(kwargs.get("platform"), str) else None
         model = kwargs.get("model") if isinstance(kwargs.get("model"), str) else None
-        self._session_id = session_id
+        self._set_session(session_id)
         self._ensure(session_id, parent_id=parent, conversation_id=self._conversation_id,
                      platform=platform, model=model, boundary_reason=reason if parent else None)
         if reason == "compression":

@@ -26,17 +26,16 @@ _LINE_CAP = 160  # chars shown of any one quoted line
 
 _CTRL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 _EXT_RE = re.compile(r"\.([A-Za-z0-9]{1,10})\s*$")
-_EXT_KIND = {
-    "json": "json", "jsonl": "json", "ndjson": "json", "geojson": "json", "ipynb": "json",
-    "yaml": "yaml", "yml": "yaml", "csv": "csv", "tsv": "tsv", "tab": "tsv", "log": "log",
-    "py": "code:python", "pyi": "code:python", "js": "code:javascript", "mjs": "code:javascript",
-    "cjs": "code:javascript", "jsx": "code:javascript", "ts": "code:typescript",
-    "tsx": "code:typescript", "go": "code:go", "rs": "code:rust", "java": "code:java",
-    "kt": "code:kotlin", "c": "code:c", "h": "code:c", "cc": "code:cpp", "cpp": "code:cpp",
-    "cxx": "code:cpp", "hpp": "code:cpp", "sh": "code:shell", "bash": "code:shell",
-    "zsh": "code:shell", "rb": "code:ruby", "php": "code:php", "sql": "code:sql",
-    "html": "code:html", "htm": "code:html", "css": "code:css", "cs": "code:csharp",
-}
+# extension -> kind; "code:" kinds name the language.
+_EXT_KIND = {ext: kind for kind, exts in (
+    ("json", "json jsonl ndjson geojson ipynb"), ("yaml", "yaml yml"), ("csv", "csv"),
+    ("tsv", "tsv tab"), ("log", "log"), ("code:python", "py pyi"),
+    ("code:javascript", "js mjs cjs jsx"), ("code:typescript", "ts tsx"), ("code:go", "go"),
+    ("code:rust", "rs"), ("code:java", "java"), ("code:kotlin", "kt"), ("code:c", "c h"),
+    ("code:cpp", "cc cpp cxx hpp"), ("code:shell", "sh bash zsh"), ("code:ruby", "rb"),
+    ("code:php", "php"), ("code:sql", "sql"), ("code:html", "html htm"), ("code:css", "css"),
+    ("code:csharp", "cs"),
+) for ext in exts.split()}
 _KIND_WORDS = {"json": "json", "yaml": "yaml", "csv": "csv", "tsv": "tsv", "log": "log", "logs": "log"}
 
 # ---- classification signals ---------------------------------------------------------------
@@ -102,21 +101,13 @@ def _binaryish(sample: str) -> bool:
 
 
 def _nonempty_lines(sample: str, limit: int) -> list[str]:
-    out = []
-    for line in sample.split("\n", limit * 4)[: limit * 4]:
-        if line.strip():
-            out.append(line)
-            if len(out) >= limit:
-                break
-    return out
+    return [ln for ln in sample.split("\n", limit * 4)[: limit * 4] if ln.strip()][:limit]
 
 
 def _looks_log(lines: list[str]) -> bool:
-    if not lines:
-        return False
     hits = sum(1 for ln in lines if _TS_RE.match(ln) or _LEVEL_RE.search(ln))
     stamped = sum(1 for ln in lines if _TS_RE.match(ln))
-    return (hits >= 3 and hits >= 0.4 * len(lines)) or (len(lines) <= 2 and stamped == len(lines))
+    return (hits >= 3 and hits >= 0.4 * len(lines)) or (0 < len(lines) <= 2 and stamped == len(lines))
 
 
 def _code_lang(sample: str, lines: list[str]) -> str | None:
@@ -204,14 +195,14 @@ def _classify(text: str, hint: str | None) -> tuple[str, Any]:
     hinted = _hint_kind(hint)
     lines = _nonempty_lines(sample, 200)
     if stripped[0] in "{[" and not (stripped[0] == "[" and _looks_log(lines[:20])):
-        ok, val, _ = _parse_json(text.strip())
+        ok, val, err = _parse_json(text.strip())
         if ok:
             return "json", ("value", val)
         recs = _jsonl_records(stripped)
         if recs is not None:
             return "json", ("lines", recs)
         if hinted == "json" or re.match(r"[{\[]\s*(?:\"[^\"]*\"\s*:|[{\[\"\d-]|true|false|null|[\]}])", stripped):
-            return "json", None  # invalid or too big: described from a text scan
+            return "json", ("error", err)  # invalid or too big: described from a text scan
     if hinted and hinted != "json":
         return hinted, None
     if _looks_log(lines):
@@ -245,11 +236,8 @@ Lines = list[tuple[int, str]]
 
 
 def _jtype(v: Any) -> str:
-    if isinstance(v, bool):
-        return "bool"
-    if v is None:
-        return "null"
-    return {dict: "object", list: "array", str: "string", int: "int", float: "float"}.get(type(v), type(v).__name__)
+    return "null" if v is None else {dict: "object", list: "array", str: "string", int: "int", float: "float",
+                                     bool: "bool"}.get(type(v), type(v).__name__)
 
 
 def _jbrief(v: Any) -> str:
@@ -278,7 +266,7 @@ def _merged_keys(items: list[Any]) -> dict[str, Any]:
     return keys
 
 
-def _json_shape(v: Any, path: str, depth: int, out: Lines, budget: list[int]) -> None:
+def _json_shape(v: Any, depth: int, out: Lines, budget: list[int]) -> None:
     # Depth-first display order, priority by depth: shallow keys survive a
     # tight budget, deeper detail is dropped first.
     if depth > 3 or budget[0] <= 0:
@@ -290,100 +278,91 @@ def _json_shape(v: Any, path: str, depth: int, out: Lines, budget: list[int]) ->
         for k, sub in items[:cap]:
             budget[0] -= 1
             out.append((depth + 1, f"{indent}{_short(str(k), 60)}: {_jbrief(sub)}"))
-            _json_shape(sub, f"{path}.{k}", depth + 1, out, budget)
+            _json_shape(sub, depth + 1, out, budget)
         if len(items) > cap:
             out.append((depth + 1, f"{indent}\u2026 {len(items) - cap:,} more keys"))
     elif isinstance(v, list) and v:
         if any(isinstance(x, dict) for x in v[:20]):
             keys = _merged_keys(v)
             out.append((depth + 1, f"{indent}[items] keys: {', '.join(_short(k, 40) for k in list(keys)[:30])}"))
-            _json_shape(keys, f"{path}[]", depth + 1, out, budget)
+            _json_shape(keys, depth + 1, out, budget)
         elif isinstance(v[0], list):
             out.append((depth + 1, f"{indent}[0]: {_jbrief(v[0])}"))
-            _json_shape(v[0], f"{path}[0]", depth + 1, out, budget)
+            _json_shape(v[0], depth + 1, out, budget)
         else:
             samples = ", ".join(_short(json.dumps(x, ensure_ascii=False), 40) for x in v[:3])
             out.append((depth + 2, f"{indent}e.g. {samples}"))
 
 
-def _describe_json(text: str, parsed: Any) -> Lines:
-    out: Lines = []
-    if parsed is not None and parsed[0] == "lines":
-        recs = parsed[1]
-        n = sum(1 for ln in text.split("\n") if ln.strip()) if len(text) < 20_000_000 else len(recs)
-        out.append((0, f"JSON lines: {n:,} records; first record: {_jbrief(recs[0])}"))
-        keys = _merged_keys(recs)
+def _describe_json(text: str, parsed: tuple[str, Any]) -> Lines:
+    how, val = parsed
+    if how == "lines":
+        n = text.count("\n") + 1 - text.count("\n\n")  # ~records: blank lines aside
+        out: Lines = [(0, f"JSON lines: ~{n:,} records; first record: {_jbrief(val[0])}")]
+        keys = _merged_keys(val)
         if keys:
             out.append((1, f"record keys: {', '.join(_short(k, 40) for k in list(keys)[:40])}"))
-        _json_shape(keys if keys else recs[0], "$", 0, out, [300])
+        _json_shape(keys or val[0], 0, out, [300])
         return out
-    if parsed is not None:
-        val = parsed[1]
-        out.append((0, f"top level: {_jbrief(val)}"))
-        _json_shape(val, "$", 0, out, [400])
+    if how == "value":
+        out = [(0, f"top level: {_jbrief(val)}")]
+        _json_shape(val, 0, out, [400])
         return out
-    ok, _, err = _parse_json(text.strip()) if len(text) <= _JSON_PARSE_LIMIT else (False, None, "too large to parse")
-    out.append((0, f"JSON not parsed ({err}); shape from a scan of the first {min(len(text), _JSON_SCAN):,} chars"))
-    out.extend(_json_scan(text[:_JSON_SCAN]))
-    return out
+    scanned = min(len(text), _JSON_SCAN)
+    return [(0, f"JSON not parsed ({val}); shape from a scan of the first {scanned:,} chars")] + _json_scan(
+        text[:_JSON_SCAN])
 
 
 _JSON_TOKEN_RE = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]:,]')
 
 
 def _json_scan(head: str) -> Lines:
-    """Top-level keys and item counts from a bounded token scan (no parse)."""
-    depth, top_open = 0, ""
-    top_keys: list[str] = []
-    second: dict[str, int] = {}
-    items = 0
-    last_str = ""
-    cur_key = ""
+    """Top-level keys (or the first item's keys) and item counts from a token scan."""
+    depth, top, items, last_str = 0, "", 0, ""
+    keys: list[str] = []
     for m in _JSON_TOKEN_RE.finditer(head):
         tok = m.group()
+        if tok[0] == '"':
+            last_str = tok[1:-1][:60]
+            continue
         if tok in "{[":
-            if depth == 0 and not top_open:
-                top_open = tok
+            top = top or tok
             depth += 1
         elif tok in "}]":
             depth -= 1
-        elif tok == ":":
-            if depth == 1 and last_str:
-                cur_key = last_str
-                if len(top_keys) < 60 and cur_key not in top_keys:
-                    top_keys.append(cur_key)
-            elif depth == 2 and cur_key:
-                second[cur_key] = second.get(cur_key, 0) + 1
+            if top == "[" and depth == 1:
+                top = "[+"  # the first item is complete: stop collecting its keys
+        elif tok == ":" and last_str and len(keys) < 60 and last_str not in keys:
+            if (top == "{" and depth == 1) or (top == "[" and depth == 2):
+                keys.append(last_str)
         elif tok == "," and depth == 1:
             items += 1
-        else:
-            last_str = tok[1:-1][:60]
-            continue
         last_str = ""
-    out: Lines = []
-    if top_open == "[":
-        out.append((0, f"top level: array, >= {items + 1:,} items in the scanned part"))
-        if top_keys:
-            pass
-    elif top_open == "{":
-        out.append((0, f"top level: object; keys seen: {len(top_keys)}"))
-    for k in top_keys:
-        extra = f" (object, >= {second[k]} keys)" if k in second else ""
-        out.append((1, f"  {_short(k, 60)}{extra}"))
+    if top.startswith("["):
+        out: Lines = [(0, f"top level: array, >= {items + 1:,} items in the scanned part")]
+        if keys:
+            out.append((1, "first item keys: " + ", ".join(_short(k, 40) for k in keys)))
+    else:
+        out = [(0, f"top level: object; keys seen: {len(keys)}")]
+        out.extend((1, f"  {_short(k, 60)}") for k in keys)
     if depth > 0:
         out.append((2, f"(scan ended inside depth {depth})"))
     return out
 
 
 def _describe_yaml(text: str, n_lines: int) -> Lines:
-    out: Lines = []
-    docs = 1 + sum(1 for ln in text.split("\n", 200_000)[:200_000] if ln.strip() == "---") - (
-        1 if text.lstrip().startswith("---") else 0)
+    # One pass over the lines (capped): cheap enough for 5 MB, no parser needed.
     tops: list[list[Any]] = []  # [name, line_no, inline, child_keys, items, child_indent]
     kinds: dict[str, int] = {}
+    docs, seen_content = 1, False
     for no, line in enumerate(text.split("\n", 200_000)[:200_000], 1):
-        if not line.strip() or line.lstrip().startswith("#") or line.strip() in ("---", "..."):
+        body = line.strip()
+        if body == "---":
+            docs += seen_content
             continue
+        if not body or body[0] == "#" or body == "...":
+            continue
+        seen_content = True
         if line[0] not in " \t-":
             m = _YAML_TOP_RE.match(line)
             if m:
@@ -397,7 +376,6 @@ def _describe_yaml(text: str, n_lines: int) -> Lines:
             continue
         top = tops[-1]
         indent = len(line) - len(line.lstrip())
-        body = line.strip()
         if top[5] is None:
             top[5] = indent
         if indent == top[5]:
@@ -407,8 +385,8 @@ def _describe_yaml(text: str, n_lines: int) -> Lines:
                 m = _YAML_TOP_RE.match(body)
                 if m and len(top[3]) < 12:
                     top[3].append(m.group(1).strip().strip("\"'"))
-    head = f"YAML: {docs} document{'s' if docs != 1 else ''}, {len(tops)}{'+' if len(tops) >= 200 else ''} top-level keys"
-    out.append((0, head))
+    more = "+" if len(tops) >= 200 else ""
+    out: Lines = [(0, f"YAML: {docs} document{'s' if docs != 1 else ''}, {len(tops)}{more} top-level keys")]
     if kinds:
         out.append((0, "kinds: " + ", ".join(f"{k} x{v}" for k, v in kinds.items())))
     for name, no, inline, child, items, _ in tops:
@@ -671,7 +649,12 @@ def _fit(header: str, body: Iterable[tuple[int, str]], max_chars: int) -> str:
             if p == prio and len(line) + 1 <= room:
                 keep.add(k)
                 room -= len(line) + 1
-    text = "\n".join([header] + [items[k][1] for k in sorted(keep)])
+    shown = [items[k][1] for k in sorted(keep)]
+    # A section label ("tail:") whose lines did not fit says nothing.
+    shown = [ln for i, ln in enumerate(shown)
+             if not (ln.endswith(":") and not ln.startswith(" "))
+             or (i + 1 < len(shown) and shown[i + 1].startswith("  "))]
+    text = "\n".join([header] + shown)
     return text if len(text) <= max_chars else text[: max(0, max_chars - 1)] + "\u2026"
 
 
@@ -708,7 +691,7 @@ def explore(text: str, max_tokens: int = 600, hint: str | None = None) -> str:
     header = f"[explore] kind: {kind}; {size}{hint_s}"
     try:
         if kind == "json":
-            body = _describe_json(text, parsed)
+            body = _describe_json(text, parsed or ("error", "not JSON per content"))
         elif kind in ("csv", "tsv"):
             body = _describe_csv(text, kind, n_lines)
         elif kind.startswith("code:"):

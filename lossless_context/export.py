@@ -16,8 +16,9 @@ Format ``lossless-context`` version 1 — one JSON object per line, UTF-8, ASCII
    — parents before children.
 
 3. ``{"type": "message", "id", "session_id", "seq", "uid", "ident", "role", "tokens",
-   "created_at", "large", "exploration", "supersedes", "absorbed": [uid, ...], "text",
-   "raw"}`` — by id. ``raw`` is the message exactly as the host gave it (the stored JSON,
+   "created_at", "large", "exploration", "supersedes", "absorbed": [uid, ...],
+   "aliases": [ident, ...], "text", "raw"}`` — by id. ``aliases`` are other identities the
+   host has shown this message under (e.g. after repairing it); alignment uses them. ``raw`` is the message exactly as the host gave it (the stored JSON,
    parsed); a stored value that is not JSON is written as ``"raw_text"`` instead.
 
 4. ``{"type": "summary", "id", "session_id", "kind": "leaf"|"condensed", "depth", "tokens",
@@ -28,6 +29,9 @@ Format ``lossless-context`` version 1 — one JSON object per line, UTF-8, ASCII
 
 5. ``{"type": "context", "session_id", "items": [["m", id] | ["s", id], ...]}`` — each
    session's active context, in order.
+
+Not exported: staged (uncommitted) passes and the pre-summary cache — both are rebuilt by
+the engine as needed.
 
 Ids are the store's own ids (summary texts cite them as [m123] / [s12]). Import keeps an
 id when it is free in the target store (always, for an empty store: export → import →
@@ -169,6 +173,16 @@ class StoreSQL:
             out.setdefault(mid, []).append(uid)
         return out
 
+    def aliases(self) -> dict[int, list[str]]:
+        out: dict[int, list[str]] = {}
+        try:
+            rows = self.rows("SELECT message_id, ident FROM message_aliases ORDER BY message_id, ident")
+        except Exception:  # a store from before migration 002 has no aliases
+            return out
+        for mid, ident in rows:
+            out.setdefault(mid, []).append(ident)
+        return out
+
 
 def _parents_first(sessions: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Order by (created_at, id), then move every parent before its children."""
@@ -259,6 +273,7 @@ def iter_export(store: Store, session_id: str | None = None) -> Iterator[str]:
     for s in sessions:
         yield _dump({"type": "session", **s})
     absorbed = db.absorbed()
+    aliases = db.aliases()
     for r in db.message_rows(scope):
         (mid, sess, seq, uid, ident, role, tokens, created_at, large, exploration, supersedes, text, raw) = r
         key, val = _raw_field(raw)
@@ -266,7 +281,7 @@ def iter_export(store: Store, session_id: str | None = None) -> Iterator[str]:
             "type": "message", "id": mid, "session_id": sess, "seq": seq, "uid": uid, "ident": ident,
             "role": role, "tokens": tokens, "created_at": created_at, "large": bool(large),
             "exploration": exploration, "supersedes": supersedes, "absorbed": absorbed.get(mid, []),
-            "text": text, key: val,
+            "aliases": aliases.get(mid, []), "text": text, key: val,
         })
     for s in summaries:
         yield _dump({"type": "summary", **{k: s[k] for k in (
@@ -432,6 +447,7 @@ class _Importer:
         row = self.one("SELECT id, ident FROM messages WHERE session_id=? AND seq=?", (sess, int(m["seq"])))
         if row is not None and row[1] == m["ident"]:
             self.mmap[old] = row[0]
+            self._extras(row[0], m)  # aliases learnt since an earlier import
             return
         seq = int(m["seq"])
         if row is not None:
@@ -451,10 +467,16 @@ class _Importer:
             new = self.one(f"INSERT INTO messages({cols}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?) RETURNING id", vals)[0]
             self.rep.ids_remapped += 1
         self.mmap[old] = new
-        for u in m.get("absorbed") or []:
-            if self.one("SELECT 1 FROM message_absorbed WHERE message_id=? AND uid=?", (new, u)) is None:
-                self.ex("INSERT INTO message_absorbed(message_id, uid) VALUES (?, ?)", (new, u))
+        self._extras(new, m)
         self.rep.messages_added += 1
+
+    def _extras(self, mid: int, m: dict[str, Any]) -> None:
+        for u in m.get("absorbed") or []:
+            if self.one("SELECT 1 FROM message_absorbed WHERE message_id=? AND uid=?", (mid, u)) is None:
+                self.ex("INSERT INTO message_absorbed(message_id, uid) VALUES (?, ?)", (mid, u))
+        for ident in m.get("aliases") or []:
+            if self.one("SELECT 1 FROM message_aliases WHERE ident=? AND message_id=?", (ident, mid)) is None:
+                self.ex("INSERT INTO message_aliases(ident, message_id) VALUES (?, ?)", (ident, mid))
 
     def _existing_summary(self, sess: str, kind: str, depth: int, mids: list[int], kids: list[int]) -> int | None:
         if mids:

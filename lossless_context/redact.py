@@ -599,12 +599,19 @@ def _host_units(text: str) -> list[tuple[int, int]]:
     return units
 
 
+# Joins pieces for one call.  The host's \s* / \s+ can cross a bare newline
+# ("Authorization: required\n<next piece>"); no pattern can cross this
+# without consuming the \x1e, which changes the split count and sends us
+# to the per-piece fallback.
+_PIECE_SEP = "\n\x1e\n"
+
+
 def _map_lines(fn: Callable[[str], str], pieces: list[str]) -> list[str]:
-    """Run `fn` over newline-joined pieces in one call; per piece if lines move."""
+    """Run `fn` over the pieces in one call; per piece if they interact."""
     if not pieces:
         return []
     try:
-        out = fn("\n".join(pieces)).split("\n")
+        out = fn(_PIECE_SEP.join(pieces)).split(_PIECE_SEP)
         if len(out) == len(pieces):
             return out
     except Exception:

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from itertools import islice
 from string import Template
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 __all__ = [
     "SYSTEM_PROMPT", "SESSION_KINDS", "Canary", "Session", "SessionStream", "coding_session", "chat_session",

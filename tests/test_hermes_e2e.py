@@ -59,7 +59,8 @@ def test_lcm_compacts_inside_the_real_agent_loop(tmp_path, mode):
         assert any(CANARY in (h.get("snippet") or "") for h in hits)
         # the store survives the process: a second agent on the same HERMES_HOME sees the history
         sid = run.result["session_id"]
-        chat2 = ScriptedResponder({"find it": ToolCall("lcm_grep", {"query": CANARY})},
+        # (a fresh id: the host drops a tool call whose id repeats one already in the history)
+        chat2 = ScriptedResponder({"find it": ToolCall("lcm_grep", {"query": CANARY}, "call_second_process_1")},
                                   then=ChatResponder(reply_chars=200))
         srv.responder = Router(chat=chat2, summariser=SummariserResponder())
         second = run_hermes(srv, ["find it"], engine="lcm", plugin_mode=mode, hermes_home=run.hermes_home,
@@ -82,9 +83,9 @@ def test_lcm_slash_command_and_manual_compress(tmp_path):
         assert run.ok, run.describe()
         [comp] = _host_calls(run, "compress")
         assert comp["kwargs"]["force"] is True and comp["kwargs"]["focus_topic"] == "migration"
-        outs = {t.get("command"): t.get("command_output") for t in run.turns if t.get("command")}
-        assert "LCM engine" in outs["/lcm status"] and "messages stored" in outs["/lcm status"]
-        assert "step" in outs["/lcm grep migration plan"]
-        assert "healthy" in outs["/lcm doctor"]
+        status, grep, doctor = (run.turns[i].get("command_output") for i in (7, 8, 9))
+        assert "LCM engine" in status and "messages stored" in status, run.turns[7]
+        assert "step" in grep and "m1" in grep, grep
+        assert "healthy" in doctor, doctor
         last = srv.chat_requests[-1].messages
         assert any("<lcm-summary" in str(m.get("content")) for m in last)

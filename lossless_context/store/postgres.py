@@ -68,7 +68,7 @@ _SUM_COLS = (
     "t_start, t_end, n_messages, state, pass_id, created_at"
 )
 _TABLES = ("sessions", "messages", "message_absorbed", "message_aliases", "summaries", "summary_messages",
-           "summary_parents", "context_items", "staged_passes", "lcm_migrations")
+           "summary_parents", "context_items", "staged_passes", "presummaries", "lcm_migrations")
 POOL_MIN, POOL_MAX = 1, 4
 LOCK_POOL_MAX = 16
 CONNECT_TIMEOUT = 15.0  # seconds to reach the server at first use
@@ -706,6 +706,34 @@ class PostgresStore(Store):
             "UPDATE summaries SET text=%s, tokens=%s, level=%s, summarizer=%s WHERE id=%s",
             (_t(text), tokens, _t(level), _t(summarizer), summary_id),
         ))
+
+    # -- summaries prepared ahead of a pass (background compaction) ----------------------------
+
+    def put_presummary(self, session_id: str, span_key: str, text: str, tokens: int, source_tokens: int,
+                       level: str, summarizer: str) -> None:
+        self._write(lambda c: c.execute(
+            "INSERT INTO presummaries(session_id, span_key, text, tokens, source_tokens, level, summarizer,"
+            " created_at) VALUES (%s,%s,%s,%s,%s,%s,%s,%s)"
+            " ON CONFLICT (session_id, span_key) DO UPDATE SET text=EXCLUDED.text, tokens=EXCLUDED.tokens,"
+            " source_tokens=EXCLUDED.source_tokens, level=EXCLUDED.level, summarizer=EXCLUDED.summarizer,"
+            " created_at=EXCLUDED.created_at",
+            (_t(session_id), _t(span_key), _t(text), tokens, source_tokens, _t(level), _t(summarizer), time.time()),
+        ))
+
+    def get_presummary(self, session_id: str, span_key: str) -> dict[str, Any] | None:
+        row = self._read(lambda c: c.execute(
+            "SELECT text, tokens, source_tokens, level, summarizer FROM presummaries WHERE session_id=%s AND span_key=%s",
+            (_t(session_id), _t(span_key)),
+        ).fetchone())
+        if row is None:
+            return None
+        return dict(zip(("text", "tokens", "source_tokens", "level", "summarizer"), row))
+
+    def count_presummaries(self, session_id: str | None = None) -> int:
+        if session_id is None:
+            return self._read(lambda c: c.execute("SELECT COUNT(*) FROM presummaries").fetchone()[0])
+        return self._read(lambda c: c.execute(
+            "SELECT COUNT(*) FROM presummaries WHERE session_id=%s", (_t(session_id),)).fetchone()[0])
 
     # -- search ---------------------------------------------------------------------------------
 

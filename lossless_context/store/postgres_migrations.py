@@ -191,6 +191,22 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX message_aliases_message ON message_aliases(message_id);
         """,
     ),
+    (
+        "004_presummaries",
+        r"""
+        CREATE TABLE presummaries (
+            session_id TEXT NOT NULL REFERENCES sessions(id),
+            span_key TEXT NOT NULL,
+            text TEXT NOT NULL,
+            tokens BIGINT NOT NULL,
+            source_tokens BIGINT NOT NULL,
+            level TEXT NOT NULL,
+            summarizer TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (session_id, span_key)
+        );
+        """,
+    ),
 ]
 
 # Migrations the store can live without (run in a savepoint; retried at the next start).
