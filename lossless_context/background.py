@@ -92,9 +92,8 @@ class BackgroundWorker:
                 return
             sid, job = item
             with self._lock:
-                if sid in self._busy:  # one job per session: requeue behind the running one
-                    self._queued.discard(sid)
-                    requeue = True
+                if sid in self._busy:  # one job per session: wait behind the running one
+                    requeue = True  # (stays marked as queued, so the backlog never reads 0 here)
                 else:
                     self._queued.discard(sid)
                     self._busy.add(sid)
@@ -103,7 +102,7 @@ class BackgroundWorker:
                     requeue = False
             if requeue:
                 time.sleep(0.05)
-                self.submit(sid, job)
+                self._q.put((sid, job))
                 continue
             started = time.monotonic()
             try:

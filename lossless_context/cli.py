@@ -330,18 +330,21 @@ def sessions(app: App, as_json: bool) -> None:
 @click.option("--mode", type=click.Choice(["text", "regex"]), default="text", show_default=True)
 @click.option("--scope", type=click.Choice(["both", "messages", "summaries"]), default="both", show_default=True)
 @click.option("--role", default=None, help="Only messages with this role.")
+@click.option("--since", default=None, metavar="ISO", help="Only from this time on (e.g. 2026-01-05T09:00Z).")
+@click.option("--until", default=None, metavar="ISO", help="Only up to this time.")
 @click.option("--limit", type=click.IntRange(1, 100), default=10, show_default=True)
 @click.option("--cursor", default=None, help="next_cursor of a previous page.")
 @click.option("--json", "as_json", is_flag=True, help="Print the tool's raw JSON.")
 @pass_app
 def grep(app: App, query: str, session: str | None, all_sessions: bool, mode: str, scope: str, role: str | None,
-         limit: int, cursor: str | None, as_json: bool) -> None:
+         since: str | None, until: str | None, limit: int, cursor: str | None, as_json: bool) -> None:
     """Search the whole history (originals and summaries), like the agent's lcm_grep."""
 
     engine, _sid = app.engine(session, all_sessions)
     args: dict[str, Any] = {"query": query, "mode": mode, "scope": scope, "limit": limit}
-    if role:
-        args["role"] = role
+    for k, v in (("role", role), ("since", since), ("until", until)):
+        if v:
+            args[k] = v
     if cursor:
         args["cursor"] = cursor
     if all_sessions:

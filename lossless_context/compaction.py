@@ -136,6 +136,8 @@ class Compactor:
         region_end = h  # everything before this index (after head) is already in `nodes`
         t = self.tail_start(slots, h, tail_budget)
         output: list[dict[str, Any]] = []
+        if self.fast:
+            t = self._cached_prefix_end(session_id, slots, h, t, records, budget)
         for _round in range(4):
             t = max(t, region_end)
             t = self._fix_roles(slots, h, t)
@@ -315,9 +317,11 @@ class Compactor:
             nodes[a:b] = [_Node(key, depth, tokens, text, min(starts) if starts else None,
                                 max(ends) if ends else None, total)]
 
-    @staticmethod
-    def _condense_run(nodes: Sequence[_Node], budget: Budget) -> tuple[int, int] | None:
-        """The oldest run to condense next, or None when the block is small enough."""
+    def _condense_run(self, nodes: Sequence[_Node], budget: Budget) -> tuple[int, int] | None:
+        """The oldest run to condense next, or None when the block is small enough.
+        In background mode condensation waits until the block is over its budget."""
+        if self.fast and sum(n.tokens for n in nodes) <= budget.summary_block:
+            return None
         by_depth: dict[int, list[int]] = {}
         for i, n in enumerate(nodes):
             by_depth.setdefault(n.depth, []).append(i)
@@ -328,8 +332,17 @@ class Compactor:
                 if idx[k + budget.fanin - 1] - idx[k] == budget.fanin - 1:
                     return idx[k], idx[k] + budget.fanin
         if len(nodes) > 1 and sum(n.tokens for n in nodes) > budget.summary_block:
-            # Over the block budget: merge the two oldest, whatever their depths.
-            return 0, min(len(nodes), max(2, budget.fanin))
+            # Over the block budget: merge the shallowest neighbours first (a balanced tree,
+            # so early facts are not re-summarised once per pass), the two oldest last.
+            for d in sorted(by_depth):
+                idx = by_depth[d]
+                for k in range(len(idx) - 1):
+                    if idx[k + 1] - idx[k] == 1:
+                        end = k + 1
+                        while end + 1 < len(idx) and idx[end + 1] - idx[end] == 1 and end - k + 1 < budget.fanin:
+                            end += 1
+                        return idx[k], idx[end] + 1
+            return 0, 2
         return None
 
     def _assemble(self, system: dict | None, slots: Sequence[Slot], h: int, t: int,
@@ -350,6 +363,20 @@ class Compactor:
         out.extend(s.msg for s in slots[t:] if s.kind == "m" and s.msg is not None)
         self._changes: list[tuple[dict, dict]] = []
         return repair(out, self._changes), role_ok
+
+    def _cached_prefix_end(self, session_id: str, slots: Sequence[Slot], h: int, t: int,
+                           records: dict[int, MessageRecord], budget: Budget) -> int:
+        """Background mode: compact only what the worker already summarised, leaving the
+        rest verbatim; the over-target loop takes more only when the result would not fit."""
+        end = h
+        for kind, item, _full in plan_region(slots, h, t, records, budget.leaf_chunk):
+            if kind == "chunk":
+                if self.store.get_presummary(session_id, span_key([s.refs[0] for s in item])) is None:
+                    break
+                end = slots.index(item[-1]) + 1
+            else:
+                end = next(i for i in range(end, len(slots)) if slots[i].kind == "S") + 1
+        return end if end > h else t
 
     def _cover_unemitted(self, slots: Sequence[Slot], h: int, t: int, output: list[dict[str, Any]],
                          nodes: list[_Node], records: dict[int, MessageRecord]) -> set[int]:

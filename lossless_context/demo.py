@@ -5,7 +5,8 @@ Holds `run_demo()`, which generates `sessions.coding_session(n, seed)` and feeds
 turn, a preflight `should_compress(estimate)` when the user message arrives and again
 after every tool batch, up to three `compress()` passes, and — only when the host adopts
 a result — the commit: `on_session_end(sid, messages)` then `on_session_start(new_sid,
-boundary_reason="compression", old_session_id=sid)`. Afterwards every planted canary is
+boundary_reason="compression", old_session_id=sid)`. Each message carries a simulated
+host `timestamp`, as live host messages do. Afterwards every planted canary is
 searched with `lcm_grep` and its hit expanded with `lcm_expand`, which must return the
 original message byte for byte. No CLI code here: the CLI renders the `DemoResult`.
 """

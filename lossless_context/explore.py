@@ -350,7 +350,7 @@ def _json_scan(head: str) -> Lines:
     return out
 
 
-def _describe_yaml(text: str, n_lines: int) -> Lines:
+def _describe_yaml(text: str) -> Lines:
     # One pass over the lines (capped): cheap enough for 5 MB, no parser needed.
     tops: list[list[Any]] = []  # [name, line_no, inline, child_keys, items, child_indent]
     kinds: dict[str, int] = {}
@@ -409,7 +409,7 @@ def _num(cell: str) -> float | None:
         return None
 
 
-def _describe_csv(text: str, kind: str, n_lines: int) -> Lines:
+def _describe_csv(text: str, kind: str) -> Lines:
     lines = _nonempty_lines(text[:_SAMPLE], 40)
     delim = _csv_delimiter(lines) or ("\t" if kind == "tsv" else ",")
     sample = text[:_CSV_SAMPLE]
@@ -495,16 +495,21 @@ for _alias, _base in (("typescript", "javascript"), ("kotlin", "java"), ("csharp
     _IMPORT_RES[_alias] = _IMPORT_RES[_base]
 
 
-def _describe_code(text: str, lang: str, n_lines: int) -> Lines:
-    defs: list[tuple[int, int, str]] = []  # (line, depth, label)
+def _describe_code(text: str, lang: str) -> Lines:
+    defs: list[tuple[int, int, str]] = []  # (line, indent, source line)
+    capped = False
     for rx in _DEF_RES.get(lang, []):
-        line_no, last = 1, 0
+        # Each pattern keeps its first _MAX_DEFS hits, so the first _MAX_DEFS
+        # of the merged, line-sorted list are exactly the first in the file.
+        line_no, last, hits = 1, 0, 0
         for m in rx.finditer(text):
+            if hits >= _MAX_DEFS:
+                capped = True
+                break
             line_no += text.count("\n", last, m.start())
             last = m.start()
             defs.append((line_no, len(m.group(1).expandtabs(4)), m.group(0)))
-            if len(defs) >= _MAX_DEFS * 2:
-                break
+            hits += 1
     defs.sort()
     defs = [d for k, d in enumerate(defs) if k == 0 or d[0] != defs[k - 1][0]]  # one per line
     shown: Lines = []
@@ -529,14 +534,15 @@ def _describe_code(text: str, lang: str, n_lines: int) -> Lines:
                 imports.append(name)
                 if len(imports) >= 200:
                     break
-    out: Lines = [(0, f"language: {lang}; {len(defs):,} definitions, {len(imports)} imports")]
+    more = "+" if capped or len(defs) > _MAX_DEFS else ""
+    out: Lines = [(0, f"language: {lang}; {min(len(defs), _MAX_DEFS):,}{more} definitions, {len(imports)} imports")]
     if imports:
         out.append((1, "imports: " + _short(", ".join(imports), 400)))
     if shown:
         out.append((0, "definitions (line numbers):"))
         out.extend(shown)
     else:
-        out.extend(_describe_text(text, n_lines))
+        out.extend(_describe_text(text))
     return out
 
 
@@ -550,7 +556,7 @@ _LEVEL_OF = {"FATAL": "FATAL", "CRITICAL": "CRITICAL", "SEVERE": "ERROR", "ERROR
 _NORM_RE = re.compile(r"0x[0-9a-fA-F]+|\d+|[0-9a-f]{8,}")
 
 
-def _describe_log(text: str, n_lines: int) -> Lines:
+def _describe_log(text: str) -> Lines:
     levels: dict[str, int] = {}
     errors: dict[str, list[Any]] = {}  # normalised -> [first line no, count, example]
     line_no, last, line_end = 1, 0, -1
@@ -610,7 +616,7 @@ _SALIENT = (
 )
 
 
-def _describe_text(text: str, n_lines: int) -> Lines:
+def _describe_text(text: str) -> Lines:
     out: Lines = []
     if _binaryish(text[:_SAMPLE]):
         bad = len(_CTRL_RE.findall(text[:_SAMPLE]))
@@ -658,9 +664,7 @@ def _fit(header: str, body: Iterable[tuple[int, str]], max_chars: int) -> str:
     return text if len(text) <= max_chars else text[: max(0, max_chars - 1)] + "\u2026"
 
 
-_DESCRIBERS: dict[str, Callable[[str, int], Lines]] = {
-    "yaml": _describe_yaml, "log": _describe_log, "text": _describe_text,
-}
+_DESCRIBERS: dict[str, Callable[[str], Lines]] = {"yaml": _describe_yaml, "log": _describe_log}
 
 
 def explore(text: str, max_tokens: int = 600, hint: str | None = None) -> str:
@@ -693,11 +697,11 @@ def explore(text: str, max_tokens: int = 600, hint: str | None = None) -> str:
         if kind == "json":
             body = _describe_json(text, parsed or ("error", "not JSON per content"))
         elif kind in ("csv", "tsv"):
-            body = _describe_csv(text, kind, n_lines)
+            body = _describe_csv(text, kind)
         elif kind.startswith("code:"):
-            body = _describe_code(text, kind[5:], n_lines)
+            body = _describe_code(text, kind[5:])
         else:
-            body = _DESCRIBERS.get(kind, _describe_text)(text, n_lines)
+            body = _DESCRIBERS.get(kind, _describe_text)(text)
     except Exception as exc:  # pragma: no cover - a describer bug must not lose the header
         body = [(0, f"(no details: {type(exc).__name__})")]
     try:

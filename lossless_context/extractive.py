@@ -156,7 +156,7 @@ def _strong_re(focus: list[str]) -> re.Pattern[str]:
     return re.compile("|".join(re.escape(w) for w in (*_STRONG_WORDS, *focus)))
 
 
-def _sample(items: list[str], strong: re.Pattern[str], lowered: bool) -> list[str]:
+def _sample(items: list[str], strong: re.Pattern[str]) -> list[str]:
     """Head, tail, and the strong items in between, in order."""
     n = len(items)
     keep = list(range(_HEAD_TAIL_UNITS))
@@ -164,7 +164,7 @@ def _sample(items: list[str], strong: re.Pattern[str], lowered: bool) -> list[st
     for k in range(_HEAD_TAIL_UNITS, n - _HEAD_TAIL_UNITS):
         if budget <= 0:
             break
-        if strong.search(items[k] if lowered else items[k].lower()):
+        if strong.search(items[k].lower()):
             keep.append(k)
             budget -= 1
     keep.extend(range(n - _HEAD_TAIL_UNITS, n))
@@ -192,7 +192,7 @@ def _units_of(text: str, max_len: int, strong: re.Pattern[str]) -> list[str]:
             idx = [*range(_HEAD_TAIL_UNITS), *mid, *range(len(lines) - _HEAD_TAIL_UNITS, len(lines))]
             lines = [lines[k] for k in idx]
         else:
-            lines = _sample(lines, strong, False)
+            lines = _sample(lines, strong)
     units: list[str] = []
     for line in lines:
         if "  " in line or "\t" in line or "\u00a0" in line:
@@ -201,7 +201,7 @@ def _units_of(text: str, max_len: int, strong: re.Pattern[str]) -> list[str]:
         if line and _HAS_WORD_RE.search(line):
             units.extend(_split_line(line, max_len))
     if len(units) > _MAX_UNITS_PER_SOURCE:  # a few enormous lines
-        units = _sample(units, strong, False)
+        units = _sample(units, strong)
     return units
 
 
@@ -261,7 +261,15 @@ def _score(unit: str, role: str, focus: list[str]) -> int:
 def _clip(text: str, limit: int) -> str:
     if limit <= 0:
         return ""
-    return text if len(text) <= limit else text[: max(0, limit - 1)] + "\u2026"
+    if len(text) <= limit:
+        return text
+    cut = max(0, limit - 1)
+    # Never cut inside a "[REDACTED:kind]" marker: redacting the summary
+    # again would re-expand a clipped one past the budget.
+    k = text.rfind("[", max(0, cut - 48), cut)
+    if k >= 0 and text.startswith("[REDACTED", k) and text.find("]", k, cut) < 0:
+        cut = k
+    return text[:cut] + "\u2026"
 
 
 def _headers(sources: Sequence[Source], ids: list[str], kept: int, total: int,

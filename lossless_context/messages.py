@@ -52,23 +52,34 @@ def _normal_tool_calls(tcs: Any) -> Any:
 
 
 def content_ident(msg: Any) -> str:
-    """32-hex identity of what the provider sees of a message."""
-    if isinstance(msg, Mapping):
-        view = [
-            msg.get("role"),
-            msg.get("content"),
-            _normal_tool_calls(msg.get("tool_calls")),
-            msg.get("tool_call_id"),
-            msg.get("name"),
-        ]
+    """32-hex identity of what the provider sees of a message.
+
+    Plain string content (the common, large case) is hashed directly rather than through
+    json.dumps of the whole message, which dominated ingestion time.
+    """
+    h = hashlib.blake2b(digest_size=16)
+    if isinstance(msg, dict):
+        content = msg.get("content")
+        role = msg.get("role")
+        # A live tool result carries `name`; the host's reload of the same row has only
+        # `tool_name`, and it strips message text: neither may make it a new message.
+        name = None if role == "tool" else msg.get("name")
+        rest = [role, _normal_tool_calls(msg.get("tool_calls")), msg.get("tool_call_id"), name]
+        if isinstance(content, str):
+            h.update(b"s\x1f")
+            h.update(content.strip().encode("utf-8", "surrogatepass"))
+        else:
+            h.update(b"j\x1f")
+            h.update(json.dumps(content, ensure_ascii=True, sort_keys=True, default=repr).encode("ascii"))
+        h.update(b"\x1e")
+        h.update(json.dumps(rest, ensure_ascii=True, sort_keys=True, default=repr).encode("ascii"))
     else:
-        view = ["?", repr(msg)]
-    data = json.dumps(view, ensure_ascii=True, sort_keys=True, default=repr)
-    return hashlib.blake2b(data.encode("ascii"), digest_size=16).hexdigest()
+        h.update(b"?\x1f" + repr(msg).encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
 
 
 def message_uid(msg: Any) -> str | None:
-    if isinstance(msg, Mapping):
+    if isinstance(msg, dict):
         uid = msg.get("message_uid")
         if isinstance(uid, str) and _UID_RE.match(uid):
             return uid
@@ -76,7 +87,7 @@ def message_uid(msg: Any) -> str | None:
 
 
 def absorbed_uids(msg: Any) -> list[str]:
-    if isinstance(msg, Mapping):
+    if isinstance(msg, dict):
         v = msg.get("_absorbed_message_uids")
         if isinstance(v, list):
             return [u for u in v if isinstance(u, str) and _UID_RE.match(u)]
@@ -84,7 +95,7 @@ def absorbed_uids(msg: Any) -> list[str]:
 
 
 def role_of(msg: Any) -> str:
-    if isinstance(msg, Mapping):
+    if isinstance(msg, dict):
         r = msg.get("role")
         if isinstance(r, str) and r in ROLES:
             return r
@@ -93,7 +104,7 @@ def role_of(msg: Any) -> str:
 
 
 def tool_call_ids(msg: Any) -> list[str]:
-    if not isinstance(msg, Mapping) or msg.get("role") != "assistant":
+    if not isinstance(msg, dict) or msg.get("role") != "assistant":
         return []
     tcs = msg.get("tool_calls")
     if not isinstance(tcs, list):
@@ -149,7 +160,7 @@ def flatten_content(content: Any, limit: int | None = None) -> str:
 
 def message_text(msg: Any, limit: int | None = None) -> str:
     """Searchable/summarisable text of a message, tool calls rendered as text."""
-    if not isinstance(msg, Mapping):
+    if not isinstance(msg, dict):
         return _clean(str(msg).replace("\x00", ""))[: limit or None]
     text = flatten_content(msg.get("content"))
     calls = msg.get("tool_calls")
@@ -170,12 +181,17 @@ def message_text(msg: Any, limit: int | None = None) -> str:
 
 
 def is_summary_message(msg: Any) -> bool:
-    return isinstance(msg, Mapping) and SUMMARY_OPEN in flatten_content(msg.get("content"))
+    if not isinstance(msg, dict):
+        return False
+    c = msg.get("content")
+    if isinstance(c, str):  # the common case, without copying the text
+        return SUMMARY_OPEN in c
+    return c is not None and SUMMARY_OPEN in flatten_content(c)
 
 
 def summary_node_ids(msg: Any) -> list[int]:
     """Node ids named by our summary marker (survives merges into a neighbour)."""
-    if not isinstance(msg, Mapping):
+    if not isinstance(msg, dict):
         return []
     m = SUMMARY_MARKER_RE.search(flatten_content(msg.get("content")))
     if not m:

@@ -151,11 +151,13 @@ _LINE_VALUE_RE = re.compile(
 # key: "value" anywhere (JS/TS object literals, Ruby hashes).  Only quoted
 # values: an unquoted one there is a type annotation ("token: string").
 _INLINE_QUOTED_RE = re.compile(rf"[ \t]*:[ \t]*(?:{_DQ}|{_SQ})")
-_HEADER_VALUE_RE = re.compile(r"[ \t]*:[ \t]*[\"']?([^\s\"'<>`]{1,4096})")
+# Header values are found the way the host finds them (across a line break,
+# name anywhere in the key) so whatever it masks, we normalise.
+_HEADER_VALUE_RE = re.compile(r"\s*:\s*[\"']?([^\s\"'<>`]{1,4096})")
 _CLI_VALUE_RE = re.compile(r"[ \t]+(?:\"([^\"\n]{1,1024})\"|'([^'\n]{1,1024})'|([^\s\-][^\s]{0,1023}))")
 _LINE_LEAD_RE = re.compile(r"[ \t]*(?:-[ \t]+)?(?:export[ \t]+)?")
-_HEADER_NAMES = frozenset("x-api-key x-goog-api-key api-key apikey x-api-token x-auth-token "
-                          "x-access-token private-token x-vault-token".split())
+_HEADER_NAMES = tuple("x-api-key x-goog-api-key api-key apikey x-api-token x-auth-token "
+                      "x-access-token private-token x-vault-token".split())
 
 _CAMEL_RE = re.compile(r"([a-z0-9])([A-Z])")
 _SEP_RE = re.compile(r"[.\-\s]+")
@@ -272,19 +274,23 @@ def _is_code_ref(key: str, value: str) -> bool:
 
 
 def _is_masked(value: str) -> bool:
-    # Another redactor's mask ("***", "«redacted:…»"): normalise it to ours.
-    return value.strip("*") == "" or value.startswith("\u00abredacted")
+    # Another redactor's mask: "***", "«redacted:…»", or the host's head/tail
+    # form "abcdef...wxyz" (13 chars).  Normalised to our marker.
+    return (value.strip("*") == "" or value.startswith("\u00abredacted")
+            or (len(value) == 13 and value[6:9] == "..."))
 
 
 @functools.lru_cache(maxsize=8192)
 def _value_verdict(key: str, value: str) -> str | None:
     """Marker to put in place of `value`, or None to keep the value."""
     cls = _classify_key(key)
-    if cls is None or value.startswith(MARKER_PREFIX):
+    if cls is None:
         return None
     kind, tier = cls
     if _is_masked(value):
         return _marker(kind)
+    if value.startswith("[REDAC"):
+        return None  # ours already, possibly clipped by a summariser's budget
     if _is_placeholder(value) or _is_code_ref(key, value):
         return None
     if tier == 2 and not _high_entropy(value):
@@ -338,7 +344,7 @@ def _redact_keyed(text: str) -> str:
             vm = _ASSIGN_VALUE_RE.match(text, ke)
             if vm is None and ke < n and text[ke] in " \t:":
                 line_start = text.rfind("\n", 0, ks) + 1
-                if key.lower() in _HEADER_NAMES:
+                if key.lower().endswith(_HEADER_NAMES):
                     vm = _HEADER_VALUE_RE.match(text, ke)
                 elif _LINE_LEAD_RE.fullmatch(text, line_start, ks):
                     vm = _LINE_VALUE_RE.match(text, ke)
@@ -395,7 +401,7 @@ def _sub_auth(m: re.Match[str]) -> str:
     scheme, cred = m.group(1), m.group(2)
     if _before(m) not in ("A", "a") or cred.startswith(MARKER_PREFIX):
         return m.group(0)
-    if cred.strip("*"):
+    if not _is_masked(cred):
         if scheme is None and (cred.lower() in _AUTH_SCHEMES or len(cred) < 6
                                or (cred.isalpha() and cred.islower() and len(cred) < 16)):
             return m.group(0)  # "Authorization: Bearer" (token elsewhere), "...: required"
@@ -584,7 +590,7 @@ def _host_units(text: str) -> list[tuple[int, int]]:
         if nl >= 0 or lo == pos:
             ls = nl + 1 if nl >= 0 else lo
         else:
-            sp = text.find(" ", m.start() - 256, m.start())
+            sp = text.find(" ", max(pos, m.start() - 256), m.start())
             ls = sp + 1 if sp >= 0 else m.start()
         limit = min(n, max(ls + _HOST_LINE_MAX, m.end()))
         nl = text.find("\n", m.end(), limit)
@@ -601,9 +607,9 @@ def _host_units(text: str) -> list[tuple[int, int]]:
 
 # Joins pieces for one call.  The host's \s* / \s+ can cross a bare newline
 # ("Authorization: required\n<next piece>"); no pattern can cross this
-# without consuming the \x1e, which changes the split count and sends us
-# to the per-piece fallback.
-_PIECE_SEP = "\n\x1e\n"
+# without consuming the U+E000 (private use: neither \s nor \w), which
+# changes the split count and sends us to the per-piece fallback.
+_PIECE_SEP = "\n\ue000\n"
 
 
 def _map_lines(fn: Callable[[str], str], pieces: list[str]) -> list[str]:
@@ -625,40 +631,57 @@ def _map_lines(fn: Callable[[str], str], pieces: list[str]) -> list[str]:
     return result
 
 
-def _apply_host(host: Callable[[str], str], text: str) -> str:
-    units = _host_units(text)
-    # Host-safe pieces of each unit: everything but the long runs.
+def _host_round(host: Callable[[str], str], units: list[str]) -> list[str]:
+    """The host over each unit (long runs cut out), then our patterns again
+    over what it touched so its "***" and head/tail masks become our markers."""
     spans: list[tuple[int, int, int]] = []
-    for u, (s, e) in enumerate(units):
-        pos = s
-        for r in _LONG_RUN_RE.finditer(text, s, e):
+    for u, unit in enumerate(units):
+        pos = 0
+        for r in _LONG_RUN_RE.finditer(unit):
             if r.start() > pos:
                 spans.append((u, pos, r.start()))
             pos = r.end()
-        if pos < e:
-            spans.append((u, pos, e))
-    pieces = [text[s:e] for _, s, e in spans]
-    new = _map_lines(host, pieces)
-    rebuilt: dict[int, list[str]] = {}
-    cursor = {u: s for u, (s, _) in enumerate(units)}
-    touched_set: set[int] = set()
-    for (u, s, e), old, got in zip(spans, pieces, new):
-        rebuilt.setdefault(u, []).extend((text[cursor[u]:s], got))
+        if pos < len(unit):
+            spans.append((u, pos, len(unit)))
+    pieces = [units[u][s:e] for u, s, e in spans]
+    got = _map_lines(host, pieces)
+    parts: dict[int, list[str]] = {}
+    cursor = [0] * len(units)
+    touched: list[int] = []
+    for (u, s, e), old, new in zip(spans, pieces, got):
+        parts.setdefault(u, []).extend((units[u][cursor[u]:s], new))
         cursor[u] = e
-        if got != old:
-            touched_set.add(u)
-    touched = sorted(touched_set)
-    if not touched:
-        return text
-    # Our patterns run again over each touched unit so the host's head/tail
-    # masks and "***" collapse into our markers.
-    again = _map_lines(_redact_builtin, [
-        "".join(rebuilt[u]) + text[cursor[u]:units[u][1]] for u in touched])
+        if new != old and (not touched or touched[-1] != u):
+            touched.append(u)
+    out = list(units)
+    again = _map_lines(_redact_builtin, ["".join(parts[u]) + units[u][cursor[u]:] for u in touched])
+    for u, unit in zip(touched, again):
+        out[u] = unit
+    return out
+
+
+def _apply_host(host: Callable[[str], str], text: str) -> str:
+    spans = _host_units(text)
+    current = [text[s:e] for s, e in spans]
+    todo = list(range(len(spans)))
+    # The host is not idempotent on its own output ("abcdef...wxyz" becomes
+    # "***" next time), so settle each unit to a fixed point: that is what
+    # makes redact(redact(x)) == redact(x).  Masks converge in two rounds.
+    for _ in range(4):
+        if not todo:
+            break
+        result = _host_round(host, [current[u] for u in todo])
+        todo_next = []
+        for u, new in zip(todo, result):
+            if new != current[u]:
+                current[u] = new
+                todo_next.append(u)
+        todo = todo_next
     out: list[str] = []
     pos = 0
-    for u, unit in zip(touched, again):
-        out += [text[pos:units[u][0]], unit]
-        pos = units[u][1]
+    for (s, e), unit in zip(spans, current):
+        out += [text[pos:s], unit]
+        pos = e
     out.append(text[pos:])
     return "".join(out)
 
@@ -667,9 +690,10 @@ def redact(text: str) -> str:
     """Redact secrets from `text` before it reaches a summariser or a summary.
 
     Runs our own patterns, then the Hermes host redactor when it is
-    importable (``force=True, redact_url_credentials=True`` and byte-free
-    sentinels), then our patterns again over whatever the host touched.
-    Never raises; text without secrets comes back unchanged.
+    importable (``force=True, redact_url_credentials=True``, byte-free
+    sentinels) over the lines it could act on, then our patterns again over
+    whatever the host touched, until each such line is stable.  Idempotent;
+    never raises; text without secrets comes back unchanged.
     """
     text = _as_str(text)
     try:

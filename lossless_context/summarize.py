@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from .extractive import Source, extractive_summary
-from .redact import redact
+from .redact import redact, redact_builtin
 from .tokens import estimate_text_tokens
 
 log = logging.getLogger("lossless_context.summarize")
@@ -316,9 +316,11 @@ class Escalator:
 
 
 def deterministic_summary(req: SummaryRequest, do_redact: bool = True) -> str:
+    # Nothing leaves the process here, so sources get only our fast patterns (they cover
+    # multi-line secrets such as PEM blocks); the summary itself gets the full redaction.
     sources = req.sources
     if do_redact:
-        sources = [Source(s.id, s.role, redact(s.text), s.timestamp) for s in sources]
+        sources = [Source(s.id, s.role, redact_builtin(s.text), s.timestamp) for s in sources]
     text = extractive_summary(sources, max(16, req.target_tokens), focus=req.focus)
     return redact(text) if do_redact else text
 

@@ -43,7 +43,7 @@ def _shadow(msg: Mapping[str, Any]) -> tuple[dict, int]:
 
 def estimate_message_tokens(msg: Any) -> int:
     """Tokens one message costs in a request (base64 media at a flat rate)."""
-    if not isinstance(msg, Mapping):
+    if not isinstance(msg, dict):
         return estimate_text_tokens(str(msg))
     shadow, images = _shadow(msg)
     return (len(str(shadow)) + 3) // 4 + images * IMAGE_TOKEN_COST

@@ -119,7 +119,17 @@ class SQLiteStore(Store):
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open store {self.location}: {exc}") from exc
         c.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-        c.execute("PRAGMA journal_mode=WAL")
+        # Switching to WAL ignores the busy timeout: retry while another process opens
+        # the same new file at the same moment.
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        while True:
+            try:
+                c.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError as exc:
+                if ("locked" not in str(exc) and "busy" not in str(exc)) or time.monotonic() > deadline:
+                    raise StoreError(f"cannot open store {self.location}: {exc}") from exc
+                time.sleep(0.05)
         c.execute("PRAGMA synchronous=NORMAL")
         c.execute("PRAGMA foreign_keys=ON")
         with self._conns_lock:
@@ -418,14 +428,17 @@ class SQLiteStore(Store):
         now = time.time()
         with self.tx() as c:
             for s in summaries:
-                cur = c.execute(
-                    "INSERT INTO summaries(session_id, kind, depth, text, tokens, source_tokens, level,"
+                # Ids are never reused (a discarded stage's ids must not name new nodes:
+                # adoption is judged by the ids in the host's summary marker).
+                sid = c.execute("UPDATE summary_id_watermark SET id = MAX(id, (SELECT COALESCE(MAX(id), 0)"
+                                " FROM summaries)) + 1 RETURNING id").fetchone()[0]
+                c.execute(
+                    "INSERT INTO summaries(id, session_id, kind, depth, text, tokens, source_tokens, level,"
                     " summarizer, t_start, t_end, n_messages, state, pass_id, created_at)"
-                    " VALUES (?,?,?,?,?,?,?,?,?,?,?,'staged',?,?)",
-                    (session_id, s.kind, s.depth, clean_text(resolve_keys(s.text, keymap)), s.tokens, s.source_tokens, s.level, s.summarizer,
-                     s.t_start, s.t_end, s.n_messages, pass_id, now),
+                    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,'staged',?,?)",
+                    (sid, session_id, s.kind, s.depth, clean_text(resolve_keys(s.text, keymap)), s.tokens,
+                     s.source_tokens, s.level, s.summarizer, s.t_start, s.t_end, s.n_messages, pass_id, now),
                 )
-                sid = cur.lastrowid
                 keymap[s.key] = sid
                 c.executemany(
                     "INSERT INTO summary_messages(summary_id, message_id, ord) VALUES (?,?,?)",
@@ -550,7 +563,7 @@ class SQLiteStore(Store):
         with self.tx() as c:
             c.execute(
                 "UPDATE summaries SET text=?, tokens=?, level=?, summarizer=? WHERE id=?",
-                (text, tokens, level, summarizer, summary_id),
+                (clean_text(text), tokens, level, summarizer, summary_id),
             )
 
     # -- presummaries ------------------------------------------------------------------

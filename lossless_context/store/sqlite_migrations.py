@@ -162,4 +162,11 @@ MIGRATIONS: list[tuple[str, str]] = [
         );
         """,
     ),
+    (
+        "004_summary_id_watermark",
+        """
+        CREATE TABLE summary_id_watermark (id INTEGER NOT NULL);
+        INSERT INTO summary_id_watermark(id) SELECT COALESCE(MAX(id), 0) FROM summaries;
+        """,
+    ),
 ]

@@ -1,0 +1,102 @@
+"""`python -m bench` — run the benchmarks and write `RESULTS.md` + `results.json`.
+
+    python -m bench               # full run (default): scale 1k/10k/100k/1M, 3,000-message sessions, …
+    python -m bench --quick       # the CI smoke configuration: seconds, small sizes
+    python -m bench --only scale  # one part (scale | side_by_side | quality | backends); the result is
+                                  # merged into an existing results.json and RESULTS.md is re-rendered
+    python -m bench --out-dir DIR # write the two files elsewhere (the smoke test does)
+
+Each part runs in this process except the scale/backends workers, which are child processes
+(fresh memory per point). Everything runs offline: the only network is 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+
+from . import common
+
+PARTS = ("scale", "side_by_side", "quality", "backends")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="CI smoke configuration (seconds)")
+    mode.add_argument("--full", action="store_true", help="the complete run (default)")
+    ap.add_argument("--only", choices=PARTS, action="append", help="run only this part (repeatable)")
+    ap.add_argument("--out-dir", default=str(common.BENCH_DIR), help="where RESULTS.md and results.json go")
+    ap.add_argument("--no-profile", action="store_true", help="skip the cProfile runs of the full mode")
+    ap.add_argument("--keep-scratch", action="store_true", help="keep the scratch directory (stores, configs)")
+    ap.add_argument("--scale-sizes", help="comma-separated history sizes (overrides the mode's)")
+    ap.add_argument("--pg-budget", type=float, help="seconds PostgreSQL's build may take before it stops early")
+    a = ap.parse_args(argv)
+
+    scratch = common.isolate_env()
+    common.quiet_logs()
+    quick = bool(a.quick)
+    cfg: dict = {"quick": quick, "profile": not a.no_profile}
+    if a.scale_sizes:
+        cfg["scale_sizes"] = [int(x) for x in a.scale_sizes.split(",") if x.strip()]
+    if a.pg_budget:
+        cfg["pg_budget"] = a.pg_budget
+    parts = list(dict.fromkeys(a.only)) if a.only else list(PARTS)
+    out_dir = Path(a.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / "results.json"
+    results: dict = {}
+    if a.only and json_path.exists():
+        try:
+            results = json.loads(json_path.read_text(encoding="utf-8"))
+        except ValueError:
+            results = {}
+    started = time.perf_counter()
+    results["machine"] = common.machine_info()
+    results.setdefault("parts", {})
+    results["meta"] = {
+        "mode": "quick" if quick else "full",
+        "started": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "command": "python -m bench" + (" --quick" if quick else "") + "".join(f" --only {p}" for p in a.only or []),
+        "parts_run": parts,
+    }
+    print(f"lossless-context bench ({results['meta']['mode']}): {', '.join(parts)}; scratch {scratch}", flush=True)
+    try:
+        for name in parts:
+            t0 = time.perf_counter()
+            print(f"[{name}]", flush=True)
+            try:
+                mod = __import__(f"bench.{name}", fromlist=["run"])
+                if name == "backends":
+                    res = mod.run(cfg, results["parts"].get("scale") if "scale" in parts else None)
+                else:
+                    res = mod.run(cfg)
+            except Exception as exc:  # one broken part must not lose the others' results
+                traceback.print_exc()
+                res = {"error": f"{type(exc).__name__}: {exc}"}
+            res["wall_seconds"] = round(time.perf_counter() - t0, 1)
+            res["mode"] = "quick" if quick else "full"
+            results["parts"][name] = res
+            print(f"[{name}] done in {res['wall_seconds']} s", flush=True)
+    finally:
+        common.stop_fake_server()
+        results["meta"]["wall_seconds"] = round(time.perf_counter() - started, 1)
+        json_path.write_text(json.dumps(results, indent=1, default=str, ensure_ascii=False) + "\n", encoding="utf-8")
+        from .report import render
+
+        (out_dir / "RESULTS.md").write_text(render(results), encoding="utf-8")
+        if not a.keep_scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+    print(f"wrote {out_dir / 'RESULTS.md'} and {json_path} in {results['meta']['wall_seconds']} s", flush=True)
+    failed = [n for n in parts if results["parts"].get(n, {}).get("error")]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

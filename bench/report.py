@@ -1,0 +1,386 @@
+"""Render `results.json` (the source of truth) as the human-readable `RESULTS.md`."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+
+def _f(v: Any, digits: int = 2) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        if v == 0:
+            return "0"
+        if abs(v) >= 1000:
+            return f"{v:,.0f}"
+        if abs(v) >= 100:
+            return f"{v:.1f}"
+        if abs(v) < 0.01:
+            return f"{v:.4f}"
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def _mb(v: Any) -> Any:
+    return None if v is None else round(v / 1e6, 2)
+
+
+def _pct(v: Any) -> str:
+    return "—" if v is None else f"{v * 100:.1f}%"
+
+
+def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    for r in rows:
+        out.append("| " + " | ".join(c if isinstance(c, str) else _f(c) for c in r) + " |")
+    return out
+
+
+def _n(n: Any) -> str:
+    if not isinstance(n, int):
+        return str(n)
+    if n >= 1_000_000 and n % 1_000_000 == 0:
+        return f"{n // 1_000_000}M"
+    if n >= 1000 and n % 1000 == 0:
+        return f"{n // 1000}k"
+    return f"{n:,}"
+
+
+def _get(d: Any, path: str) -> Any:
+    for k in path.split("."):
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
+# ----------------------------------------------------------------------------------------------
+
+def render(res: dict[str, Any]) -> str:
+    L: list[str] = []
+    meta = res.get("meta", {})
+    m = res.get("machine", {})
+    L += ["# lossless-context benchmark results", ""]
+    L.append(f"Mode **{meta.get('mode', '?')}**, run {meta.get('started', '?')} (UTC), total wall time "
+             f"{_f(meta.get('wall_seconds'))} s. Command: `{meta.get('command', 'python -m bench')}`. "
+             "All figures come from `bench/results.json`; they are measurements on this machine, compared as "
+             "ratios within the same run or as growth curves — not pass/fail tests.")
+    L += ["", "## Machine", ""]
+    L += _table(["CPU", "cores", "RAM", "Python", "SQLite", "hermes-agent", "OS", "commit"], [[
+        m.get("cpu_model"), m.get("cores"), f"{m.get('ram_gb')} GB", f"{m.get('python')} ({m.get('python_impl')})",
+        m.get("sqlite"), m.get("hermes_agent") or "—", m.get("os"),
+        f"{m.get('git_commit')}{' + uncommitted changes' if m.get('git_dirty') else ''}"]])
+    parts = res.get("parts", {})
+    L += ["", "## Summary", ""]
+    L += _summary(parts)
+    if "scale" in parts:
+        L += _scale(parts["scale"])
+    if "side_by_side" in parts:
+        L += _sbs(parts["side_by_side"])
+    if "quality" in parts:
+        L += _quality(parts["quality"])
+    if "backends" in parts:
+        L += _backends(parts["backends"])
+    profiles = _profiles(parts)
+    if profiles:
+        L += profiles
+    L += ["", "## How to run", "",
+          "```", "python -m bench            # the full run (this file), ~20 min on 2 cores",
+          "python -m bench --quick    # the CI smoke configuration, well under a minute",
+          "python -m bench --only scale|side_by_side|quality|backends   # one part; merged into results.json",
+          "```", ""]
+    return "\n".join(L) + "\n"
+
+
+def _summary(parts: dict[str, Any]) -> list[str]:
+    L: list[str] = []
+    sc = parts.get("scale")
+    if sc and not sc.get("error"):
+        L += ["Targets (from the brief) against this run:", ""]
+        rows = []
+        for t in sc.get("targets", []):
+            met = "—" if t["met"] is None else ("**met**" if t["met"] else "**missed**")
+            label = t["target"] + (" *(extrapolated from the fit)*" if t.get("extrapolated") else "")
+            if t.get("note"):
+                label += f" *({t['note']})*"
+            rows.append([label, f"{_f(t['value'])} {t['unit']}".strip(), f"{t['op']} {_f(t['limit'])} {t['unit']}".strip(),
+                         met])
+        L += _table(["target", "measured", "goal", "result"], rows)
+        L.append("")
+    sbs = parts.get("side_by_side")
+    if sbs and sbs.get("skipped"):
+        L += [f"Side by side: skipped — {sbs.get('reason')}", ""]
+    elif sbs and not sbs.get("error"):
+        L += ["Side by side (totals over the coding, chat and mixed sessions):", ""]
+        agg: dict[str, dict[str, float]] = {}
+        for r in sbs["runs"]:
+            a = agg.setdefault(r["engine"], {"compactions": 0, "calls": 0, "tokens": 0, "canaries": 0, "exact": 0,
+                                              "ctx_exact": 0, "msgs": 0})
+            a["compactions"] += r["compactions"]
+            a["calls"] += r["summariser"]["calls"]
+            a["tokens"] += r["summariser"]["tokens_sent"]
+            a["canaries"] += r["recall"]["canaries"]
+            a["exact"] += r["recall"]["exact_anywhere"]
+            a["ctx_exact"] += r["recall"]["in_context_exact"]
+            a["msgs"] += r["messages"]
+        rows = []
+        for eng, a in agg.items():
+            rows.append([_engine(eng), int(a["compactions"]), int(a["calls"]),
+                         round(a["calls"] / a["msgs"] * 1000, 2), int(a["tokens"]),
+                         f"{int(a['ctx_exact'])}/{int(a['canaries'])}", f"{int(a['exact'])}/{int(a['canaries'])}"])
+        L += _table(["engine", "compactions", "summariser calls", "calls / 1k msgs", "tokens sent to summariser",
+                     "canaries exact in final context", "canaries recoverable exactly (context or tools)"], rows)
+        L.append("")
+    q = parts.get("quality")
+    if q and not q.get("error"):
+        L += ["Summary quality (share of source identifiers/paths/numbers/quoted strings kept verbatim):", ""]
+        L += _table(["summariser", "nodes", "in summary text", "in text or reachable via lcm_expand"],
+                    [[r["summarizer"], r["nodes"], _pct(r["overall"]["in_text_share"]),
+                      _pct(r["overall"]["reachable_share"])] for r in q["runs"]])
+        L.append("")
+    b = parts.get("backends")
+    if b:
+        if b.get("skipped") or b.get("error"):
+            L += [f"Backends: skipped — {b.get('reason') or b.get('error')}", ""]
+        else:
+            pick = {r["metric"]: r for r in b["rows"]}
+            keys = ["ingest msgs/s", "compress() engine ms p50", "lcm_grep text ms p50", "store bytes per 1k messages"]
+            L += [f"SQLite vs PostgreSQL at {_f(b['n_compared'])} messages (ratio PostgreSQL/SQLite): "
+                  + "; ".join(f"{k} ×{_f(pick[k]['ratio_pg_over_sqlite'])}" for k in keys if k in pick), ""]
+    for name, p in parts.items():
+        if isinstance(p, dict) and p.get("error"):
+            L += [f"**{name} failed:** `{p['error'][:300]}`", ""]
+    return L
+
+
+def _engine(e: str) -> str:
+    return {"lcm": "lossless-context (ours)", "builtin": "built-in ContextCompressor"}.get(e, e)
+
+
+def _scale(sc: dict[str, Any]) -> list[str]:
+    L = ["", "## 1. Scale curves (`bench/scale.py`)", ""]
+    if sc.get("error"):
+        return L + [f"Failed: `{sc['error'][:2000]}`"]
+    L += [
+        "History: deterministic \"mixed\" sessions (coding turns with tool calls and large tool outputs, "
+        "interleaved with chat) from `SessionStream`, sessions of ~10,000 messages in one conversation, each "
+        "handed to `engine.ingest()` as the host's growing list every 2,000 messages (the real alignment path; "
+        "earlier messages are re-aligned each time). Ingest throughput counts new messages over ingest time "
+        "(message generation excluded). "
+        + (f"Points above {_f(sc.get('real_cap'))} messages are **replicated**: the first {_f(sc.get('real_cap'))} "
+           "messages are really ingested, the rest are those rows copied with SQL into more sessions of the same "
+           "conversation (the FTS index is filled by the store's own triggers), because ingest through the engine "
+           "would not fit the run's time budget at 1M; replicated points have no ingest figure."
+           if any(p["build"].get("n_replicated") for p in sc.get("points", [])) else
+           "Every point was really ingested (no replication in this run)."),
+        "",
+        "Per-request costs are measured in a fresh process on the built store: a live session in the same "
+        "conversation (its lineage, hence every search, spans the whole history), 64K window, extractive "
+        "summariser; each `compress()` pass adds 20–50 messages. *Engine time* = wall time minus time inside "
+        "`Escalator.summarize` (the summariser). Passes whose list is already within target return early "
+        "(only ingest + a budget check) — the `compacting` column counts the passes that did compact.",
+        "",
+    ]
+    rows = []
+    for p in sc["points"]:
+        b, me = p["build"], p["measure"]
+        c = me["compress"]
+        label = _n(p["n"]) + (" (replicated)" if b.get("n_replicated") else "")
+        ing = None if b.get("reused_base") or b.get("n_replicated") else _get(b, "ingest.msgs_per_s")
+        rows.append([label, b["n_stored"], ing, c["engine_ms"]["p50"], c["engine_ms"]["p95"],
+                     f"{c['progressed']}/{c['passes']}", _get(c, "compacting_engine_ms.p50"),
+                     _get(c, "compacting_engine_ms.p95"), c["wall_ms"]["p50"], c["summariser_ms"]["p50"],
+                     me["should_compress_ms"]["p50"], me["select_context"]["cached_ms"]["p50"],
+                     me["select_context"]["first_call_ms"],
+                     "yes" if me["select_context"]["same_object_every_call"] else "**no**"])
+    L += _table(["N", "stored", "ingest msgs/s", "compress engine p50 ms", "p95 ms", "compacting passes",
+                 "engine p50 ms, compacting passes", "p95 ms", "wall p50 ms",
+                 "summariser p50 ms", "should_compress p50 ms", "select_context cached p50 ms",
+                 "select_context 1st call ms", "same object"], rows)
+    L.append("")
+    rows = []
+    for p in sc["points"]:
+        b, me = p["build"], p["measure"]
+        g = me["lcm_grep"]
+        e = me["lcm_expand"]
+        rows.append([_n(p["n"]), g["text"]["ms"]["p50"], g["text"]["ms"]["p95"], g["identifier"]["ms"]["p50"],
+                     g["identifier"]["ms"]["p95"], g["cjk_substring"]["ms"]["p50"], g["cjk_substring"]["ms"]["p95"],
+                     e["message_ms"]["p50"], e["summary_ms"]["p50"], e["ms"]["p95"],
+                     _mb(b.get("bytes_per_1k_messages")), b.get("build_peak_rss_mb"), me.get("measure_peak_rss_mb")])
+    L += _table(["N", "grep text p50 ms", "p95", "grep identifier p50 ms", "p95", "grep CJK p50 ms", "p95",
+                 "expand message p50 ms", "expand summary p50 ms", "expand p95 ms", "store MB / 1k msgs",
+                 "build peak RSS MB", "measure peak RSS MB"], rows)
+    L.append("")
+    first = sc["points"][0]["measure"]["lcm_grep"] if sc.get("points") else {}
+    if first:
+        L.append("Queries: text = `" + first["text"]["query"] + "` (ranked FTS); identifier = a planted canary value "
+                 "(unique in the history); CJK = `" + first["cjk_substring"]["query"] + "`, planted once early in the "
+                 "history (a substring search; the worst case: the hit is far from the newest rows).")
+        L.append("")
+    rows2 = []
+    for p in sc["points"]:
+        b = p["build"]
+        ing = b.get("ingest") or {}
+        if b.get("reused_base") or b.get("n_replicated"):
+            continue
+        rows2.append([_n(p["n"]), ing.get("msgs_per_s"), _get(ing, "all_new_batch_msgs_per_s.p50"),
+                      _get(ing, "batch_msgs_per_s.p50"), ing.get("realign_msgs_per_s"), ing.get("seconds"),
+                      ing.get("generation_seconds")])
+    if rows2:
+        L += ["Ingest detail:", ""]
+        L += _table(["N", "overall msgs/s", "all-new 2k batch msgs/s (p50)", "batch msgs/s (p50)",
+                     "re-align of an unchanged list msgs/s", "ingest s", "generation s"], rows2)
+        L.append("")
+    L += ["Growth exponents (least squares on log-log, cost ∝ N^k; k ≈ 0 flat, k = 1 linear):", ""]
+    rows = []
+    for name, f in sc.get("fits", {}).items():
+        if f:
+            rows.append([name, f["exponent"], f["r2"], f["points"]])
+    L += _table(["metric", "exponent k", "r²", "points"], rows)
+    L.append("")
+    mem = sc.get("fits", {}).get("measure_peak_rss_mb")
+    if mem:
+        grows = "does not grow" if mem["exponent"] < 0.1 else "grows"
+        L.append(f"Memory: the measuring process's peak RSS {grows} with history size (k = {mem['exponent']}).")
+        L.append("")
+    return L
+
+
+def _sbs(s: dict[str, Any]) -> list[str]:
+    L = ["", "## 2. Side by side with the built-in ContextCompressor (`bench/side_by_side.py`)", ""]
+    if s.get("skipped"):
+        return L + [f"Skipped: {s.get('reason')}."]
+    if s.get("error"):
+        return L + [f"Failed: `{s['error'][:2000]}`"]
+    L += [
+        f"Sessions of {_f(s['messages_per_session'])} messages each, {_f(s['context_length'])}-token window, both "
+        "engines driven by the same R19 host calls (`bench/host.py`) and summarising through the same FakeOpenAI "
+        "server with the deterministic `SummariserResponder` (ours: `summarizer: openai` + `summary_base_url`; "
+        "the built-in: the host's auxiliary client configured to the same server). The built-in is constructed "
+        "as `agent_init.py` does with the default `compression:` config. Summariser traffic = the fake server's "
+        "recorded requests (tokens = chars/4 of the request messages).",
+        "",
+        "**" + s.get("note", "") + "**",
+        "",
+    ]
+    rows = []
+    for r in s["runs"]:
+        rc = r["recall"]
+        rows.append([r["session"], _engine(r["engine"]), r["threshold_tokens"], r["compactions"],
+                     r["no_progress_passes"], r["summariser"]["calls"], r["summariser_calls_per_1k_messages"],
+                     r["summariser"]["tokens_sent"], r["summariser_tokens_sent_per_1k_messages"],
+                     r["pass_wall_ms"]["p50"], r["pass_wall_ms"]["p95"], r["session_wall_s"],
+                     r["final_context_tokens"], r["final_context_messages"]])
+    L += _table(["session", "engine", "threshold", "compactions", "no-progress passes", "summariser calls",
+                 "calls / 1k msgs", "tokens sent", "tokens sent / 1k msgs", "pass wall p50 ms", "p95 ms",
+                 "session wall s", "final context tokens", "final context msgs"], rows)
+    L.append("")
+    L += ["Canary recall:", ""]
+    rows = []
+    for r in s["runs"]:
+        rc = r["recall"]
+        rows.append([r["session"], _engine(r["engine"]), rc["canaries"], rc["in_context_exact"],
+                     rc["in_context_paraphrased"], rc["via_tools_exact"] if r["engine"] == "lcm" else "0 (no tools)",
+                     rc["exact_anywhere"], rc["lost"]])
+    L += _table(["session", "engine", "canaries", "exact in final context", "paraphrased in context",
+                 "exact via lcm_grep → lcm_expand", "exact anywhere", "lost"], rows)
+    L.append("")
+    L += ["Per canary (status: context_exact > context_paraphrased > tools_exact > lost):", ""]
+    by: dict[tuple, dict[str, str]] = {}
+    for r in s["runs"]:
+        for c in r["recall"]["rows"]:
+            by.setdefault((r["session"], c["key"], c["kind"], c["value"], c["message_index"]), {})[r["engine"]] = c["status"]
+    rows = [[k[0], k[2], f"`{k[3]}`", k[4], v.get("lcm", "—"), v.get("builtin", "—")] for k, v in by.items()]
+    L += _table(["session", "kind", "value", "planted at msg", "ours", "built-in"], rows)
+    L.append("")
+    lv = [(r["session"], r.get("summary_levels")) for r in s["runs"] if r["engine"] == "lcm"]
+    if any(x[1] for x in lv):
+        L.append("Our summary nodes by escalation level: " + "; ".join(
+            f"{k}: " + (", ".join(f"{a} {b}" for a, b in v.items()) if v else "none") for k, v in lv) + ".")
+        L.append("")
+    return L
+
+
+def _quality(q: dict[str, Any]) -> list[str]:
+    L = ["", "## 3. Summary quality without a model (`bench/quality.py`)", ""]
+    if q.get("error"):
+        return L + [f"Failed: `{q['error'][:2000]}`"]
+    L += [
+        f"A {_f(q['messages'])}-message mixed session through our engine ({_f(q['context_length'])}-token window), "
+        "once per summariser. For each summary node: the facts of its sources (identifiers, paths/file names, "
+        "numbers of 3+ digits, quoted strings; regex-extracted from the source messages, or from the child "
+        "summaries for condensed nodes) and the share found verbatim in the summary text (*in text*) or in the "
+        "text or in what `lcm_expand` of the node returns, all pages (*reachable*). Expansion returns the "
+        "children verbatim, so *reachable* is ~100% in a lossless store by construction — it verifies that the "
+        "DAG leads back to every source; *in text* is the real quality measure: what the model sees without a "
+        "tool call. Micro share = all facts pooled; compression = summary tokens / source tokens.",
+        "",
+    ]
+    for r in q["runs"]:
+        L += [f"**{r['summarizer']}** — {r['nodes']} nodes, {r['compactions']} compactions, overall in text "
+              f"{_pct(r['overall']['in_text_share'])}, reachable {_pct(r['overall']['reachable_share'])}.", ""]
+        for key, title in (("by_level", "level"), ("by_depth", "depth")):
+            rows = []
+            for g, e in r[key].items():
+                rows.append([g, e["nodes"], e["facts"], _pct(e["in_text_share"]), _pct(e["mean_node_in_text_share"]),
+                             _pct(e["reachable_share"]), _pct(e["identifier_in_text_share"]),
+                             _pct(e["path_in_text_share"]), _pct(e["number_in_text_share"]),
+                             _pct(e["quoted_in_text_share"]), e["compression_ratio"]])
+            L += _table([title, "nodes", "facts", "in text (micro)", "in text (mean/node)", "in text or reachable",
+                         "identifiers", "paths", "numbers", "quoted", "compression"], rows)
+            L.append("")
+    return L
+
+
+def _backends(b: dict[str, Any]) -> list[str]:
+    L = ["", "## 4. SQLite vs PostgreSQL (`bench/backends.py`)", ""]
+    if b.get("skipped"):
+        return L + [f"Skipped: {b.get('reason')}."]
+    if b.get("error"):
+        return L + [f"Failed: `{b['error'][:2000]}`"]
+    note = ""
+    if b.get("pg_stopped_early"):
+        note = (f" PostgreSQL's build hit its {_f(b['pg_budget_seconds'])} s budget at {_f(b['n_compared'])} of "
+                f"{_f(b['n_requested'])} requested messages; SQLite was built on exactly the same messages.")
+    L += [f"Same workload as the scale benchmark on both backends, {_f(b['n_compared'])} messages; PostgreSQL "
+          f"{b.get('postgres_version') or '?'} (throw-away cluster from `tests/support/pg.py`, fsync off)."
+          + note + (" SQLite figures reused from the scale run (same stream, same N)." if b.get("sqlite_reused_from_scale")
+                    else ""), ""]
+    rows = [[r["metric"], r["sqlite"], r["postgresql"], r["ratio_pg_over_sqlite"], r["better"]] for r in b["rows"]]
+    L += _table(["metric", "SQLite", "PostgreSQL", "ratio PG/SQLite", "better is"], rows)
+    L.append("")
+    return L
+
+
+def _profiles(parts: dict[str, Any]) -> list[str]:
+    found = []
+    sc = parts.get("scale") or {}
+    for p in sc.get("points", []):
+        for where in ("build", "measure"):
+            for key, val in (p.get(where) or {}).items():
+                if key.startswith("profile_"):
+                    if key == "profile_grep":
+                        found.extend(val.values())
+                    else:
+                        found.append(val)
+    if not found:
+        return []
+    L = ["", "## Profiles (cProfile)", "",
+         "Where the time goes in the costs that miss their targets, profiled in the run above at the largest "
+         "really-ingested size (ingest) and at the largest size (compress passes, lcm_grep). Shares are of the "
+         "profiled wall time (cProfile overhead inflates Python-heavy code somewhat). Full listings: "
+         "`bench/out/profiles/` (not committed).", ""]
+    for pr in found:
+        L += [f"**{pr['label']}** — {pr['profiled_seconds']} s profiled.", ""]
+        L += _table(["own time: function", "calls", "s", "share"],
+                    [[f"`{r['function']}`", r["calls"], r["seconds"], _pct(r["share"])] for r in pr["by_own_time"][:8]])
+        L.append("")
+        L += _table(["cumulative (our code): function", "calls", "s", "share"],
+                    [[f"`{r['function']}`", r["calls"], r["seconds"], _pct(r["share"])]
+                     for r in pr["by_cumulative_time_ours"][:8]])
+        L.append("")
+    return L

@@ -1,0 +1,79 @@
+"""Smoke test of the benchmark suite: `python -m bench --quick` runs end to end and writes
+RESULTS.md and results.json with every section and numeric values. No timing thresholds:
+the benchmark reports numbers, it does not judge them here."""
+
+from __future__ import annotations
+
+import json
+import numbers
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _num(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def test_bench_quick_writes_results(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out-dir", str(tmp_path)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-5000:]}"
+    md = (tmp_path / "RESULTS.md").read_text(encoding="utf-8")
+    data = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
+
+    for heading in ("## Machine", "## Summary", "## 1. Scale curves", "## 2. Side by side",
+                    "## 3. Summary quality", "## 4. SQLite vs PostgreSQL", "## How to run"):
+        assert heading in md, heading
+    assert data["meta"]["mode"] == "quick"
+    m = data["machine"]
+    assert m["cpu_model"] and _num(m["cores"]) and _num(m["ram_gb"]) and m["python"] and m["sqlite"]
+
+    parts = data["parts"]
+    assert set(parts) == {"scale", "side_by_side", "quality", "backends"}
+    for name, p in parts.items():
+        assert not p.get("error"), (name, p.get("error"))
+
+    sc = parts["scale"]
+    assert len(sc["rows"]) >= 2
+    for row in sc["rows"]:
+        for key in ("compress_engine_p50_ms", "should_compress_p50_ms", "select_context_cached_p50_ms",
+                    "grep_text_p50_ms", "grep_identifier_p50_ms", "grep_cjk_p50_ms", "expand_p50_ms",
+                    "bytes_per_1k_messages", "measure_peak_rss_mb", "ingest_msgs_per_s"):
+            assert _num(row[key]), (key, row[key])
+    assert _num(sc["fits"]["compress_engine_p50_ms"]["exponent"])
+    assert sc["targets"] and all(t["met"] in (True, False) for t in sc["targets"])
+    for p in sc["points"]:
+        assert isinstance(p["measure"]["select_context"]["same_object_every_call"], bool)
+
+    sbs = parts["side_by_side"]
+    if not sbs.get("skipped"):
+        assert {(r["session"], r["engine"]) for r in sbs["runs"]} == {
+            (s, e) for s in ("coding", "chat", "mixed") for e in ("lcm", "builtin")}
+        for r in sbs["runs"]:
+            assert _num(r["compactions"]) and _num(r["summariser"]["calls"]) and _num(r["final_context_tokens"])
+            rc = r["recall"]
+            assert rc["canaries"] > 0 and 0 <= rc["exact_anywhere"] <= rc["canaries"]
+            if r["engine"] == "builtin":
+                assert rc["via_tools_exact"] == 0  # no tools, by construction
+
+    q = parts["quality"]
+    assert len(q["runs"]) == 2
+    for r in q["runs"]:
+        assert r["nodes"] > 0 and r["by_level"] and r["by_depth"]
+        assert 0 <= r["overall"]["in_text_share"] <= r["overall"]["reachable_share"] <= 1
+
+    b = parts["backends"]
+    required = os.environ.get("LCM_REQUIRE_POSTGRES", "").strip().lower() not in ("", "0", "false", "no")
+    if b.get("skipped"):
+        assert b["reason"]
+        assert not required, f"LCM_REQUIRE_POSTGRES is set but the PostgreSQL part was skipped: {b['reason']}"
+    else:
+        rows = {r["metric"]: r for r in b["rows"]}
+        for metric in ("ingest msgs/s", "compress() engine ms p50", "lcm_grep text ms p50",
+                       "store bytes per 1k messages"):
+            assert _num(rows[metric]["sqlite"]) and _num(rows[metric]["postgresql"]), rows[metric]
+            assert _num(rows[metric]["ratio_pg_over_sqlite"])
