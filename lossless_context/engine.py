@@ -76,6 +76,7 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
         self._session_id: str | None = None
         self._conversation_id: str | None = None
         self._known_sessions: set[str] = set()
+        self._reconciled: set[str] = set()
         self._session_db: Any = None
         self._runtime: dict[str, Any] = {}
         self._model = ""
@@ -310,6 +311,24 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
                      platform=platform, model=model, boundary_reason=reason if parent else None)
         if reason == "compression":
             self._commit(old if isinstance(old, str) and old else session_id, session_id)
+        else:
+            self._reconcile(session_id)
+
+    def _reconcile(self, session_id: str) -> None:
+        """Turns after the last compaction of a process that died were never handed to us;
+        the host's own session database (read-only) still has them: ingest what is new."""
+        db = self._session_db
+        loader = getattr(db, "get_messages_as_conversation", None)
+        if not callable(loader) or session_id in self._reconciled:
+            return
+        self._reconciled.add(session_id)
+        try:
+            msgs = loader(session_id)
+        except Exception as exc:
+            log.debug("lcm: cannot read the host's session %s: %s", session_id, exc)
+            return
+        if isinstance(msgs, list) and msgs:
+            self.ingest(msgs, session_id=session_id)
 
     def _commit(self, source_session: str, target_session: str) -> None:
         """The host adopted our last pass: publish it (the only commit signal)."""

@@ -169,3 +169,24 @@ def test_focus_and_force(tmp_path, home):
     assert host.maybe_compress(force=True, focus="billing") is True
     assert problems(host.messages) == []
     assert estimate_messages_tokens(host.messages) < estimate_messages_tokens(sess.messages)
+
+
+def test_reconciles_turns_a_dead_process_never_handed_over(tmp_path, home):
+    """R19 hands the conversation over only in compress()/on_session_end(); the host's own
+    session database has the rest, and a new engine ingests it at session start."""
+    from hermes_state import SessionDB
+
+    db = SessionDB(db_path=tmp_path / "state.db")
+    db.create_session(session_id="s-dead", source="cli", model="m")
+    turns = [("user", "first question about QX-9911"), ("assistant", "an answer"), ("user", "second"),
+             ("assistant", "another answer")]
+    for role, text in turns:
+        db.append_message("s-dead", role=role, content=text)
+    e = make_engine(tmp_path)
+    e.update_model("m", 64_000)
+    e.bind_session_state(session_db=db, session_id="s-dead")
+    e.on_session_start("s-dead", platform="cli")
+    e.on_session_start("s-dead", platform="cli")  # idempotent
+    assert e.store.stats()["messages"] == 4
+    res = json.loads(e.handle_tool_call("lcm_grep", {"query": "QX-9911"}))
+    assert res["hits"] == 1
