@@ -349,10 +349,9 @@ def test_pg_tsquery_shape() -> None:
 
 
 @pytest.mark.postgres
-@pytest.mark.skipif(not os.environ.get("LCM_TEST_PG_DSN"), reason="set LCM_TEST_PG_DSN")
-def test_pg_tsquery_against_postgres() -> None:
+def test_pg_tsquery_against_postgres(pg_dsn) -> None:
     psycopg = pytest.importorskip("psycopg")
-    with psycopg.connect(os.environ["LCM_TEST_PG_DSN"], autocommit=True) as conn:
+    with psycopg.connect(os.environ.get("LCM_TEST_PG_DSN") or pg_dsn, autocommit=True) as conn:
         for q in [*HOSTILE, *CHAT, "x'y", "a\\'b", "'" * 50]:
             plan = plan_query(q)
             for pg in (plan.pg_tsquery, plan.pg_tsquery_all):
