@@ -34,6 +34,7 @@ from .tokens import estimate_message_tokens, estimate_text_tokens
 log = logging.getLogger("lossless_context.compaction")
 
 SOURCE_TEXT_LIMIT = 24_000  # chars of one message given to a summariser
+MIN_MODEL_TOKENS = 300  # spans smaller than this are summarised deterministically
 
 
 @dataclass
@@ -277,6 +278,8 @@ class Compactor:
                    memory: str, deterministic: bool = False) -> tuple[str, str, str]:
         if not sources:
             return "(no summarisable content: the covered messages are stored verbatim)", "deterministic", "extractive"
+        if not deterministic and sum(estimate_text_tokens(x.text) for x in sources) < MIN_MODEL_TOKENS:
+            deterministic = True  # too small to be worth a call (a model could not shorten it)
         if deterministic:
             self.levels["deterministic"] = self.levels.get("deterministic", 0) + 1
             return deterministic_summary(SummaryRequest(sources, target, kind, focus, memory),

@@ -42,10 +42,10 @@ class LCMConfig:
     threshold: float = 0.75  # fraction of the context window that triggers compaction
     target_ratio: float = 0.55  # fraction of the threshold a compaction aims for
     fresh_tail_tokens: int = 16000
-    leaf_chunk_tokens: int = 8000
-    leaf_summary_tokens: int = 900
+    leaf_chunk_tokens: int = 40000  # one model call usually covers a whole pass's span
+    leaf_summary_tokens: int = 1500
     condense_fanin: int = 4
-    condensed_summary_tokens: int = 1200
+    condensed_summary_tokens: int = 2000
     large_message_tokens: int = 25000
     exploration_tokens: int = 600
     cross_session_search: bool = False

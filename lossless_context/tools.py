@@ -9,6 +9,7 @@ results), with `next_cursor` to continue.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import logging
 import time
@@ -279,7 +280,14 @@ class _Ctx:
             if mode == "regex":
                 rows = self.store.search(t, self.scope, plan, mode="regex", regex=regex, **common)
             else:
-                rows = self.store.search(t, self.scope, plan, mode="fts", **common)
+                # Every term first (cheap and precise on a large history); the ranked OR of
+                # the terms only when that does not fill the page.
+                strict = dataclasses.replace(plan, fts_match=plan.fts_match_all, pg_tsquery=plan.pg_tsquery_all)
+                rows = self.store.search(t, self.scope, strict, mode="fts", **common) if plan.fts_match_all else []
+                if len(rows) < offset + limit and plan.fts_match and plan.fts_match != plan.fts_match_all:
+                    have = {r["id"] for r in rows}
+                    rows += [r for r in self.store.search(t, self.scope, plan, mode="fts", **common)
+                             if r["id"] not in have]
                 if plan.needs_substring:
                     have = {r["id"] for r in rows}
                     rows += [r for r in self.store.search(t, self.scope, plan, mode="substring", **common)
