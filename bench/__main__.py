@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         common.stop_fake_server()
         results["meta"]["wall_seconds"] = round(time.perf_counter() - started, 1)
+        results["meta"]["load_avg_at_end"] = common._loadavg()
         json_path.write_text(json.dumps(results, indent=1, default=str, ensure_ascii=False) + "\n", encoding="utf-8")
         from .report import render
 

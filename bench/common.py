@@ -98,7 +98,15 @@ def machine_info() -> dict[str, Any]:
         "hermes_agent": hermes,
         "git_commit": commit,
         "git_dirty": dirty,
+        "load_avg_at_start": _loadavg(),
     }
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 # -- statistics ---------------------------------------------------------------------------

@@ -29,6 +29,10 @@ try:  # the host's own rough estimator when installed (it decides when to compre
     from agent.model_metadata import estimate_messages_tokens_rough as _host_estimate
 except Exception:  # pragma: no cover - host not installed
     _host_estimate = None
+try:  # its per-message part (chars), so the driver can keep a running total
+    from agent.model_metadata import _estimate_message_chars as _host_chars
+except Exception:  # pragma: no cover
+    _host_chars = None
 
 
 def estimate(messages: Sequence[dict]) -> int:
@@ -37,6 +41,16 @@ def estimate(messages: Sequence[dict]) -> int:
     from lossless_context.tokens import estimate_messages_tokens
 
     return estimate_messages_tokens(messages)
+
+
+def _chars(m: dict) -> int | None:
+    """Chars the host's estimator counts for one message (None: no additive form available)."""
+    if _host_chars is None or not isinstance(m, dict):
+        return None
+    c = m.get("content")
+    if isinstance(c, list) and any(isinstance(p, dict) and p.get("type") not in ("text", None) for p in c):
+        return None  # media parts have a flat token cost: use the full estimator
+    return int(_host_chars(m))
 
 
 @dataclass
@@ -82,8 +96,22 @@ class HostDriver:
 
     # -- the turn loop ----------------------------------------------------------------------
     def estimate(self) -> int:
+        """The host's rough estimate of the next request, equal to
+        `estimate_messages_tokens_rough(messages)` + the system prompt. The host's estimator is
+        additive, so the driver keeps per-message char counts for the list it holds (appends are
+        O(1)); otherwise a 3,000-message session would cost O(n²) in the driver itself."""
         sys_tokens = (len(self.system_prompt) + 3) // 4
-        return sys_tokens + estimate(self.messages)
+        lst, chars = getattr(self, "_char_cache", (None, []))
+        if lst is not self.messages or len(chars) > len(self.messages):
+            lst, chars = self.messages, []
+        for m in self.messages[len(chars):]:
+            c = _chars(m)
+            if c is None:  # no additive form for this message: the full estimator
+                self._char_cache = (None, [])
+                return sys_tokens + estimate(self.messages)
+            chars.append(c)
+        self._char_cache = (lst, chars)
+        return sys_tokens + (sum(chars) + 3) // 4
 
     def feed(self, messages: Sequence[dict[str, Any]]) -> None:
         """Append a recorded conversation message by message, making the host's calls."""

@@ -74,6 +74,11 @@ def render(res: dict[str, Any]) -> str:
         m.get("cpu_model"), m.get("cores"), f"{m.get('ram_gb')} GB", f"{m.get('python')} ({m.get('python_impl')})",
         m.get("sqlite"), m.get("hermes_agent") or "—", m.get("os"),
         f"{m.get('git_commit')}{' + uncommitted changes' if m.get('git_dirty') else ''}"]])
+    la, lb = m.get("load_avg_at_start"), meta.get("load_avg_at_end")
+    if la or lb:
+        L += ["", f"Load average (1/5/15 min) at start {la}, at end {lb}: other processes on this machine "
+              f"(e.g. concurrent test runs) share the {m.get('cores')} cores, so absolute times carry that noise; "
+              "ratios within one run and growth exponents are the robust figures."]
     parts = res.get("parts", {})
     L += ["", "## Summary", ""]
     L += _summary(parts)
@@ -237,10 +242,14 @@ def _scale(sc: dict[str, Any]) -> list[str]:
         L.append("")
     L += ["Growth exponents (least squares on log-log, cost ∝ N^k; k ≈ 0 flat, k = 1 linear):", ""]
     rows = []
+    fr = sc.get("fits_real_points") or {}
     for name, f in sc.get("fits", {}).items():
         if f:
-            rows.append([name, f["exponent"], f["r2"], f["points"]])
-    L += _table(["metric", "exponent k", "r²", "points"], rows)
+            g = fr.get(name)
+            rows.append([name, f["exponent"], f["r2"], f["points"]] + ([g["exponent"] if g else None,
+                                                                       g["r2"] if g else None] if fr else []))
+    L += _table(["metric", "exponent k (all points)", "r²", "points"]
+                + (["k (really-ingested points only)", "r²"] if fr else []), rows)
     L.append("")
     mem = sc.get("fits", {}).get("measure_peak_rss_mb")
     if mem:
@@ -367,13 +376,16 @@ def _profiles(parts: dict[str, Any]) -> list[str]:
                         found.extend(val.values())
                     else:
                         found.append(val)
+    plans = [(p["n"], p["measure"]["query_plans"]) for p in sc.get("points", [])
+             if (p.get("measure") or {}).get("query_plans")]
     if not found:
         return []
     L = ["", "## Profiles (cProfile)", "",
-         "Where the time goes in the costs that miss their targets, profiled in the run above at the largest "
-         "really-ingested size (ingest) and at the largest size (compress passes, lcm_grep). Shares are of the "
-         "profiled wall time (cProfile overhead inflates Python-heavy code somewhat). Full listings: "
-         "`bench/out/profiles/` (not committed).", ""]
+         "Where the time goes in the costs that miss their targets, profiled in the run above: one ingest batch "
+         "(2,000 new messages appended to a 2,000-message list, separate store), and 5 more compress passes plus "
+         "3 of each lcm_grep query at the largest really-ingested size and at the largest size. Shares are of "
+         "the profiled wall time (cProfile inflates Python-heavy code somewhat; `execute` of sqlite3 is time "
+         "inside SQLite). Full listings: `bench/out/profiles/` (not committed).", ""]
     for pr in found:
         L += [f"**{pr['label']}** — {pr['profiled_seconds']} s profiled.", ""]
         L += _table(["own time: function", "calls", "s", "share"],
@@ -382,5 +394,11 @@ def _profiles(parts: dict[str, Any]) -> list[str]:
         L += _table(["cumulative (our code): function", "calls", "s", "share"],
                     [[f"`{r['function']}`", r["calls"], r["seconds"], _pct(r["share"])]
                      for r in pr["by_cumulative_time_ours"][:8]])
+        L.append("")
+    for n, qp in plans:
+        L += [f"SQLite query plans at {_n(n)} (live session lineage: {qp.get('lineage_sessions')} sessions):", ""]
+        for name in ("log_after", "substring_search"):
+            if name in qp:
+                L.append(f"- `{name}`: " + "; ".join(f"`{x}`" for x in qp[name]))
         L.append("")
     return L

@@ -176,7 +176,9 @@ def align(
         #    whose verbatim tail the host re-appended, or a flush by on_session_end).
         if supersedes is None:
             if log_cache is None or (log_pos >= len(log_cache) and len(log_cache) == LOG_WINDOW):
-                log_cache = store.log_after(scope, last_mid, LOG_WINDOW)
+                # Only this session's own log: a message repeating one from an ancestor
+                # session is a new message here, never that old row.
+                log_cache = store.log_after([session_id], last_mid, LOG_WINDOW)
                 log_pos = 0
             hit_mid = None
             for k in range(log_pos, len(log_cache)):

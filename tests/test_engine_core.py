@@ -190,3 +190,15 @@ def test_reconciles_turns_a_dead_process_never_handed_over(tmp_path, home):
     assert e.store.stats()["messages"] == 4
     res = json.loads(e.handle_tool_call("lcm_grep", {"query": "QX-9911"}))
     assert res["hits"] == 1
+
+
+def test_repeated_message_in_a_new_session_of_the_conversation_is_stored(tmp_path, home):
+    """A session sharing a gateway conversation_id sees the other's history, but a message that
+    repeats one from there ("continue") is a new message of this session, not the old row."""
+    e = make_engine(tmp_path)
+    e.on_session_start("a", conversation_id="conv")
+    e.ingest([{"role": "user", "content": "continue"}, {"role": "assistant", "content": "Done."}], session_id="a")
+    e.on_session_start("b", conversation_id="conv")
+    e.ingest([{"role": "user", "content": "continue"}, {"role": "assistant", "content": "Done."}], session_id="b")
+    assert e.store.stats()["messages"] == 4
+    assert set(e.store.lineage("b")) == {"a", "b"}

@@ -207,6 +207,12 @@ MIGRATIONS: list[tuple[str, str]] = [
         );
         """,
     ),
+    (
+        "005_messages_session_id",
+        r"""
+        CREATE INDEX messages_session_id ON messages(session_id, id);
+        """,
+    ),
 ]
 
 # Migrations the store can live without (run in a savepoint; retried at the next start).

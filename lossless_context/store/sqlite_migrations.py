@@ -169,4 +169,10 @@ MIGRATIONS: list[tuple[str, str]] = [
         INSERT INTO summary_id_watermark(id) SELECT COALESCE(MAX(id), 0) FROM summaries;
         """,
     ),
+    (
+        "005_messages_session_id",
+        """
+        CREATE INDEX messages_session_id ON messages(session_id, id);
+        """,
+    ),
 ]
