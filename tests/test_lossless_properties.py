@@ -6,6 +6,7 @@ import base64
 import json
 from collections import Counter
 
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from lossless_context import LCMEngine
@@ -80,9 +81,10 @@ def test_random_conversations(tmp_path_factory, conv, ctx_len, chunk, force_ever
     assert_connected(e.store, host.session_id)
 
 
-def test_five_thousand_messages_canaries_and_connected_dag(tmp_path):
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_five_thousand_messages_canaries_and_connected_dag(tmp_path, request, backend):
     sess = coding_session(5000, seed=42)
-    e = _engine(tmp_path / "lcm.db")
+    e = _engine(request.getfixturevalue("pg_fresh_dsn") if backend == "postgres" else tmp_path / "lcm.db")
     host = HostSim(e, overhead_tokens=2500)
     host.start(context_length=64_000)
     msgs = sess.messages

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import threading
+
+import pytest
 from collections import Counter
 
 from lossless_context import LCMEngine
@@ -105,8 +107,9 @@ def test_abandoned_pass_publishes_nothing(tmp_path):
     assert calls_at_cancel <= 3, "the engine stopped calling the summariser once cancelled"
 
 
-def test_parallel_sessions_on_one_engine(tmp_path):
-    e = _engine(tmp_path / "l.db")
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_parallel_sessions_on_one_engine(tmp_path, request, backend):
+    e = _engine(request.getfixturevalue("pg_fresh_dsn") if backend == "postgres" else tmp_path / "l.db")
     errors = []
 
     def run(i):

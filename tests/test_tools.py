@@ -18,10 +18,15 @@ HOSTILE = [
 ]
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tools") / "lcm.db"
-    e = LCMEngine(config=LCMConfig.load({"store": str(path), "summarizer": "extractive"}, read_file=False))
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def built(request, tmp_path_factory):
+    """A store built by real compactions, on each backend."""
+    if request.param == "postgres":
+        server = request.getfixturevalue("pg_server")
+        location = server.dsn(server.create_database("tools"))
+    else:
+        location = str(tmp_path_factory.mktemp("tools") / "lcm.db")
+    e = LCMEngine(config=LCMConfig.load({"store": location, "summarizer": "extractive"}, read_file=False))
     sess = coding_session(2500, seed=7)
     host = HostSim(e, session_id="alpha", overhead_tokens=2500)
     host.start(context_length=64_000)
