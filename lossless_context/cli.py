@@ -252,9 +252,10 @@ def demo(app: App, n_messages: int, demo_store: str | None, summarizer: str, bas
 @lcm.command()
 @click.option("--hermes-home", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Hermes home (default: $HERMES_HOME or ~/.hermes).")
-@click.option("--mode", type=click.Choice(["entrypoint", "directory"]), default="entrypoint", show_default=True,
+@click.option("--mode", type=click.Choice(["entrypoint", "directory", "bundled"]), default="entrypoint", show_default=True,
               help="entrypoint: Hermes loads the installed package; directory: also copy the plugin folder "
-                   "to $HERMES_HOME/plugins/lcm/.")
+                   "to $HERMES_HOME/plugins/lcm/; bundled: copy it into the installed host's "
+                   "plugins/context_engine/lcm/.")
 def install(hermes_home: Path | None, mode: str) -> None:
     """Enable the lcm engine in Hermes' config.yaml (comments and other settings are kept)."""
     from .config import hermes_home as default_home

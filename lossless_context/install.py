@@ -9,8 +9,11 @@ idempotent: running them twice changes nothing the second time.
   (`plugin.yaml`, `__init__.py`) are copied to `$HERMES_HOME/plugins/lcm/`. In
   `entrypoint` mode the pip entry point of the installed package is what Hermes loads;
   an identical folder left by an earlier directory install is removed.
+  In `bundled` mode the same files go to the installed host's own
+  `plugins/context_engine/lcm/` (the location of engines shipped with Hermes, loaded
+  by `context.engine` alone).
 * uninstall: `context.engine` back to `compressor` (only when it is `lcm`), `lcm` removed
-  from `plugins.enabled`, the plugin folder removed (only when it holds our files).
+  from `plugins.enabled`, the plugin folders removed (only when they hold our files).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any
 
 PLUGIN_NAME = "lcm"
 PLUGIN_FILES = ("plugin.yaml", "__init__.py")
-MODES = ("entrypoint", "directory")
+MODES = ("entrypoint", "directory", "bundled")
 
 
 class InstallError(RuntimeError):
@@ -191,14 +194,10 @@ def install(hermes_home: Path, mode: str = "entrypoint") -> InstallResult:
         save_config(cfg_path, data)
 
     folder = hermes_home / "plugins" / PLUGIN_NAME
+    if mode == "bundled":
+        _write_plugin(bundled_folder(), res)
     if mode == "directory":
-        folder.mkdir(parents=True, exist_ok=True)
-        for name in PLUGIN_FILES:
-            want = _packaged_file(name)
-            dest = folder / name
-            if not dest.is_file() or dest.read_bytes() != want:
-                dest.write_bytes(want)
-                res.changes.append(f"wrote {dest}")
+        _write_plugin(folder, res)
     elif _is_our_folder(folder):
         shutil.rmtree(folder)
         res.changes.append(f"removed {folder} (the pip entry point loads the engine)")
@@ -220,14 +219,42 @@ def uninstall(hermes_home: Path) -> InstallResult:
             res.changes.append("plugins.enabled: removed lcm")
         if res.changes:
             save_config(cfg_path, data)
-    folder = hermes_home / "plugins" / PLUGIN_NAME
-    if folder.is_dir():
-        if _is_our_folder(folder) or _looks_like_ours(folder):
-            shutil.rmtree(folder)
-            res.changes.append(f"removed {folder}")
-        else:
-            raise InstallError(f"{folder} holds files that are not lossless-context's; remove it by hand")
+    folders = [hermes_home / "plugins" / PLUGIN_NAME]
+    try:
+        folders.append(bundled_folder())
+    except InstallError:
+        pass  # no host installed here: nothing bundled to remove
+    for folder in folders:
+        if folder.is_dir():
+            if _is_our_folder(folder) or _looks_like_ours(folder):
+                shutil.rmtree(folder)
+                res.changes.append(f"removed {folder}")
+            else:
+                raise InstallError(f"{folder} holds files that are not lossless-context's; remove it by hand")
     return res
+
+
+def bundled_folder() -> Path:
+    """`plugins/context_engine/lcm/` inside the installed hermes-agent package."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("plugins.context_engine")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise InstallError("hermes-agent is not installed in this environment (no plugins.context_engine)")
+    return Path(list(spec.submodule_search_locations)[0]) / PLUGIN_NAME
+
+
+def _write_plugin(folder: Path, res: InstallResult) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in PLUGIN_FILES:
+        want = _packaged_file(name)
+        dest = folder / name
+        if not dest.is_file() or dest.read_bytes() != want:
+            dest.write_bytes(want)
+            res.changes.append(f"wrote {dest}")
 
 
 def _looks_like_ours(folder: Path) -> bool:

@@ -89,3 +89,24 @@ def test_lcm_slash_command_and_manual_compress(tmp_path):
         assert "healthy" in doctor, doctor
         last = srv.chat_requests[-1].messages
         assert any("<lcm-summary" in str(m.get("content")) for m in last)
+
+
+def test_bundled_location_install(tmp_path):
+    """`lcm install --mode bundled` puts the plugin in the host's own plugins/context_engine/lcm/;
+    the host then loads it by `context.engine: lcm` alone (no plugins.enabled entry)."""
+    from lossless_context.install import bundled_folder, install, uninstall
+
+    folder = bundled_folder()
+    assert not folder.exists(), f"{folder} left over from another run"
+    home = tmp_path / "home-for-install"
+    try:
+        install(home, mode="bundled")
+        assert (folder / "__init__.py").is_file() and (folder / "plugin.yaml").is_file()
+        with FakeOpenAI(responder=Router(chat=ChatResponder(reply_chars=300))) as srv:
+            run = run_hermes(srv, ["hello", "again"], engine="lcm", plugin_mode="none", workdir=tmp_path)
+            assert run.ok, run.describe()
+            assert run.engine_name == "lcm" and run.engine["class"] == "lossless_context.engine.LCMEngine"
+            assert all("lcm_grep" in r.tool_names for r in srv.chat_requests)
+    finally:
+        uninstall(home)
+    assert not folder.exists()
