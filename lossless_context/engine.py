@@ -351,6 +351,7 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
 
     def on_session_reset(self) -> None:
         super().on_session_reset()
+        self._conversation_id = None  # the next session names its own conversation (or none)
         self._no_progress_at = None
         self._overhead = 0
         self._pending.clear()

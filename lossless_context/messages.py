@@ -15,7 +15,8 @@ from typing import Any, Mapping
 PROVIDER_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
 ROLES = ("system", "user", "assistant", "tool", "function", "developer")
 _UID_RE = re.compile(r"^[0-9a-f]{32}$")
-_MEDIA_TYPES = {"image", "image_url", "input_image", "input_audio", "audio", "file"}
+# A tuple, not a set: a hostile part may carry an unhashable "type" (a list), and `in` must not raise.
+_MEDIA_TYPES = ("image", "image_url", "input_image", "input_audio", "audio", "file")
 
 # A marker inside summary text that survives the host merging our summary into a
 # neighbour of the same role: we recognise our summaries by it, never by a prefix.
@@ -148,6 +149,8 @@ def flatten_content(content: Any, limit: int | None = None) -> str:
     elif isinstance(content, Mapping):
         if isinstance(content.get("text_summary"), str):
             text = content["text_summary"]
+        elif content.get("type") in _MEDIA_TYPES:  # one media part given as the whole content
+            text = f"[{content.get('type')} attachment]"
         else:
             text = flatten_content(content.get("content")) if "content" in content else safe_json(content)
     else:

@@ -136,9 +136,10 @@ _KEY_START = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
 _DQ = r"\"((?:[^\"\\\n]|\\[^\n]){0,1024})\""
 _ESC_DQ = r"\\\"([^\"\\\n]{0,1024})\\\""
 _SQ = r"'([^'\n]{0,1024})'"
-# key = value / key=value / key => "value" (shell, .env, code, URL params).
+# key = value / key=value / key => "value" (shell, .env, code, URL params), and
+# key=\"value\" inside a JSON string (a tool call's arguments).
 _ASSIGN_VALUE_RE = re.compile(
-    rf"[ \t]{{0,4}}=(?![=~])>?[ \t]{{0,4}}(?:{_DQ}|{_SQ}|([^\s&\"'<>`,;)\]}}]{{1,1024}}))"
+    rf"[ \t]{{0,4}}=(?![=~])>?[ \t]{{0,4}}(?:{_DQ}|{_ESC_DQ}|{_SQ}|([^\s&\"'<>`,;)\]}}]{{1,1024}}))"
 )
 # "key": "value", 'key' => 'value', \"key\": \"value\" (after the key quote).
 _QUOTED_VALUE_RE = re.compile(rf"[ \t]*(?::|=>?)[ \t]*(?:{_DQ}|{_ESC_DQ}|{_SQ})")

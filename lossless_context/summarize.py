@@ -96,8 +96,9 @@ def build_messages(req: SummaryRequest, level: str, do_redact: bool) -> list[dic
     instr = (_NORMAL if level == "normal" else _AGGRESSIVE).format(target=target)
     if req.kind == "condensed":
         instr += _CONDENSED_NOTE
-    if req.focus:
-        instr += f" Focus: keep everything about {req.focus!r} in full detail; shorten the rest."
+    if req.focus:  # typed by the user (/compress <focus>): redacted like the transcript
+        focus = redact(req.focus) if do_redact else req.focus
+        instr += f" Focus: keep everything about {focus!r} in full detail; shorten the rest."
     transcript = render_transcript(req.sources)
     memory = req.memory_context.strip() if req.memory_context else ""
     if do_redact:

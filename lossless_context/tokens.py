@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 IMAGE_TOKEN_COST = 1500
-_IMAGE_TYPES = {"image", "image_url", "input_image"}
+_IMAGE_TYPES = ("image", "image_url", "input_image")  # a tuple: a hostile "type" may be unhashable
 
 
 def estimate_text_tokens(text: str | None) -> int:

@@ -40,6 +40,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from lossless_context import LCMEngine
 from lossless_context.assemble import problems
 from lossless_context.config import LCMConfig
+from lossless_context.messages import content_ident
 from tests.support.fake_openai import FakeOpenAI, SummariserResponder
 
 SID = "hostile-1"
@@ -138,8 +139,9 @@ def content(draw, payloads: list[str]) -> Any:
                 parts.append(draw(media_part(payloads)))
             elif pk == "str":
                 parts.append(draw(TEXT))
-            else:
-                parts.append(draw(st.one_of(JSON_SCALAR, st.dictionaries(TEXT, JSON_SCALAR, max_size=3))))
+            else:  # malformed parts, including a "type" of any JSON type (lists are unhashable)
+                parts.append(draw(st.one_of(JSON_SCALAR, st.dictionaries(TEXT, JSON_SCALAR, max_size=3),
+                                            st.fixed_dictionaries({"type": JSONISH}, optional={"text": JSONISH}))))
         return parts
     if kind == "dict":
         return draw(st.dictionaries(TEXT, JSONISH, max_size=4))
@@ -213,10 +215,10 @@ def session_case(draw) -> dict[str, Any]:
     # Known bug (see test_repeated_message_after_a_tailless_compaction_is_stored): a new message equal
     # to a summarised one is taken for it when no tail message follows the summary. Keep the next
     # turn's messages distinct from the first turn's so the fuzz explores everything else.
-    seen = {canon(m) for m in body1}
+    seen = {content_ident(m) for m in body1}
     for i, m in enumerate(more):
-        if canon(m) in seen:
-            more[i] = {**m, "name": f"dup-{i}"} if isinstance(m, dict) else 10**12 + i
+        if content_ident(m) in seen:
+            more[i] = {**m, "content": f"turn two, message {i}"} if isinstance(m, dict) else 10**12 + i
     filler = draw(st.integers(0, 6))  # long plain turns so that compaction has something to do
     for i in range(filler):
         body1.insert(draw(st.integers(0, len(body1))),
@@ -352,7 +354,7 @@ def run_case(e: LCMEngine, case: dict[str, Any], server: FakeOpenAI | None = Non
 # --------------------------------------------------------------------------- the fuzz
 
 
-@settings(max_examples=120, deadline=None, derandomize=False,
+@settings(max_examples=300, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example])
 @given(case=session_case())
 def test_fuzz_message_lists_through_every_hook(tmp_path_factory, case):
@@ -369,7 +371,7 @@ def summariser_server():
         yield srv
 
 
-@settings(max_examples=40, deadline=None,
+@settings(max_examples=80, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example])
 @given(case=session_case())
 def test_media_base64_never_reaches_the_summariser(tmp_path_factory, summariser_server, case):
