@@ -374,7 +374,9 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
         res = align(self.store, sid, scope, body, ctx, large_tokens=cfg.large_message_tokens,
                     exploration_tokens=cfg.exploration_tokens)
         entries = slots_to_entries(res.slots)
-        if res.changed or [(e.kind, e.ref) for e in entries] != [(e.kind, e.ref) for e in ctx]:
+        if res.context_written:
+            version, _ = self.store.get_context(sid)
+        elif res.changed or [(e.kind, e.ref) for e in entries] != [(e.kind, e.ref) for e in ctx]:
             version = self.store.set_context(sid, entries)
         return res.slots, version, len(entries)
 

@@ -45,6 +45,7 @@ class IngestResult:
     slots: list[Slot]
     new_ids: list[int]
     changed: bool
+    context_written: bool = False  # the store already holds the new active context
 
 
 def _msg_created_at(msg: Any) -> float:
@@ -131,6 +132,9 @@ def align(
                     j += 1
                 while j < len(context) and context[j].kind == "s":
                     j += 1
+                # Everything the block covers is behind us: a later message equal to one of
+                # those is new, not that old row.
+                last_mid = max(last_mid, _last_covered(store, valid[-1]))
                 if _is_merged(msg):
                     log.info("lcm: our summary was merged with a neighbour by the host; the merged "
                              "message is stored verbatim and the summary nodes kept")
@@ -197,22 +201,38 @@ def align(
         pending.append((len(slots) - 1, row, msg))
 
     new_ids: list[int] = []
+    context_written = False
     if pending:
-        ids = store.append_messages(session_id, [p[1] for p in pending])
-        new_ids = ids
-        for (idx, row, msg), mid in zip(pending, ids):
-            if idx < 0:
-                continue
-            if row.large:
-                # Represented by its exploration summary from now on.
-                slot = _slot_for(msg, mid, row.tokens)
+        # New rows get placeholder refs (-1, -2, …) so the store can write them and the new
+        # active context in ONE transaction: a crash in between cannot strand them.
+        for k, (idx, row, msg) in enumerate(pending):
+            if idx >= 0:
+                slot = _slot_for(msg, -(k + 1), row.tokens)
                 slot.text_tokens = row.tokens
                 slots[idx] = slot
-            else:
-                slots[idx] = _slot_for(msg, mid, row.tokens)
+        final = [s for s in slots if s is not None]
+        entries = slots_to_entries(final)
+        new_ids = store.append_messages(session_id, [p[1] for p in pending],
+                                        context=[(e.kind, e.ref) for e in entries])
+        for s in final:
+            if s.refs and s.refs[0] < 0 and s.kind in ("m", "x"):
+                s.refs = [new_ids[-s.refs[0] - 1]]
+        context_written = True
     final = [s for s in slots if s is not None]
     changed = bool(pending) or len(final) != len(context)
-    return IngestResult(final, new_ids, changed)
+    return IngestResult(final, new_ids, changed, context_written)
+
+
+def _last_covered(store: Store, node: int) -> int:
+    """The newest message under a summary (its last child, all the way down)."""
+    for _ in range(64):
+        kids, mids = store.summary_children(node)
+        if mids:
+            return max(mids)
+        if not kids:
+            return 0
+        node = kids[-1]
+    return 0
 
 
 def _is_merged(msg: Any) -> bool:

@@ -519,10 +519,6 @@ def test_repeated_message_after_a_compaction_with_a_tail_is_stored(tmp_path):
     check_stored(e, body + [again])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG (ingest.align step 5): when no message follows the summary block in the host's list "
-    "(the tail was empty or held back, e.g. an orphan tool result), a NEW message equal to one "
-    "the summary covers is matched to the old stored row via log_after(last_mid) and never stored"))
 def test_repeated_message_after_a_tailless_compaction_is_stored(tmp_path):
     e = make_engine(tmp_path / "lcm.db")
     body = [{"role": "user", "content": _filler(0)}, {"role": "assistant", "content": _filler(1)},

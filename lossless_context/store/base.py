@@ -35,6 +35,11 @@ def resolve_keys(text: str, keymap: dict[str, int]) -> str:
     return _KEY_RE.sub(lambda m: f"s{keymap[m.group(0)]}" if m.group(0) in keymap else m.group(0), text)
 
 
+def resolve_new_refs(items: Sequence[tuple[str, int]], new_ids: Sequence[int]) -> list[tuple[str, int]]:
+    """Context items whose negative message refs (-k) name the k-th row just inserted."""
+    return [(k, new_ids[-r - 1]) if k == "m" and r < 0 else (k, r) for k, r in items]
+
+
 class Store(abc.ABC):
     location: str
     kind: str
@@ -64,7 +69,10 @@ class Store(abc.ABC):
 
     # -- messages -----------------------------------------------------------
     @abc.abstractmethod
-    def append_messages(self, session_id: str, rows: Sequence[NewMessage]) -> list[int]: ...
+    def append_messages(self, session_id: str, rows: Sequence[NewMessage],
+                        context: Sequence[tuple[str, int]] | None = None) -> list[int]:
+        """Store rows; with `context`, also replace the session's active context in the same
+        transaction (a negative message ref -k names the k-th new row)."""
 
     @abc.abstractmethod
     def get_messages(self, ids: Sequence[int]) -> dict[int, MessageRecord]: ...

@@ -45,7 +45,7 @@ from ..records import (
     StagedPass,
     SummaryRecord,
 )
-from .base import Store, StoreError, resolve_keys
+from .base import Store, StoreError, resolve_keys, resolve_new_refs
 from .postgres_migrations import MIGRATION_LOCK_KEY, MIGRATIONS, OPTIONAL
 
 try:  # optional dependency: `pip install lossless-context[postgres]`
@@ -364,7 +364,8 @@ class PostgresStore(Store):
 
     # -- messages -------------------------------------------------------------------------
 
-    def append_messages(self, session_id: str, rows: Sequence[NewMessage]) -> list[int]:
+    def append_messages(self, session_id: str, rows: Sequence[NewMessage],
+                        context: Sequence[tuple[str, int]] | None = None) -> list[int]:
         if not rows:
             return []
         sid = _t(session_id)
@@ -395,6 +396,8 @@ class PostgresStore(Store):
                         absorbed,
                     )
             c.execute("UPDATE sessions SET updated_at=%s WHERE id=%s", (time.time(), sid))
+            if context is not None:
+                self._write_context(c, sid, resolve_new_refs(context, ids))
             return ids
 
         return self._write(tx)

@@ -28,7 +28,7 @@ from ..records import (
     StagedPass,
     SummaryRecord,
 )
-from .base import Store, StoreError, resolve_keys
+from .base import Store, StoreError, resolve_keys, resolve_new_refs
 from .sqlite_migrations import MIGRATIONS
 
 log = logging.getLogger("lossless_context.store")
@@ -283,7 +283,8 @@ class SQLiteStore(Store):
 
     # -- messages -------------------------------------------------------------
 
-    def append_messages(self, session_id: str, rows: Sequence[NewMessage]) -> list[int]:
+    def append_messages(self, session_id: str, rows: Sequence[NewMessage],
+                        context: Sequence[tuple[str, int]] | None = None) -> list[int]:
         if not rows:
             return []
         ids: list[int] = []
@@ -304,6 +305,8 @@ class SQLiteStore(Store):
                 for u in r.absorbed:
                     c.execute("INSERT OR IGNORE INTO message_absorbed(message_id, uid) VALUES (?, ?)", (mid, u))
             c.execute("UPDATE sessions SET updated_at=? WHERE id=?", (time.time(), session_id))
+            if context is not None:
+                self._write_context(c, session_id, resolve_new_refs(context, ids))
         return ids
 
     def get_messages(self, ids: Sequence[int]) -> dict[int, MessageRecord]:
