@@ -70,9 +70,9 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 HERE = Path(__file__).resolve()
 REPO_ROOT = HERE.parents[2]
 
-DEFAULT_PYTHON = os.environ.get("LCM_HERMES_PYTHON") or (
-    "/tmp/hv/bin/python" if Path("/tmp/hv/bin/python").exists() else sys.executable
-)
+# The interpreter running the tests (its environment has the package under test and the
+# host); LCM_HERMES_PYTHON overrides it deliberately.
+DEFAULT_PYTHON = os.environ.get("LCM_HERMES_PYTHON") or sys.executable
 
 # Env vars that would redirect the host (provider keys, proxies, Hermes knobs)
 # are not inherited by the subprocess.
