@@ -9,7 +9,7 @@ import pytest
 from lossless_context import LCMEngine
 from lossless_context.background import BackgroundWorker
 from lossless_context.config import LCMConfig
-from lossless_context.sessions import coding_session
+from lossless_context.sessions import coding_session, turn_ranges
 from tests.support.fake_openai import Delay, FailureSequence, FakeOpenAI, SummariserResponder
 from tests.support.hostsim import HostSim
 from tests.support.newhost import NewHost
@@ -29,13 +29,7 @@ def _small(msgs):
 
 def _turns(msgs):
     msgs = _small(msgs)
-    i = 0
-    while i < len(msgs):
-        j = i + 1
-        while j < len(msgs) and msgs[j]["role"] != "user":
-            j += 1
-        yield msgs[i:j]
-        i = j
+    return [msgs[a:b] for a, b in turn_ranges(msgs)]
 
 
 def slow(seconds):

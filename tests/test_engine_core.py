@@ -12,7 +12,7 @@ from agent.context_engine import ContextEngine as HostContextEngine
 from lossless_context import LCMEngine
 from lossless_context.assemble import problems
 from lossless_context.config import LCMConfig
-from lossless_context.sessions import coding_session
+from lossless_context.sessions import coding_session, turn_ranges
 from lossless_context.tokens import estimate_messages_tokens
 from tests.support.hostsim import HostSim
 
@@ -129,14 +129,9 @@ def test_has_content_to_compress(tmp_path, home):
 def _drive(engine, session, context_length=64_000, step=1):
     host = HostSim(engine, overhead_tokens=2_000)
     host.start(context_length=context_length)
-    i = 0
     msgs = session.messages
-    while i < len(msgs):
-        j = i + 1
-        while j < len(msgs) and msgs[j]["role"] != "user":
-            j += 1
-        host.add(*msgs[i:j])
-        i = j
+    for a, b in turn_ranges(msgs):
+        host.add(*msgs[a:b])
         host.maybe_compress()
     host.end()
     return host

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from lossless_context import LCMEngine
 from lossless_context.assemble import problems
 from lossless_context.config import LCMConfig
-from lossless_context.sessions import coding_session
+from lossless_context.sessions import coding_session, turn_ranges
 from lossless_context.tokens import estimate_messages_tokens
 from tests.support.dagcheck import assert_connected
 from tests.support.hostsim import HostSim
@@ -88,14 +88,9 @@ def test_five_thousand_messages_canaries_and_connected_dag(tmp_path, request, ba
     host = HostSim(e, overhead_tokens=2500)
     host.start(context_length=64_000)
     msgs = sess.messages
-    i = 0
-    while i < len(msgs):
-        j = i + 1
-        while j < len(msgs) and msgs[j]["role"] != "user":
-            j += 1
-        host.add(*msgs[i:j])
+    for a, b in turn_ranges(msgs):
+        host.add(*msgs[a:b])
         host.maybe_compress()
-        i = j
     host.end()
     assert host.compactions >= 10 and host.invalid == []
     st_ = e.store.stats()

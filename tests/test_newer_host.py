@@ -11,7 +11,7 @@ from collections import Counter
 from lossless_context import LCMEngine
 from lossless_context.assemble import problems
 from lossless_context.config import LCMConfig
-from lossless_context.sessions import coding_session
+from lossless_context.sessions import coding_session, turn_ranges
 from tests.support.dagcheck import assert_connected
 from tests.support.fake_openai import Fail, FailureSequence, FakeOpenAI, SummariserResponder
 from tests.support.newhost import NewHost
@@ -22,13 +22,7 @@ def _engine(path, **kw):
 
 
 def _turns(msgs):
-    i = 0
-    while i < len(msgs):
-        j = i + 1
-        while j < len(msgs) and msgs[j]["role"] != "user":
-            j += 1
-        yield msgs[i:j]
-        i = j
+    return [msgs[a:b] for a, b in turn_ranges(msgs)]
 
 
 def test_select_context_is_stable_and_valid(tmp_path):

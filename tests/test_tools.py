@@ -8,7 +8,7 @@ import pytest
 
 from lossless_context import LCMEngine
 from lossless_context.config import LCMConfig
-from lossless_context.sessions import coding_session
+from lossless_context.sessions import coding_session, turn_ranges
 from tests.support.hostsim import HostSim
 
 HOSTILE = [
@@ -31,14 +31,9 @@ def built(request, tmp_path_factory):
     host = HostSim(e, session_id="alpha", overhead_tokens=2500)
     host.start(context_length=64_000)
     msgs = sess.messages
-    i = 0
-    while i < len(msgs):
-        j = i + 1
-        while j < len(msgs) and msgs[j]["role"] != "user":
-            j += 1
-        host.add(*msgs[i:j])
+    for a, b in turn_ranges(msgs):
+        host.add(*msgs[a:b])
         host.maybe_compress()
-        i = j
     host.end()
     assert host.compactions >= 4
     return e, sess
