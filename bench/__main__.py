@@ -23,7 +23,7 @@ from pathlib import Path
 
 from . import common
 
-PARTS = ("scale", "side_by_side", "quality", "backends")
+PARTS = ("scale", "side_by_side", "quality", "backends", "background")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -90,6 +90,8 @@ def render(res: dict[str, Any]) -> str:
         L += _quality(parts["quality"])
     if "backends" in parts:
         L += _backends(parts["backends"])
+    if "background" in parts:
+        L += _background(parts["background"])
     profiles = _profiles(parts)
     if profiles:
         L += profiles
@@ -99,6 +101,28 @@ def render(res: dict[str, Any]) -> str:
           "python -m bench --only scale|side_by_side|quality|backends   # one part; merged into results.json",
           "```", ""]
     return "\n".join(L) + "\n"
+
+
+def _background(bg: dict[str, Any]) -> list[str]:
+    L = ["", "## 5. Zero-wait compaction: waiting in compress() with the worker off / on (`bench/background.py`)", ""]
+    if bg.get("error"):
+        return L + [f"failed: {bg['error']}"]
+    L.append(f"{_n(bg.get('messages'))}-message coding session, 64K window, every summary call delayed "
+             f"{bg.get('summary_delay_s')} s; think time between turns capped at {bg.get('think_time_cap_s')} s. "
+             "Waiting = wall time the host spends inside compress(); passes above the hard threshold block by "
+             "design and are excluded from the ratio.")
+    L.append("")
+    rows = []
+    for k in ("off", "on"):
+        r = bg.get(k) or {}
+        w = r.get("wait_below_hard") or {}
+        rows.append([k, r.get("passes"), r.get("passes_below_hard"), _f(w.get("p50")), _f(w.get("p95")),
+                     _f(r.get("wait_below_hard_total_s")), r.get("summariser_calls"),
+                     ", ".join(f"{a}: {b}" for a, b in sorted((r.get("summary_levels") or {}).items()))])
+    L += _table(["worker", "passes", "below hard", "wait p50 ms", "p95 ms", "total wait s", "summariser calls",
+                 "summary levels"], rows)
+    L += ["", f"Waiting ratio off/on below the hard threshold: **{bg.get('wait_ratio_off_on')}×** (target ≥ 20×)."]
+    return L
 
 
 def _summary(parts: dict[str, Any]) -> list[str]:

@@ -26,14 +26,15 @@ def test_bench_quick_writes_results(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
 
     for heading in ("## Machine", "## Summary", "## 1. Scale curves", "## 2. Side by side",
-                    "## 3. Summary quality", "## 4. SQLite vs PostgreSQL", "## How to run"):
+                    "## 3. Summary quality", "## 4. SQLite vs PostgreSQL", "## 5. Zero-wait compaction",
+                    "## How to run"):
         assert heading in md, heading
     assert data["meta"]["mode"] == "quick"
     m = data["machine"]
     assert m["cpu_model"] and _num(m["cores"]) and _num(m["ram_gb"]) and m["python"] and m["sqlite"]
 
     parts = data["parts"]
-    assert set(parts) == {"scale", "side_by_side", "quality", "backends"}
+    assert set(parts) == {"scale", "side_by_side", "quality", "backends", "background"}
     for name, p in parts.items():
         assert not p.get("error"), (name, p.get("error"))
 
@@ -77,3 +78,7 @@ def test_bench_quick_writes_results(tmp_path: Path) -> None:
                        "store bytes per 1k messages"):
             assert _num(rows[metric]["sqlite"]) and _num(rows[metric]["postgresql"]), rows[metric]
             assert _num(rows[metric]["ratio_pg_over_sqlite"])
+
+    bg = parts["background"]
+    for k in ("off", "on"):
+        assert _num(bg[k]["passes"]) and _num(bg[k]["wait_below_hard_total_s"]) and bg[k]["summary_levels"]
