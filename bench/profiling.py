@@ -11,7 +11,6 @@ import cProfile
 import io
 import pstats
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 from .common import BENCH_DIR

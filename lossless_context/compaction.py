@@ -235,10 +235,6 @@ class Compactor:
                 nodes.append(self._leaf(session_id, item, records, budget, focus, memory))
         return nodes
 
-    @staticmethod
-    def _source_text(s: Slot, records: dict[int, MessageRecord]) -> str | None:
-        return source_text(s, records)
-
     def _leaf(self, session_id: str, chunk: Sequence[Slot], records: dict[int, MessageRecord],
               budget: Budget, focus: str | None, memory: str) -> _Node:
         sources = []
@@ -246,7 +242,7 @@ class Compactor:
         for s in chunk:
             mid = s.refs[0]
             mids.append(mid)
-            text = self._source_text(s, records)
+            text = source_text(s, records)
             if text is None:
                 log.info("lcm: message m%s left out of its summary (unparseable input; stored verbatim)", mid)
                 continue

@@ -524,7 +524,7 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
         with self._stats_lock:
             status.update({f"lcm_{k}": v for k, v in self._stats.items()})
         status["lcm_session_id"] = self._session_id
-        worker = _WORKER_OR_NONE(self)
+        worker = _worker_or_none(self)
         if worker is not None:
             status.update({"lcm_background_backlog": worker.backlog, "lcm_background_jobs": worker.jobs_done,
                            "lcm_background_seconds": round(worker.model_seconds, 3)})
@@ -553,7 +553,7 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
         return dispatch(self, name, args, **kwargs)
 
 
-def _WORKER_OR_NONE(engine: "LCMEngine") -> BackgroundWorker | None:
+def _worker_or_none(engine: "LCMEngine") -> BackgroundWorker | None:
     try:
         return engine._worker() if engine._config is not None and engine._store is not None else None
     except Exception:

@@ -31,7 +31,7 @@ from .messages import (
 )
 from .records import ContextEntry, NewMessage
 from .store.base import Store
-from .tokens import estimate_message_tokens, estimate_text_tokens
+from .tokens import estimate_message_tokens
 
 log = logging.getLogger("lossless_context.ingest")
 
@@ -250,6 +250,3 @@ def slots_to_entries(slots: Sequence[Slot]) -> list[ContextEntry]:
             out.append(ContextEntry("m", s.refs[0], "", s.role, s.text_tokens or s.tokens))
     return out
 
-
-def text_tokens(text: str) -> int:
-    return estimate_text_tokens(text)
