@@ -317,22 +317,15 @@ class Compactor:
                                 max(ends) if ends else None, total)]
 
     def _condense_run(self, nodes: Sequence[_Node], budget: Budget) -> tuple[int, int] | None:
-        """The oldest run to condense next, or None when the block is small enough.
-        In background mode condensation waits until the block is over its budget."""
-        if self.fast and sum(n.tokens for n in nodes) <= budget.summary_block:
-            return None
+        """The run to condense next, or None while the summary block fits its budget.
+
+        Condensing costs a model call, so it waits until the block is over budget; then up
+        to `fanin` neighbours of the shallowest depth are merged (a balanced tree, so early
+        facts are not re-summarised once per pass)."""
         by_depth: dict[int, list[int]] = {}
         for i, n in enumerate(nodes):
             by_depth.setdefault(n.depth, []).append(i)
-        for d in sorted(by_depth):
-            idx = by_depth[d]
-            # a contiguous run of `fanin` nodes at this depth
-            for k in range(len(idx) - budget.fanin + 1):
-                if idx[k + budget.fanin - 1] - idx[k] == budget.fanin - 1:
-                    return idx[k], idx[k] + budget.fanin
         if len(nodes) > 1 and sum(n.tokens for n in nodes) > budget.summary_block:
-            # Over the block budget: merge the shallowest neighbours first (a balanced tree,
-            # so early facts are not re-summarised once per pass), the two oldest last.
             for d in sorted(by_depth):
                 idx = by_depth[d]
                 for k in range(len(idx) - 1):
