@@ -17,6 +17,30 @@ from .store.base import Store
 
 STALE_STAGE_SECONDS = 3600
 
+# Checks both backends run as they are (no parameters, portable SQL).
+SQL_NO_SOURCES = (
+    "SELECT s.id FROM summaries s WHERE NOT EXISTS (SELECT 1 FROM summary_messages m WHERE m.summary_id=s.id)"
+    " AND NOT EXISTS (SELECT 1 FROM summary_parents p WHERE p.parent_id=s.id)")
+SQL_CYCLES = """
+    WITH RECURSIVE walk(start, node, depth) AS (
+        SELECT parent_id, child_id, 1 FROM summary_parents
+        UNION ALL
+        SELECT w.start, p.child_id, w.depth + 1 FROM walk w JOIN summary_parents p ON p.parent_id = w.node
+        WHERE w.depth < 200)
+    SELECT DISTINCT start FROM walk WHERE start = node LIMIT 10"""
+SQL_ORPHAN_STAGED = ("SELECT COUNT(*) FROM summaries WHERE state='staged'"
+                     " AND pass_id NOT IN (SELECT pass_id FROM staged_passes)")
+# A message is reachable when it is in an active context or under any summary (a staged one
+# belongs to a pass still waiting for the host's commit).
+SQL_UNREACHABLE = """
+    SELECT m.id, m.session_id FROM messages m
+    WHERE NOT EXISTS (SELECT 1 FROM context_items ci WHERE ci.message_id = m.id)
+      AND NOT EXISTS (SELECT 1 FROM summary_messages sm WHERE sm.message_id = m.id)
+    ORDER BY m.id LIMIT 100000"""
+SQL_MULTI_LEAF = """
+    SELECT sm.message_id FROM summary_messages sm JOIN summaries s ON s.id = sm.summary_id
+    WHERE s.state='published' GROUP BY sm.message_id HAVING COUNT(*) > 1 LIMIT 10"""
+
 
 @dataclass
 class Check:
@@ -54,9 +78,7 @@ class DoctorReport:
 def run_doctor(store: Store, repair: bool = False) -> DoctorReport:
     if store.kind == "sqlite":
         return _sqlite(store, repair)
-    from .store.postgres import doctor_checks  # type: ignore[attr-defined]
-
-    return doctor_checks(store, repair, DoctorReport())
+    return _postgres(store, repair, DoctorReport())
 
 
 def _q(c, sql: str, *params: Any) -> list[tuple]:
@@ -86,22 +108,15 @@ def _sqlite(store: Any, repair: bool) -> DoctorReport:
                 w.execute(f"INSERT INTO {table}_fts({table}_fts) VALUES ('rebuild')")
             chk.repaired = True
 
-    empty = _q(c, "SELECT s.id FROM summaries s WHERE NOT EXISTS (SELECT 1 FROM summary_messages m WHERE m.summary_id=s.id)"
-                  " AND NOT EXISTS (SELECT 1 FROM summary_parents p WHERE p.parent_id=s.id)")
+    empty = _q(c, SQL_NO_SOURCES)
     rep.add("every summary has sources", not empty, f"{len(empty)} without sources: " + ", ".join(f"s{r[0]}" for r in empty[:10]) if empty else "")
 
-    cyc = _q(c, """
-        WITH RECURSIVE walk(start, node, depth) AS (
-            SELECT parent_id, child_id, 1 FROM summary_parents
-            UNION ALL
-            SELECT w.start, p.child_id, w.depth + 1 FROM walk w JOIN summary_parents p ON p.parent_id = w.node
-            WHERE w.depth < 200)
-        SELECT DISTINCT start FROM walk WHERE start = node LIMIT 10""")
+    cyc = _q(c, SQL_CYCLES)
     rep.add("summary DAG has no cycles", not cyc, ", ".join(f"s{r[0]}" for r in cyc) if cyc else "")
 
     stale_before = time.time() - STALE_STAGE_SECONDS
     stale = _q(c, "SELECT pass_id, session_id FROM staged_passes WHERE created_at < ?", stale_before)
-    orphan_staged = _q(c, "SELECT COUNT(*) FROM summaries WHERE state='staged' AND pass_id NOT IN (SELECT pass_id FROM staged_passes)")[0][0]
+    orphan_staged = _q(c, SQL_ORPHAN_STAGED)[0][0]
     chk = rep.add("no stale staged work", not stale and not orphan_staged,
                   f"{len(stale)} stale staged passes, {orphan_staged} orphan staged summaries" if stale or orphan_staged else "")
     if (stale or orphan_staged) and repair:
@@ -113,14 +128,7 @@ def _sqlite(store: Any, repair: bool) -> DoctorReport:
 
     # Reachability: every message is in an active context or under a published summary
     # (directly, or through a staged summary of a pending pass).
-    unreachable = _q(c, """
-        SELECT m.id, m.session_id FROM messages m
-        WHERE NOT EXISTS (SELECT 1 FROM context_items ci WHERE ci.message_id = m.id)
-          AND NOT EXISTS (SELECT 1 FROM summary_messages sm JOIN summaries s ON s.id = sm.summary_id
-                          WHERE sm.message_id = m.id AND s.state = 'published')
-          AND NOT EXISTS (SELECT 1 FROM summary_messages sm JOIN summaries s ON s.id = sm.summary_id
-                          WHERE sm.message_id = m.id AND s.state = 'staged')
-        ORDER BY m.id LIMIT 100000""")
+    unreachable = _q(c, SQL_UNREACHABLE)
     chk = rep.add("every message reachable from a context or the DAG", not unreachable,
                   f"{len(unreachable)} unreachable (still stored; searchable)" if unreachable else "")
     if unreachable and repair:
@@ -136,8 +144,55 @@ def _sqlite(store: Any, repair: bool) -> DoctorReport:
                 w.execute("UPDATE sessions SET context_version = context_version + 1 WHERE id=?", (sid,))
         chk.repaired = True
 
-    multi = _q(c, """
-        SELECT sm.message_id FROM summary_messages sm JOIN summaries s ON s.id = sm.summary_id
-        WHERE s.state='published' GROUP BY sm.message_id HAVING COUNT(*) > 1 LIMIT 10""")
+    multi = _q(c, SQL_MULTI_LEAF)
+    rep.add("each message under at most one leaf", not multi, ", ".join(f"m{r[0]}" for r in multi) if multi else "")
+    return rep
+
+
+def _postgres(store: Any, repair: bool, rep: DoctorReport) -> DoctorReport:
+    """`lcm doctor` for PostgreSQL: the checks of the SQLite doctor that apply here."""
+
+    def q(c: Any, sql: str, *params: Any) -> list[tuple]:
+        return c.execute(sql, params).fetchall()
+
+    with store._connection() as c:
+        empty = q(c, SQL_NO_SOURCES)
+        rep.add("every summary has sources", not empty,
+                f"{len(empty)} without sources: " + ", ".join(f"s{r[0]}" for r in empty[:10]) if empty else "")
+        cyc = q(c, SQL_CYCLES)
+        rep.add("summary DAG has no cycles", not cyc, ", ".join(f"s{r[0]}" for r in cyc) if cyc else "")
+        stale = q(c, "SELECT pass_id, session_id FROM staged_passes WHERE created_at < %s",
+                  time.time() - STALE_STAGE_SECONDS)
+        orphan = q(c, SQL_ORPHAN_STAGED)[0][0]
+        unreachable = q(c, SQL_UNREACHABLE)
+        multi = q(c, SQL_MULTI_LEAF)
+    chk = rep.add("no stale staged work", not stale and not orphan,
+                  f"{len(stale)} stale staged passes, {orphan} orphan staged summaries" if stale or orphan else "")
+    if (stale or orphan) and repair:
+        for pid, _sid in stale:
+            store.discard_pass(pid)
+        store._write(lambda w: w.execute(
+            "DELETE FROM summaries WHERE state='staged' AND pass_id NOT IN (SELECT pass_id FROM staged_passes)"))
+        chk.repaired = True
+    chk = rep.add("every message reachable from a context or the DAG", not unreachable,
+                  f"{len(unreachable)} unreachable (still stored; searchable)" if unreachable else "")
+    if unreachable and repair:
+        by_session: dict[str, list[int]] = {}
+        for mid, sid in unreachable:
+            by_session.setdefault(sid, []).append(mid)
+
+        def reattach(w: Any) -> None:
+            for sid, mids in sorted(by_session.items()):
+                type(store)._lock_sessions(w, sid)
+                top = w.execute("SELECT COALESCE(MAX(pos), -1) FROM context_items WHERE session_id=%s",
+                                (sid,)).fetchone()[0]
+                with w.cursor() as cur:
+                    cur.executemany(
+                        "INSERT INTO context_items(session_id, pos, message_id) VALUES (%s,%s,%s)",
+                        [(sid, top + 1 + i, mid) for i, mid in enumerate(sorted(mids))])
+                w.execute("UPDATE sessions SET context_version = context_version + 1 WHERE id=%s", (sid,))
+
+        store._write(reattach)
+        chk.repaired = True
     rep.add("each message under at most one leaf", not multi, ", ".join(f"m{r[0]}" for r in multi) if multi else "")
     return rep
