@@ -158,8 +158,15 @@ def test_cjk_substring_search(tmp_path):
     e = LCMEngine(config=LCMConfig.load({"store": str(tmp_path / "l.db"), "summarizer": "extractive"}, read_file=False))
     e.on_session_start("cjk")
     e.ingest([{"role": "user", "content": "请把重试次数上限改成五次"}, {"role": "assistant", "content": "好的"}])
-    res = call(e, "lcm_grep", query="重试次数上限")
+    e.ingest([{"role": "user", "content": "ログのテキストを確認して"}, {"role": "assistant", "content": "plain → ascii"}])
+    res = call(e, "lcm_grep", query="重试次数上限")  # 3+ CJK characters: the trigram index
     assert res["hits"] == 1
+    assert call(e, "lcm_grep", query="テキスト")["hits"] == 1
+    assert call(e, "lcm_grep", query="重试")["hits"] == 1  # 2 characters: the LIKE fallback
+    assert call(e, "lcm_grep", query="次数上限改成七次")["hits"] == 0
+    plan = e.store.conn().execute(
+        "EXPLAIN QUERY PLAN SELECT rowid FROM messages_cjk WHERE messages_cjk MATCH ?", ('"重试次"',)).fetchall()
+    assert any("VIRTUAL TABLE INDEX" in str(r) for r in plan)
 
 
 @pytest.mark.parametrize("args,needle", [

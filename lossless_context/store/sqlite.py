@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -39,6 +40,9 @@ _SUM_COLS = (
     "t_start, t_end, n_messages, state, pass_id, created_at"
 )
 BUSY_TIMEOUT_MS = 30_000
+# The scripts indexed by the trigram table (CJK, kana, Hangul): the same ranges as the
+# GLOB in migration 006, so every row this matches is in that index.
+_CJK_RE = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\u3040-\u30ff]+")
 
 
 def _msg(row: sqlite3.Row | tuple) -> MessageRecord:
@@ -665,6 +669,19 @@ class SQLiteStore(Store):
                 return []
             from ..query import like_pattern
 
+            if is_msg and all(len(x) >= 3 and _CJK_RE.fullmatch(x) for x in subs):
+                # CJK runs of 3+ characters: the trigram index over messages holding CJK text
+                # (migration 006) instead of a LIKE scan of the whole history.
+                match = " OR ".join('"' + x.replace('"', '""') + '"' for x in subs)
+                sql = (
+                    f"{with_sql}SELECT {cols}, 0.0 FROM messages_cjk JOIN {table} {alias}"
+                    f" ON {alias}.id = messages_cjk.rowid WHERE messages_cjk MATCH ?"
+                    + "".join(f" AND {w}" for w in where)
+                    + f" ORDER BY {alias}.id DESC LIMIT ? OFFSET ?"
+                )
+                rows = c.execute(sql, (*with_params, match, *params, limit, offset)).fetchall()
+                keys = ("id", "session_id", "role", "created_at", "text", "rank")
+                return [dict(zip(keys, r)) for r in rows]
             ors = " OR ".join(f"{alias}.text LIKE ? ESCAPE '\\'" for _ in subs)
             sql = (
                 f"{with_sql}SELECT {cols}, 0.0 FROM {table} {alias} WHERE ({ors})"

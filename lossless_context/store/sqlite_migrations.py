@@ -175,4 +175,21 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX messages_session_id ON messages(session_id, id);
         """,
     ),
+    (
+        "006_cjk_trigram",
+        """
+        CREATE VIRTUAL TABLE messages_cjk USING fts5(
+            text, content='messages', content_rowid='id', tokenize='trigram'
+        );
+        CREATE TRIGGER messages_cjk_ai AFTER INSERT ON messages
+        WHEN new.text GLOB '*[⺀-鿿가-힯぀-ヿ]*' BEGIN
+            INSERT INTO messages_cjk(rowid, text) VALUES (new.id, new.text);
+        END;
+        CREATE TRIGGER messages_cjk_ad AFTER DELETE ON messages
+        WHEN old.text GLOB '*[⺀-鿿가-힯぀-ヿ]*' BEGIN
+            INSERT INTO messages_cjk(messages_cjk, rowid, text) VALUES ('delete', old.id, old.text);
+        END;
+        INSERT INTO messages_cjk(rowid, text) SELECT id, text FROM messages WHERE text GLOB '*[⺀-鿿가-힯぀-ヿ]*';
+        """,
+    ),
 ]
