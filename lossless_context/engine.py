@@ -288,6 +288,25 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
         self._session_db = session_db
         if isinstance(session_id, str) and session_id:
             self._set_session(session_id)
+            # /branch and /resume rebind without on_session_start: the host's own session row
+            # names the parent, which keeps the branch's lineage (and its search scope) intact.
+            parent = self._host_parent(session_id)
+            if parent:
+                try:
+                    self._ensure(session_id, parent_id=parent)
+                except Exception as exc:
+                    log.debug("lcm: cannot record the parent of %s: %s", session_id, exc)
+
+    def _host_parent(self, session_id: str) -> str | None:
+        getter = getattr(self._session_db, "get_session", None)
+        if not callable(getter):
+            return None
+        try:
+            row = getter(session_id)
+        except Exception:
+            return None
+        parent = row.get("parent_session_id") if isinstance(row, dict) else None
+        return parent if isinstance(parent, str) and parent and parent != session_id else None
 
     def on_session_start(self, session_id: str, **kwargs: Any) -> None:
         try:

@@ -197,3 +197,22 @@ def test_repeated_message_in_a_new_session_of_the_conversation_is_stored(tmp_pat
     e.ingest([{"role": "user", "content": "continue"}, {"role": "assistant", "content": "Done."}], session_id="b")
     assert e.store.stats()["messages"] == 4
     assert set(e.store.lineage("b")) == {"a", "b"}
+
+
+def test_branch_rebind_keeps_lineage_from_the_host_db(tmp_path, home):
+    """/branch rebinds positionally without on_session_start; the host's session row names the
+    parent, so the branch still sees the history it came from."""
+    from hermes_state import SessionDB
+
+    db = SessionDB(db_path=tmp_path / "state.db")
+    db.create_session(session_id="root", source="cli", model="m")
+    db.create_session(session_id="branch-1", source="cli", model="m", parent_session_id="root")
+    e = make_engine(tmp_path)
+    e.bind_session_state(db, "root")
+    e.on_session_start("root")
+    e.ingest([{"role": "user", "content": "the secret word is PELICAN-42"}])
+    e.on_session_reset()
+    e.bind_session_state(db, "branch-1")
+    assert e.store.lineage("branch-1") == ["branch-1", "root"]
+    res = json.loads(e.handle_tool_call("lcm_grep", {"query": "PELICAN-42"}))
+    assert res["hits"] == 1
