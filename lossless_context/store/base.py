@@ -40,6 +40,19 @@ def resolve_new_refs(items: Sequence[tuple[str, int]], new_ids: Sequence[int]) -
     return [(k, new_ids[-r - 1]) if k == "m" and r < 0 else (k, r) for k, r in items]
 
 
+def with_appended(items: Sequence[tuple[str, int]], extra_rows: Sequence[tuple[Any, Any]]) -> list[tuple[str, int]]:
+    """A staged context plus what the published one gained after the stage's base, given as
+    (message_id, summary_id) context rows: publishing never drops a message reference."""
+    out = [tuple(x) for x in items]
+    have = set(out)
+    for mid, sid in extra_rows:
+        it = ("m", mid) if mid is not None else ("s", sid)
+        if it not in have:
+            out.append(it)
+            have.add(it)
+    return out  # type: ignore[return-value]
+
+
 class Store(abc.ABC):
     location: str
     kind: str

@@ -29,7 +29,7 @@ from ..records import (
     StagedPass,
     SummaryRecord,
 )
-from .base import Store, StoreError, resolve_keys, resolve_new_refs
+from .base import Store, StoreError, resolve_keys, resolve_new_refs, with_appended
 from .sqlite_migrations import MIGRATIONS
 
 log = logging.getLogger("lossless_context.store")
@@ -488,15 +488,10 @@ class SQLiteStore(Store):
             if cur and cur[0] != base_version:
                 # The published context moved on since staging: keep what was appended after
                 # the staged base so no message reference is lost.
-                extra = c.execute(
+                items = with_appended(items, c.execute(
                     "SELECT message_id, summary_id FROM context_items WHERE session_id=? AND pos>=? ORDER BY pos",
                     (session_id, base_len),
-                ).fetchall()
-                have = {tuple(x) for x in items}
-                for mid, sid in extra:
-                    it = ("m", mid) if mid is not None else ("s", sid)
-                    if it not in have:
-                        items.append(it)
+                ).fetchall())
             c.execute("UPDATE summaries SET state='published' WHERE pass_id=?", (pass_id,))
             c.execute(
                 "UPDATE sessions SET compactions = compactions + 1, last_compaction_at=? WHERE id=?",
