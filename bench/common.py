@@ -316,3 +316,15 @@ _WORD = re.compile(r"[A-Za-z]{3,}|\d{3,}")
 
 def words(text: str) -> set[str]:
     return {w.lower() for w in _WORD.findall(text)}
+
+
+def leaves(obj: Any) -> Iterator[str]:
+    """Every string inside a parsed JSON value (so escaping never hides or fakes a match)."""
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from leaves(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from leaves(v)

@@ -59,15 +59,6 @@ def extract_facts(text: str) -> dict[str, set[str]]:
     return facts
 
 
-def _leaves(obj: Any):
-    if isinstance(obj, str):
-        yield obj
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _leaves(v)
-    elif isinstance(obj, list):
-        for v in obj:
-            yield from _leaves(v)
 
 
 def _expand_all(engine: Any, node_id: int, max_pages: int = 50) -> str:
@@ -83,7 +74,7 @@ def _expand_all(engine: Any, node_id: int, max_pages: int = 50) -> str:
             if ch.get("truncated") and ch.get("id", "").startswith("m"):
                 out.append(_expand_message(engine, ch["id"]))
             else:
-                out.extend(_leaves(ch))
+                out.extend(common.leaves(ch))
         cursor = page.get("next_cursor")
         if not cursor:
             break
@@ -98,7 +89,7 @@ def _expand_message(engine: Any, mid: str, max_pages: int = 50) -> str:
         if cursor:
             args["cursor"] = cursor
         page = json.loads(engine.handle_tool_call("lcm_expand", args))
-        out.extend(_leaves(page))
+        out.extend(common.leaves(page))
         cursor = page.get("next_cursor")
         if not cursor:
             break

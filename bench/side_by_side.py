@@ -91,21 +91,11 @@ def _recover(engine: Any, value: str) -> bool:
             page = engine.handle_tool_call("lcm_expand", {"id": hid, "max_tokens": 12000})
         except Exception:
             continue
-        if any(value in t for t in _leaves(json.loads(page))):
+        if any(value in t for t in common.leaves(json.loads(page))):
             return True
     return False
 
 
-def _leaves(obj: Any):
-    """Every string inside a parsed JSON answer (so escaping never hides or fakes a match)."""
-    if isinstance(obj, str):
-        yield obj
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _leaves(v)
-    elif isinstance(obj, list):
-        for v in obj:
-            yield from _leaves(v)
 
 
 def _builtin(ctx: int, base_url: str):
