@@ -22,9 +22,11 @@ rest of the query is read as ordinary words.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import unicodedata
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 try:  # private but stable since 3.11; used only for the catastrophic-regex heuristic
@@ -42,6 +44,7 @@ MAX_SUBSTRINGS = 8
 MAX_PG_OPERAND_BYTES = 2000  # PostgreSQL never indexes words over 2047 bytes
 SCAN_CHARS = 1_000_000  # score_hit / snippet look at most this much of a hit
 EXACT_BONUS, SUBSTRING_BONUS, CASE_BONUS, TERM_BONUS = 100.0, 50.0, 5.0, 1.0
+BM25_K1, BM25_B, MAX_TF = 1.2, 0.75, 64  # the usual BM25 constants; counting stops at MAX_TF
 
 STOP_WORDS: frozenset[str] = frozenset("""
 a about above after again against ago all also am an and any anything are aren't as at
@@ -102,11 +105,23 @@ class QueryPlan:
     pg_tsquery: str | None = None  # to_tsquery('english', ...) input, OR-ed
     pg_tsquery_all: str | None = None  # to_tsquery('english', ...) input, AND-ed
     truncated: bool = False  # the query was longer than MAX_QUERY_CHARS
+    fts_items: tuple[str, ...] = ()  # one quoted FTS5 phrase per indexable item
+    pg_items: tuple[str | None, ...] = ()  # the same items as tsquery operands (None: unusable)
+    items: tuple[str, ...] = ()  # the same items as typed (exact items, then terms)
 
     @property
     def is_empty(self) -> bool:
         """True when there is nothing to search for at all."""
         return self.fts_match is None and not self.substrings
+
+    def subset(self, items: Sequence[int], op: str) -> "QueryPlan":
+        """This plan narrowed to some indexable items (indexes into ``fts_items``), joined by
+        ``op`` ("AND" or "OR") — the relaxed queries of a ranked search."""
+        fts = [self.fts_items[i] for i in items if 0 <= i < len(self.fts_items)]
+        pg = [p for i in items if 0 <= i < len(self.pg_items) for p in (self.pg_items[i],) if p]
+        joiner = " | " if op == "OR" else " & "
+        return dataclasses.replace(
+            self, fts_match=f" {op} ".join(fts) or None, pg_tsquery=joiner.join(pg) or None)
 
 
 def _clean(q: object) -> tuple[str, bool]:
@@ -228,7 +243,8 @@ def plan_query(q: str, max_terms: int = 32) -> QueryPlan:
     exact, terms, subs = exact[:max_terms], terms[:max_terms], subs[:MAX_SUBSTRINGS]
     indexable = [e for e in exact if not _NOSPACE.search(e)] + terms
     fts = ['"' + s.replace('"', '""') + '"' for s in indexable]
-    pg = [op for op in map(_pg_operand, indexable) if op]
+    pg_items = [_pg_operand(s) for s in indexable]
+    pg = [op for op in pg_items if op]
     if not fts and not subs and any(unicodedata.category(c)[0] not in "CZ" for c in text):
         subs = [_collapse(text)]
     return QueryPlan(
@@ -236,7 +252,8 @@ def plan_query(q: str, max_terms: int = 32) -> QueryPlan:
         fts_match=" OR ".join(fts) or None, fts_match_all=" AND ".join(fts) or None,
         needs_substring=bool(subs), substrings=tuple(subs),
         pg_tsquery=" | ".join(pg) or None, pg_tsquery_all=" & ".join(pg) or None,
-        truncated=truncated)
+        truncated=truncated, fts_items=tuple(fts), pg_items=tuple(pg_items),
+        items=tuple(indexable))
 
 
 def like_escape(s: str) -> str:
@@ -265,9 +282,12 @@ def _term_regex(terms: tuple[str, ...]) -> re.Pattern[str] | None:
     return re.compile(r"(?<!\w)(?:" + "|".join(alts) + ")", re.IGNORECASE)
 
 
-def score_hit(plan: QueryPlan, text: str) -> float:
-    """Re-ranking bonus for one candidate: +100 per exact item (+5 more if the case also
-    matches), +50 per substring, +1 per term (crudely stemmed, word-start match)."""
+def score_hit(plan: QueryPlan, text: str, idf: dict[str, float] | None = None,
+              avg_chars: float = 2_000.0) -> float:
+    """Ranking score of one candidate: +100 per exact item (+5 more if the case also matches),
+    +50 per substring, and per term (crudely stemmed, word-start match) +1 — or, given ``idf``
+    (term → weight), BM25's saturated term frequency times that weight, normalised by the
+    text's length against ``avg_chars``."""
     if not text or not isinstance(text, str):
         return 0.0
     raw = text[:SCAN_CHARS]
@@ -275,7 +295,35 @@ def score_hit(plan: QueryPlan, text: str) -> float:
     score = sum(EXACT_BONUS + (CASE_BONUS if e in raw else 0.0)
                 for e in plan.exact if _collapse(e).casefold() in flat)
     score += sum(SUBSTRING_BONUS for s in plan.substrings if _collapse(s).casefold() in flat)
-    return score + sum(TERM_BONUS for t in plan.terms if _term_regex((t,)).search(flat))
+    if idf is None:
+        return score + sum(TERM_BONUS for t in plan.terms if _term_count(flat, t, 1))
+    norm = BM25_K1 * (1 - BM25_B + BM25_B * len(flat) / max(avg_chars, 1.0))
+    for t in plan.terms:
+        tf = _term_count(flat, t, MAX_TF)
+        if tf:
+            score += idf.get(t, 1.0) * tf * (BM25_K1 + 1) / (tf + norm)
+    return score
+
+
+def _term_count(flat: str, term: str, cap: int) -> int:
+    """Word-start occurrences of ``term`` (crudely stemmed, as :func:`_term_regex` matches) in
+    casefolded ``flat``, up to ``cap``. A plain substring scan checked at the edges: a regex
+    that opens with a look-behind cannot use the literal-prefix search and is ~10× slower."""
+    whole = len(term) <= 3 or term.isdigit()
+    needle = (term if whole else _stem(term)).casefold()
+    found = looked = 0
+    i = flat.find(needle)
+    while i >= 0 and found < cap and looked < cap * 16:
+        looked += 1
+        j = i + len(needle)
+        if (i == 0 or not _is_word(flat[i - 1])) and (not whole or j >= len(flat) or not _is_word(flat[j])):
+            found += 1
+        i = flat.find(needle, j)
+    return found
+
+
+def _is_word(ch: str) -> bool:
+    return ch.isalnum() or ch == "_"
 
 
 def _first_span(flat: str, plan: QueryPlan) -> tuple[int, int] | None:

@@ -9,7 +9,6 @@ results), with `next_cursor` to continue.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
 import logging
 import time
@@ -17,6 +16,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .messages import flatten_content, safe_json
+from . import textsearch
 from .query import compile_regex, plan_query, score_hit, snippet
 from .tokens import estimate_text_tokens
 
@@ -270,37 +270,25 @@ class _Ctx:
             regex, err = compile_regex(query)
             if err:
                 raise ToolError(f"invalid regex: {err}")
-        want = min(500, (offset + limit) * 3 + 10)
         targets = ["messages", "summaries"] if scope == "both" else [scope]
         if role:
             targets = [t for t in targets if t == "messages"]
-        cands: list[dict[str, Any]] = []
-        for t in targets:
-            common = dict(role=role, since=since, until=until, under_summary=under, limit=want, offset=0)
-            if mode == "regex":
-                rows = self.store.search(t, self.scope, plan, mode="regex", regex=regex, **common)
-            else:
-                # Every term first (cheap and precise on a large history); the ranked OR of
-                # the terms only when that does not fill the page.
-                strict = dataclasses.replace(plan, fts_match=plan.fts_match_all, pg_tsquery=plan.pg_tsquery_all)
-                rows = self.store.search(t, self.scope, strict, mode="fts", **common) if plan.fts_match_all else []
-                if len(rows) < offset + limit and plan.fts_match and plan.fts_match != plan.fts_match_all:
-                    have = {r["id"] for r in rows}
-                    rows += [r for r in self.store.search(t, self.scope, plan, mode="fts", **common)
-                             if r["id"] not in have]
-                if plan.needs_substring:
-                    have = {r["id"] for r in rows}
-                    rows += [r for r in self.store.search(t, self.scope, plan, mode="substring", **common)
-                             if r["id"] not in have]
-            for r in rows:
-                r["kind"] = "m" if t == "messages" else "s"
-            cands.extend(rows)
-        for i, r in enumerate(cands):
-            bm = -float(r.get("rank") or 0.0)  # bm25: more negative is better
-            r["score"] = score_hit(plan, r["text"]) + bm if mode == "text" else -i
-        cands.sort(key=lambda r: (-r["score"], -(r.get("created_at") or 0)))
-        page = cands[offset: offset + limit]
-        more = len(cands) > offset + limit
+        filters = dict(role=role, since=since, until=until, under_summary=under)
+        if mode == "text":
+            page, more = textsearch.ranked_page(self.store, self.scope, plan, targets, offset=offset,
+                                                limit=limit, **filters)
+        else:
+            cands: list[dict[str, Any]] = []
+            want = min(500, offset + limit + 1)
+            for t in targets:
+                rows = self.store.search(t, self.scope, plan, mode="regex", regex=regex, limit=want,
+                                         offset=0, **filters)
+                for r in rows:
+                    r["kind"] = "m" if t == "messages" else "s"
+                cands.extend(rows)
+            cands.sort(key=lambda r: (-(r.get("created_at") or 0), r["kind"], -r["id"]))
+            page = cands[offset: offset + limit]
+            more = len(cands) > offset + limit
         groups: dict[str, dict[str, Any]] = {}
         order: list[str] = []
         msg_ids = [r["id"] for r in page if r["kind"] == "m"]

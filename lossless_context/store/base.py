@@ -185,8 +185,19 @@ class Store(abc.ABC):
         under_summary: int | None = None,
         limit: int = 10,
         offset: int = 0,
+        order: str = "rank",  # fts only: rank (best first) | recent (newest matches first)
     ) -> list[dict[str, Any]]:
         """Rows with id, session_id, role (messages), created_at, text, rank."""
+
+    @abc.abstractmethod
+    def term_counts(self, target: str, plans: Sequence[Any], cap: int, newest: int | None = None) -> list[int]:
+        """How many rows of ``target`` (whole store, any session; only the ``newest`` rows by id
+        when given) match each plan's full-text query (as :meth:`search` reads it), counted up
+        to ``cap + 1``: the cost and rarity estimates of a ranked search."""
+
+    @abc.abstractmethod
+    def max_row_id(self, target: str) -> int:
+        """The largest id in ``target`` (messages or summaries): a free size estimate."""
 
     # -- maintenance ----------------------------------------------------------
     @abc.abstractmethod

@@ -735,6 +735,33 @@ class PostgresStore(Store):
 
     # -- search ---------------------------------------------------------------------------------
 
+    def term_counts(self, target: str, plans: Sequence[Any], cap: int, newest: int | None = None) -> list[int]:
+        table = "messages" if target == "messages" else "summaries"
+        window = " AND t.id > %s" if newest is not None else ""
+        sql = (f"SELECT count(*) FROM (SELECT 1 FROM {table} t WHERE t.tsv @@ to_tsquery('english', %s)"
+               f"{window} LIMIT %s) x")
+        floor = (self.max_row_id(target) - newest,) if newest is not None else ()
+
+        def count(c: Any) -> list[int]:
+            out = []
+            for plan in plans:
+                item = getattr(plan, "pg_tsquery", None)
+                if not item:
+                    out.append(0)
+                    continue
+                try:
+                    with c.transaction():  # a refused operand must not abort the others
+                        out.append(c.execute(sql, (_t(item), *floor, cap + 1)).fetchone()[0])
+                except (psycopg.DataError, psycopg.ProgrammingError):
+                    out.append(cap + 1)
+            return out
+
+        return self._read(count)
+
+    def max_row_id(self, target: str) -> int:
+        table = "messages" if target == "messages" else "summaries"
+        return self._read(lambda c: c.execute(f"SELECT COALESCE(MAX(id), 0) FROM {table}").fetchone()[0])
+
     def search(
         self,
         target: str,
@@ -749,6 +776,7 @@ class PostgresStore(Store):
         under_summary: int | None = None,
         limit: int = 10,
         offset: int = 0,
+        order: str = "rank",
     ) -> list[dict[str, Any]]:
         is_msg = target == "messages"
         table = "messages" if is_msg else "summaries"
@@ -799,10 +827,12 @@ class PostgresStore(Store):
                     vec, cfg = "t.tsv", "english"
                 else:
                     vec, cfg = "to_tsvector('simple', t.text)", "simple"
+                score = f"-ts_rank_cd({vec}, q.q, 1)::float8" if order == "rank" else "0.0::float8"
                 sql = (
-                    f"{with_sql}SELECT {cols}, -ts_rank_cd({vec}, q.q, 1)::float8 AS rank"
+                    f"{with_sql}SELECT {cols}, {score} AS rank"
                     f" FROM {table} t, to_tsquery('{cfg}', %s) AS q(q) WHERE {vec} @@ q.q{and_where}"
-                    " ORDER BY rank, t.id DESC LIMIT %s OFFSET %s"
+                    + (" ORDER BY rank, t.id DESC" if order == "rank" else " ORDER BY t.id DESC")
+                    + " LIMIT %s OFFSET %s"
                 )
                 return c.execute(sql, (*with_params, tsq, *params, limit, offset)).fetchall()
 

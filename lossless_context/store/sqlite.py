@@ -609,6 +609,7 @@ class SQLiteStore(Store):
         under_summary: int | None = None,
         limit: int = 10,
         offset: int = 0,
+        order: str = "rank",
     ) -> list[dict[str, Any]]:
         is_msg = target == "messages"
         table = "messages" if is_msg else "summaries"
@@ -651,11 +652,15 @@ class SQLiteStore(Store):
         if mode == "fts":
             if not getattr(plan, "fts_match", None):
                 return []
+            # bm25() first counts every match of every phrase in the whole index, whatever the
+            # LIMIT: "recent" (newest matches first, stopping at the limit) leaves it out.
+            score = f"bm25({table}_fts)" if order == "rank" else "0.0"
             sql = (
-                f"{with_sql}SELECT {cols}, bm25({table}_fts) AS rank FROM {table}_fts"
+                f"{with_sql}SELECT {cols}, {score} AS rank FROM {table}_fts"
                 f" JOIN {table} {alias} ON {alias}.id = {table}_fts.rowid WHERE {table}_fts MATCH ?"
                 + "".join(f" AND {w}" for w in where)
-                + " ORDER BY rank LIMIT ? OFFSET ?"
+                + (" ORDER BY rank" if order == "rank" else f" ORDER BY {table}_fts.rowid DESC")
+                + " LIMIT ? OFFSET ?"
             )
             rows = c.execute(sql, (*with_params, plan.fts_match, *params, limit, offset)).fetchall()
         elif mode == "substring":
@@ -707,6 +712,31 @@ class SQLiteStore(Store):
                         break
         keys = ("id", "session_id", "role", "created_at", "text", "rank")
         return [dict(zip(keys, r)) for r in rows]
+
+    def term_counts(self, target: str, plans: Sequence[Any], cap: int, newest: int | None = None) -> list[int]:
+        table = "messages" if target == "messages" else "summaries"
+        c = self.conn()
+        window = ""
+        args: tuple[Any, ...] = ()
+        if newest is not None:
+            window, args = " AND rowid > ?", (self.max_row_id(target) - newest,)
+        sql = (f"SELECT count(*) FROM (SELECT rowid FROM {table}_fts WHERE {table}_fts MATCH ?{window}"
+               " LIMIT ?)")
+        out = []
+        for plan in plans:
+            item = getattr(plan, "fts_match", None)
+            if not item:
+                out.append(0)
+                continue
+            try:
+                out.append(c.execute(sql, (item, *args, cap + 1)).fetchone()[0])
+            except sqlite3.OperationalError:  # an item FTS5 refuses can only be expensive to guess
+                out.append(cap + 1)
+        return out
+
+    def max_row_id(self, target: str) -> int:
+        table = "messages" if target == "messages" else "summaries"
+        return self.conn().execute(f"SELECT COALESCE(MAX(id), 0) FROM {table}").fetchone()[0]
 
     # -- maintenance -----------------------------------------------------------------------
 
