@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -26,6 +25,7 @@ from .assemble import (
 )
 from .extractive import Source
 from .messages import content_ident
+from .owners import new_pass_id
 from .records import MessageRecord, NewSummary, SummaryRecord
 from .store.base import Store
 from .summarize import Escalator, SummaryRequest, deterministic_summary
@@ -80,8 +80,9 @@ class _Node:
 class Compactor:
     def __init__(self, store: Store, escalator: Escalator, *,
                  cancelled: Callable[[], bool] | None = None, time_budget: float = 240.0,
-                 fast: bool = False) -> None:
+                 fast: bool = False, owner: str | None = None) -> None:
         self.store = store
+        self.owner = owner  # the engine that will commit the staged pass (owners.py)
         self.fast = fast  # background mode: no model calls on the critical path
         self.to_upgrade: list[str] = []  # keys of deterministic nodes the worker should upgrade
         self.adopted = 0  # leaves taken from summaries prepared ahead of time
@@ -165,7 +166,7 @@ class Compactor:
         if self.cancelled is not None and _safe(self.cancelled):
             return PassResult(self._plain(system, slots), reason="cancelled by the host",
                               tokens_before=tokens_before, tokens_after=tokens_before)
-        pass_id = uuid.uuid4().hex
+        pass_id = new_pass_id(self.owner)
         held = self._cover_unemitted(slots, h, t, output, nodes, records)
         items: list[tuple[str, Any]] = []
         for s in slots[:h]:

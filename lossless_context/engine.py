@@ -18,6 +18,7 @@ from ._base import base_class
 from .assemble import Slot
 from .background import BackgroundWorker, presummarise, upgrade_nodes
 from .compaction import Budget, Compactor, PassResult
+from . import owners
 from .config import LCMConfig, model_threshold
 from .ingest import align, slots_to_entries
 from .messages import role_of, summary_node_ids, tool_call_ids
@@ -84,6 +85,7 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
         self._overhead = 0  # host tokens outside the message list (system prompt, tool schemas)
         self._no_progress_at: int | None = None
         self._pending: dict[str, str] = {}
+        self._owner = owners.register(self)  # names this engine in the passes it stages
         self._select_cache: dict[str, Any] = {}
         self._select_lock = threading.Lock()
         self._stats = {"compactions": 0, "summarizer_calls": 0, "summarizer_failures": 0,
@@ -352,7 +354,12 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
     def _commit(self, source_session: str, target_session: str) -> None:
         """The host adopted our last pass: publish it (the only commit signal)."""
         with _session_lock(self.store.location, source_session):
-            staged = self.store.latest_staged(source_session)
+            stages = self.store.staged_passes(source_session)
+            own = self._pending.get(source_session)
+            # Our own pass; else the newest stage no other live engine is waiting to commit
+            # (another host may write this same session: see owners.py).
+            staged = next((s for s in stages if s.pass_id == own), None) or next(
+                (s for s in stages if not owners.held_by_other(s.pass_id, s.created_at, self._owner)), None)
             if staged is None:
                 return
             self.store.publish_pass(staged.pass_id, into_session=target_session)
@@ -401,19 +408,24 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
 
     def _adopt_or_drop_stage(self, sid: str, body: List[Any], for_pass: bool) -> None:
         """Without a commit signal, the host's list itself tells whether it adopted a stage."""
-        staged = self.store.latest_staged(sid)
-        if staged is None:
+        stages = self.store.staged_passes(sid)
+        if not stages:
             return
         seen: set[int] = set()
         for m in body:
             seen.update(summary_node_ids(m))
-        if staged.top_nodes and set(staged.top_nodes) <= seen:
-            self.store.publish_pass(staged.pass_id)
-            with self._stats_lock:
-                self._stats["compactions"] += 1
-        elif for_pass:
-            # A new pass starts from the host's list: a stage it does not carry was not adopted.
-            self.store.discard_pass(staged.pass_id)
+        for staged in stages:
+            if staged.top_nodes and set(staged.top_nodes) <= seen:
+                self.store.publish_pass(staged.pass_id)
+                with self._stats_lock:
+                    self._stats["compactions"] += 1
+                return
+        if for_pass:
+            # A new pass starts from the host's list: a stage it does not carry was not adopted
+            # — unless another live engine (a second host on this session) still may commit it.
+            for staged in stages:
+                if not owners.held_by_other(staged.pass_id, staged.created_at, self._owner):
+                    self.store.discard_pass(staged.pass_id)
 
     # -- compress -------------------------------------------------------------------------------------
 
@@ -471,7 +483,7 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
                 host_tokens = int(current_tokens) if isinstance(current_tokens, (int, float)) else ours + self._overhead
                 fast = (cfg.background_compaction and esc.model is not None and not force
                         and host_tokens < cfg.hard_threshold * (self.context_length or host_tokens + 1))
-                comp = Compactor(self.store, esc, cancelled=self._cancel_check(),
+                comp = Compactor(self.store, esc, owner=self._owner, cancelled=self._cancel_check(),
                                  time_budget=cfg.compaction_time_budget, fast=fast)
                 res: PassResult = comp.run(sid, system, slots, budget, focus=focus or None,
                                            memory_context=memory, force=force, base_version=version,

@@ -55,7 +55,9 @@ def _msg_created_at(msg: Any) -> float:
     return time.time()
 
 
-def new_message(msg: Any, large_tokens: int, exploration_tokens: int, supersedes: int | None = None) -> NewMessage:
+def new_message(msg: Any, large_tokens: int, exploration_tokens: int, supersedes: int | None = None,
+                ident: str | None = None) -> NewMessage:
+    """The row to store for `msg`; `ident` if the caller already has content_ident(msg)."""
     role = role_of(msg)
     text = message_text(msg, limit=TEXT_INDEX_LIMIT)
     tokens = estimate_message_tokens(msg)
@@ -70,7 +72,7 @@ def new_message(msg: Any, large_tokens: int, exploration_tokens: int, supersedes
             log.warning("lcm: exploration summary failed: %s", exc)
             exploration = text[: exploration_tokens * 4]
     return NewMessage(
-        raw=raw, role=role, ident=content_ident(msg), uid=message_uid(msg), text=text,
+        raw=raw, role=role, ident=ident or content_ident(msg), uid=message_uid(msg), text=text,
         tokens=tokens, created_at=_msg_created_at(msg), supersedes=supersedes,
         absorbed=absorbed_uids(msg), large=large, exploration=exploration,
     )
@@ -126,11 +128,18 @@ def align(
         if is_summary_message(msg):
             nodes = summary_node_ids(msg)
             valid = [n for n in nodes if n in known_summaries]
+            in_context = bool(valid)
+            if not valid and nodes:
+                # Not in the stored context: another host writing this same session (a gateway
+                # and a CLI) replaced it. The block is still ours if its nodes are this
+                # session's published summaries.
+                valid = [n for n, rec in sorted(store.get_summaries(nodes).items())
+                         if rec.session_id == session_id and rec.state == "published"]
             if valid:
                 slots.append(Slot("S", valid, None, role_of(msg), estimate_message_tokens(msg)))
-                while j < len(context) and not (context[j].kind == "s" and context[j].ref in valid):
+                while in_context and j < len(context) and not (context[j].kind == "s" and context[j].ref in valid):
                     j += 1
-                while j < len(context) and context[j].kind == "s":
+                while in_context and j < len(context) and context[j].kind == "s":
                     j += 1
                 # Everything the block covers is behind us: a later message equal to one of
                 # those is new, not that old row.
@@ -191,12 +200,19 @@ def align(
                     hit_mid = mid
                     log_pos = k + 1
                     break
+            if hit_mid is None and len(log_cache) == LOG_WINDOW:
+                # The log after the last match is longer than the window (another host writes
+                # this same session): look the message up by its identity instead.
+                found_row = store.find_ident(session_id, ident, last_mid)
+                if found_row is not None and (found_row[1] is None or uid is None or found_row[1] == uid):
+                    hit_mid = found_row[0]
+                    log_cache = None
             if hit_mid is not None:
                 slots.append(_slot_for(msg, hit_mid, estimate_message_tokens(msg)))
                 last_mid = hit_mid
                 continue
         # 6. New.
-        row = new_message(msg, large_tokens, exploration_tokens, supersedes=supersedes)
+        row = new_message(msg, large_tokens, exploration_tokens, supersedes=supersedes, ident=ident)
         slots.append(None)
         pending.append((len(slots) - 1, row, msg))
 

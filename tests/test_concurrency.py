@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 import subprocess
 import sys
 import threading
@@ -193,9 +194,8 @@ def test_two_processes_share_one_store_and_one_session(tmp_path):
             first_seen = list(dict.fromkeys(m for m in shared if m in wanted))
             assert first_seen == mine, f"{name}'s messages in the shared session: lost or reordered"
             dups += sum(1 for m in shared if m in wanted) - len(mine)
-        # Duplicates in a session written by two hosts at once are a known bug, pinned down
-        # deterministically by test_two_hosts_writing_one_session_store_each_message_once.
         COUNTS["shared_session_duplicates_seen"] = dups
+        assert dups == 0, f"{dups} messages of the shared session stored twice"
         con = store.conn()
         assert con.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
     finally:
@@ -215,13 +215,6 @@ def test_two_processes_share_one_store_and_one_session(tmp_path):
     record_counts("concurrency", COUNTS)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: two hosts writing ONE session (gateway + CLI on the same session id): the active "
-    "context follows whichever host wrote last, so the other host's list misses it; ingestion "
-    "then falls back to a log scan bounded to 512 rows after the last matched message, fails "
-    "to find that host's older messages and stores them again (duplicates), and it does not "
-    "recognise that host's summary block (its nodes are not in this context) and stores the "
-    "block itself as a raw message"))
 def test_two_hosts_writing_one_session_store_each_message_once(tmp_path):
     base = LCMEngine(config=_cfg(tmp_path / "lcm.db"))
     base.update_model(model="m", context_length=64_000)
@@ -259,6 +252,65 @@ def test_two_hosts_writing_one_session_store_each_message_once(tmp_path):
     got = Counter(json.dumps(m, sort_keys=True) for m in rows)
     want = Counter(json.dumps(m, sort_keys=True) for msgs in lists.values() for m in msgs)
     assert got == want, f"{sum((got - want).values())} duplicated, {sum((want - got).values())} lost"
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_two_hosts_interleaving_compress_and_commit_store_each_message_once(tmp_path, seed):
+    """Like two processes on one session id, in one deterministic schedule: a host's pass is
+    staged, the other host runs turns and passes of its own, and only then does the first
+    host commit. Neither host's stage may be discarded or published by the other."""
+    rng = random.Random(seed)
+    base = LCMEngine(config=_cfg(tmp_path / "lcm.db"))
+    base.update_model(model="m", context_length=64_000)
+    lists = {name: [_tag(m, name) for m in coding_session(160, seed=s).messages]
+             for name, s in (("gateway", 1001 + seed), ("cli", 2001 + seed))}
+    engines, hosts, pos, waiting = {}, {}, {}, {}
+    for name in lists:
+        e = base.clone_for_agent()
+        e.bind_session_state(None, "shared")
+        e.on_session_start("shared", platform=name)
+        engines[name], hosts[name], pos[name], waiting[name] = e, [], 0, None
+    ends = {name: turn_ends(m) for name, m in lists.items()}
+    step = commits = 0
+    while any(pos[n] < len(lists[n]) or waiting[n] for n in lists):
+        name = rng.choice(sorted(lists))
+        e = engines[name]
+        if waiting[name] is not None:  # the host commits a pass it got back earlier
+            before, out = waiting[name]
+            waiting[name] = None
+            e.on_session_end("shared", before)
+            hosts[name] = out
+            e.on_session_start("shared", boundary_reason="compression", old_session_id="shared")
+            commits += 1
+            continue
+        if pos[name] >= len(lists[name]):
+            continue
+        end = next(x for x in ends[name] if x > pos[name])
+        hosts[name].extend(copy.deepcopy(lists[name][pos[name]:end]))
+        pos[name] = end
+        step += 1
+        est = estimate_messages_tokens(hosts[name])
+        if e.should_compress(est) or step % 4 == 0:
+            before = copy.deepcopy(hosts[name])
+            out = e.compress(hosts[name], current_tokens=est, force=step % 4 == 0)
+            assert not problems(out), problems(out)
+            if out != before and out:
+                waiting[name] = (before, out)
+        else:
+            e.on_turn_complete(copy.deepcopy(hosts[name]))
+    for name, e in engines.items():
+        e.on_session_end("shared", copy.deepcopy(hosts[name]))
+    assert commits >= 4
+    rows = [json.loads(r[0]) for r in base.store.conn().execute(
+        "SELECT raw FROM messages WHERE session_id='shared' ORDER BY id")]
+    assert not [m for m in rows if "<lcm-summary" in str(m.get("content"))], "a summary block stored as a message"
+    got = Counter(json.dumps(m, sort_keys=True) for m in rows)
+    want = Counter(json.dumps(m, sort_keys=True) for msgs in lists.values() for m in msgs)
+    assert got == want, f"{sum((got - want).values())} duplicated, {sum((want - got).values())} lost"
+    published = base.store.conn().execute(
+        "SELECT COUNT(*) FROM summaries WHERE session_id='shared' AND state='published'").fetchone()[0]
+    assert published, "no pass of either host was published"
+    assert not base.store.staged_passes("shared"), "a stage was left behind after both hosts committed"
 
 
 # --------------------------------------------------------------------------- (c) host timeout

@@ -99,6 +99,11 @@ class Store(abc.ABC):
         """(id, ident) of the newest stored version of a message uid."""
 
     @abc.abstractmethod
+    def find_ident(self, session_id: str, ident: str, after_id: int) -> tuple[int, str | None] | None:
+        """(id, uid) of the first message of ``session_id`` stored after ``after_id`` with this
+        content identity (an indexed lookup, however long the log in between)."""
+
+    @abc.abstractmethod
     def add_aliases(self, pairs: Sequence[tuple[str, int]]) -> None:
         """Record that a message we emitted in a repaired form (ident) stands for a stored one."""
 
@@ -130,6 +135,10 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def latest_staged(self, session_id: str) -> StagedPass | None: ...
+
+    @abc.abstractmethod
+    def staged_passes(self, session_id: str) -> list[StagedPass]:
+        """Every staged pass of a session, newest first."""
 
     @abc.abstractmethod
     def publish_pass(self, pass_id: str, into_session: str | None = None) -> bool: ...

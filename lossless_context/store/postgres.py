@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from ..messages import clean_text, safe_json
+from ..owners import pass_owner
 from ..records import (
     ContextEntry,
     MessageRecord,
@@ -426,6 +427,13 @@ class PostgresStore(Store):
         ).fetchone())
         return (row[0], row[1]) if row else None
 
+    def find_ident(self, session_id: str, ident: str, after_id: int) -> tuple[int, str | None] | None:
+        row = self._read(lambda c: c.execute(
+            "SELECT id, uid FROM messages WHERE session_id=%s AND ident=%s AND id>%s ORDER BY id LIMIT 1",
+            (_t(session_id), _t(ident), int(after_id)),
+        ).fetchone())
+        return (row[0], row[1]) if row else None
+
     def add_aliases(self, pairs: Sequence[tuple[str, int]]) -> None:
         if not pairs:
             return
@@ -578,6 +586,15 @@ class PostgresStore(Store):
         return StagedPass(row[0], row[1], row[2], row[3], [tuple(x) for x in json.loads(row[4])],
                           json.loads(row[5]), row[6])
 
+    def staged_passes(self, session_id: str) -> list[StagedPass]:
+        rows = self._read(lambda c: c.execute(
+            "SELECT pass_id, session_id, base_version, base_len, items, top_nodes, created_at"
+            " FROM staged_passes WHERE session_id=%s ORDER BY created_at DESC, rid DESC",
+            (_t(session_id),),
+        ).fetchall())
+        return [StagedPass(r[0], r[1], r[2], r[3], [tuple(x) for x in json.loads(r[4])], json.loads(r[5]), r[6])
+                for r in rows]
+
     def publish_pass(self, pass_id: str, into_session: str | None = None) -> bool:
         pid = _t(pass_id)
         into = _t(into_session) if into_session else None
@@ -616,7 +633,7 @@ class PostgresStore(Store):
                 self._write_context(c, into, items)
             c.execute("DELETE FROM staged_passes WHERE pass_id=%s", (pid,))
             # Older stages of this session can never be adopted any more.
-            self._discard_stale_tx(c, session_id, keep=None)
+            self._discard_stale_tx(c, session_id, keep=None, owner_of=pid)
             return True
 
         for _ in range(_RETRIES):
@@ -651,7 +668,7 @@ class PostgresStore(Store):
         return self._write(tx)
 
     @staticmethod
-    def _discard_stale_tx(c: Any, session_id: str, keep: str | None) -> int:
+    def _discard_stale_tx(c: Any, session_id: str, keep: str | None, owner_of: str | None = None) -> int:
         rows = c.execute(
             "SELECT pass_id FROM staged_passes WHERE session_id=%s AND pass_id IS DISTINCT FROM %s",
             (session_id, keep),
@@ -663,6 +680,9 @@ class PostgresStore(Store):
             (session_id, keep),
         ).fetchall()
         ids = {r[0] for r in rows} | {r[0] for r in orphan}
+        if owner_of is not None:  # only this engine's own older stages (see owners.py)
+            mine = pass_owner(owner_of)
+            ids = {p for p in ids if pass_owner(p) in (None, mine)}
         if ids:
             c.execute("DELETE FROM summaries WHERE pass_id = ANY(%s::text[]) AND state='staged'", (list(ids),))
             c.execute("DELETE FROM staged_passes WHERE pass_id = ANY(%s::text[])", (list(ids),))

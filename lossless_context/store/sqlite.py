@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from ..messages import clean_text, safe_json
+from ..owners import pass_owner
 from ..records import (
     ContextEntry,
     MessageRecord,
@@ -341,6 +342,13 @@ class SQLiteStore(Store):
         row = self.conn().execute(q, (uid, *session_ids)).fetchone()
         return (row[0], row[1]) if row else None
 
+    def find_ident(self, session_id: str, ident: str, after_id: int) -> tuple[int, str | None] | None:
+        row = self.conn().execute(
+            "SELECT id, uid FROM messages WHERE session_id=? AND ident=? AND id>? ORDER BY id LIMIT 1",
+            (session_id, ident, after_id),
+        ).fetchone()
+        return (row[0], row[1]) if row else None
+
     def add_aliases(self, pairs: Sequence[tuple[str, int]]) -> None:
         if not pairs:
             return
@@ -475,6 +483,15 @@ class SQLiteStore(Store):
         return StagedPass(row[0], row[1], row[2], row[3], [tuple(x) for x in json.loads(row[4])],
                           json.loads(row[5]), row[6])
 
+    def staged_passes(self, session_id: str) -> list[StagedPass]:
+        rows = self.conn().execute(
+            "SELECT pass_id, session_id, base_version, base_len, items, top_nodes, created_at"
+            " FROM staged_passes WHERE session_id=? ORDER BY created_at DESC, rowid DESC",
+            (session_id,),
+        ).fetchall()
+        return [StagedPass(r[0], r[1], r[2], r[3], [tuple(x) for x in json.loads(r[4])], json.loads(r[5]), r[6])
+                for r in rows]
+
     def publish_pass(self, pass_id: str, into_session: str | None = None) -> bool:
         with self.tx() as c:
             row = c.execute(
@@ -501,8 +518,9 @@ class SQLiteStore(Store):
             if into_session and into_session != session_id:
                 self._write_context(c, into_session, items)
             c.execute("DELETE FROM staged_passes WHERE pass_id=?", (pass_id,))
-            # Older stages of this session can never be adopted any more.
-            self._discard_stale_tx(c, session_id, keep=None)
+            # This engine's older stages can never be adopted any more (another live
+            # engine's stage of the same session may still be: see owners.py).
+            self._discard_stale_tx(c, session_id, keep=None, owner_of=pass_id)
         return True
 
     def discard_pass(self, pass_id: str) -> None:
@@ -515,7 +533,8 @@ class SQLiteStore(Store):
             return self._discard_stale_tx(c, session_id, keep)
 
     @staticmethod
-    def _discard_stale_tx(c: sqlite3.Connection, session_id: str, keep: str | None) -> int:
+    def _discard_stale_tx(c: sqlite3.Connection, session_id: str, keep: str | None,
+                          owner_of: str | None = None) -> int:
         rows = c.execute(
             "SELECT pass_id FROM staged_passes WHERE session_id=? AND pass_id IS NOT ?", (session_id, keep)
         ).fetchall()
@@ -525,6 +544,9 @@ class SQLiteStore(Store):
             (session_id, keep),
         ).fetchall()
         ids = {r[0] for r in rows} | {r[0] for r in orphan}
+        if owner_of is not None:
+            mine = pass_owner(owner_of)
+            ids = {p for p in ids if pass_owner(p) in (None, mine)}
         for pid in ids:
             c.execute("DELETE FROM summaries WHERE pass_id=? AND state='staged'", (pid,))
             c.execute("DELETE FROM staged_passes WHERE pass_id=?", (pid,))
