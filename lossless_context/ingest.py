@@ -18,6 +18,7 @@ from typing import Any, Sequence
 from .assemble import LARGE_OPEN, Slot
 from .explore import explore
 from .messages import (
+    IdentMemo,
     absorbed_uids,
     content_ident,
     flatten_content,
@@ -122,6 +123,7 @@ def align(
     ctx_by_ref = {e.ref: e for e in context if e.kind == "m"}
     aliases = store.aliases_for(list(ctx_by_ref)) if ctx_by_ref else {}
     known_summaries = {e.ref for e in context if e.kind == "s"}
+    memo = IdentMemo(session_id)  # the host re-sends the same list: hash only what changed
 
     for msg in messages:
         # 1. Our own summary block (possibly merged into a neighbour by the host).
@@ -160,20 +162,24 @@ def align(
             last_mid = max(last_mid, lref)
             continue
         uid = message_uid(msg)
-        ident = content_ident(msg)
+        ident = memo.ident(msg)
         # 3. The active context, in order, with a bounded lookahead (host may drop items).
         found = None
-        alias_of = aliases.get(ident)
-        for k in range(j, min(len(context), j + LOOKAHEAD)):
-            e = context[k]
-            if e.kind == "m" and (e.ident == ident or e.ref == alias_of):
-                found = k
-                break
+        if j < len(context) and context[j].ident == ident and context[j].kind == "m":
+            found = j  # the usual case, a re-sent list: the very next entry (the scan finds it first too)
+        else:
+            alias_of = aliases.get(ident)
+            for k in range(j, min(len(context), j + LOOKAHEAD)):
+                e = context[k]
+                if e.kind == "m" and (e.ident == ident or e.ref == alias_of):
+                    found = k
+                    break
         if found is not None:
             e = context[found]
             slots.append(_slot_for(msg, e.ref, e.tokens))
             j = found + 1
-            last_mid = max(last_mid, e.ref)
+            if e.ref > last_mid:
+                last_mid = e.ref
             continue
         supersedes = None
         # 4. A known uid: same content is the same message; new content is a new version.
@@ -227,15 +233,14 @@ def align(
                 slot.text_tokens = row.tokens
                 slots[idx] = slot
         final = [s for s in slots if s is not None]
-        entries = slots_to_entries(final)
-        new_ids = store.append_messages(session_id, [p[1] for p in pending],
-                                        context=[(e.kind, e.ref) for e in entries])
+        new_ids = store.append_messages(session_id, [p[1] for p in pending], context=_context_items(final))
         for s in final:
             if s.refs and s.refs[0] < 0 and s.kind in ("m", "x"):
                 s.refs = [new_ids[-s.refs[0] - 1]]
         context_written = True
     final = [s for s in slots if s is not None]
     changed = bool(pending) or len(final) != len(context)
+    memo.save()
     return IngestResult(final, new_ids, changed, context_written)
 
 
@@ -255,6 +260,17 @@ def _is_merged(msg: Any) -> bool:
     text = flatten_content(msg.get("content")) if isinstance(msg, dict) else ""
     stripped = text.strip()
     return not (stripped.startswith("<lcm-summary") and stripped.endswith("</lcm-summary>"))
+
+
+def _context_items(slots: Sequence[Slot]) -> list[tuple[str, int]]:
+    """(kind, ref) of slots_to_entries(slots), without building the records (O(context) per call)."""
+    out: list[tuple[str, int]] = []
+    for s in slots:
+        if s.kind == "m":
+            out.append(("m", s.refs[0]))
+        elif s.kind == "S":
+            out.extend(("s", r) for r in s.refs)
+    return out
 
 
 def slots_to_entries(slots: Sequence[Slot]) -> list[ContextEntry]:

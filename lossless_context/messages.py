@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import threading
+from collections import OrderedDict
 from typing import Any, Mapping
 
 PROVIDER_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
@@ -24,19 +26,40 @@ SUMMARY_OPEN = '<lcm-summary nodes="'
 SUMMARY_MARKER_RE = re.compile(r'<lcm-summary nodes="([0-9s,]*)"')
 
 
+# The scripts the SQLite store indexes in its trigram table (CJK, kana, Hangul): exactly
+# the ranges of the GLOB in its migrations 006/007, whose delete trigger must agree.
+_CJK_CHAR_RE = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\u3040-\u30ff]")
+
+
+def has_cjk(text: str) -> bool:
+    """True if `text` holds a CJK/kana/Hangul character (ASCII text is ruled out in C speed)."""
+    return not text.isascii() and _CJK_CHAR_RE.search(text) is not None
+
+
 def clean_text(s: str) -> str:
     """Text safe for any store: lone surrogates replaced, NUL bytes dropped."""
     if not s:
         return s
-    return s.encode("utf-8", "surrogatepass").decode("utf-8", "replace").replace("\x00", "")
+    if not s.isascii():
+        try:
+            s.encode("utf-8")  # fails only on a lone surrogate: then the (slower) repair
+        except UnicodeEncodeError:
+            s = s.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return s.replace("\x00", "") if "\x00" in s else s
 
 
 _clean = clean_text
 
 
+# Built once: json.dumps with non-default options constructs an encoder on every call.
+_SAFE_JSON = json.JSONEncoder(ensure_ascii=True, sort_keys=False, default=repr).encode
+_IDENT_JSON = json.JSONEncoder(ensure_ascii=True, sort_keys=True, default=repr).encode
+_json_str = json.encoder.encode_basestring_ascii  # what both encoders use for a str
+
+
 def safe_json(obj: Any) -> str:
     """JSON that never raises: unknown objects become strings, surrogates survive."""
-    return json.dumps(obj, ensure_ascii=True, sort_keys=False, default=repr)
+    return _SAFE_JSON(obj)
 
 
 def _normal_tool_calls(tcs: Any) -> Any:
@@ -44,39 +67,150 @@ def _normal_tool_calls(tcs: Any) -> Any:
         return tcs
     out = []
     for tc in tcs:
-        if isinstance(tc, Mapping):
-            fn = tc.get("function") if isinstance(tc.get("function"), Mapping) else {}
+        if _is_map(tc):
+            fn = tc.get("function") if _is_map(tc.get("function")) else {}
             out.append([tc.get("id"), tc.get("type"), fn.get("name"), fn.get("arguments")])
         else:
             out.append(tc)
     return out
 
 
+def _is_map(x: Any) -> bool:
+    # A plain dict first: the ABC check behind isinstance(x, Mapping) is ~20x slower.
+    return type(x) is dict or isinstance(x, Mapping)
+
+
+def _json_atom(x: Any) -> str | None:
+    """The encoder's text for a str or None; None for anything else (use the encoder)."""
+    if x is None:
+        return "null"
+    return _json_str(x) if type(x) is str else None
+
+
+def _ident_rest(role: Any, tcs: Any, tcid: Any, name: Any) -> str:
+    """json.dumps([role, normal tool calls, tool_call_id, name]) exactly as the ident has it.
+
+    The common shapes (strings, None, tool calls as plain dicts of strings) are spelled out
+    with the encoder's own string escaper and ", " separators: the same bytes, without the
+    per-call encoder setup that cost more than the hashing.
+    """
+    parts: list[Any] = [_json_atom(role), "null", _json_atom(tcid), _json_atom(name)]
+    if tcs is not None:
+        parts[1] = None
+        if type(tcs) is list:
+            rows = []
+            for tc in tcs:
+                fn = tc.get("function") if type(tc) is dict else None
+                if type(fn) is not dict:
+                    break
+                row: list[Any] = [_json_atom(tc.get("id")), _json_atom(tc.get("type")),
+                                  _json_atom(fn.get("name")), _json_atom(fn.get("arguments"))]
+                if None in row:
+                    break
+                rows.append("[" + ", ".join(row) + "]")
+            else:
+                parts[1] = "[" + ", ".join(rows) + "]"
+    if None in parts:
+        return _IDENT_JSON([role, _normal_tool_calls(tcs), tcid, name])
+    return "[" + ", ".join(parts) + "]"
+
+
 def content_ident(msg: Any) -> str:
     """32-hex identity of what the provider sees of a message.
 
     Plain string content (the common, large case) is hashed directly rather than through
-    json.dumps of the whole message, which dominated ingestion time.
+    json.dumps of the whole message, which dominated ingestion time. The bytes hashed must
+    never change: stored idents are compared with fresh ones (tests/support/ingest_oracle.py).
     """
-    h = hashlib.blake2b(digest_size=16)
     if isinstance(msg, dict):
         content = msg.get("content")
         role = msg.get("role")
         # A live tool result carries `name`; the host's reload of the same row has only
         # `tool_name`, and it strips message text: neither may make it a new message.
         name = None if role == "tool" else msg.get("name")
-        rest = [role, _normal_tool_calls(msg.get("tool_calls")), msg.get("tool_call_id"), name]
+        rest = _ident_rest(role, msg.get("tool_calls"), msg.get("tool_call_id"), name)
         if isinstance(content, str):
-            h.update(b"s\x1f")
+            h = hashlib.blake2b(b"s\x1f", digest_size=16)
             h.update(content.strip().encode("utf-8", "surrogatepass"))
         else:
-            h.update(b"j\x1f")
-            h.update(json.dumps(content, ensure_ascii=True, sort_keys=True, default=repr).encode("ascii"))
+            h = hashlib.blake2b(b"j\x1f", digest_size=16)
+            h.update(b"null" if content is None else _IDENT_JSON(content).encode("ascii"))
         h.update(b"\x1e")
-        h.update(json.dumps(rest, ensure_ascii=True, sort_keys=True, default=repr).encode("ascii"))
+        h.update(rest.encode("ascii"))
     else:
-        h.update(b"?\x1f" + repr(msg).encode("utf-8", "surrogatepass"))
+        h = hashlib.blake2b(b"?\x1f" + repr(msg).encode("utf-8", "surrogatepass"), digest_size=16)
     return h.hexdigest()
+
+
+_MEMO_SESSIONS = 4  # sessions whose last list's idents are kept
+_memos: OrderedDict[str, dict[int, tuple]] = OrderedDict()
+_memos_lock = threading.Lock()
+
+
+def _calls_key(tcs: Any) -> tuple | None:
+    """The str/None fields of plain-dict tool calls (what the ident renders of them), else None.
+
+    Equal keys render to equal JSON; cheaper to compare than rendering again.
+    """
+    if type(tcs) is not list:
+        return None
+    out = []
+    for tc in tcs:
+        fn = tc.get("function") if type(tc) is dict else None
+        if type(fn) is not dict:
+            return None
+        row = (tc.get("id"), tc.get("type"), fn.get("name"), fn.get("arguments"))
+        for x in row:
+            if x is not None and type(x) is not str:
+                return None
+        out.append(row)
+    return tuple(out)
+
+
+class IdentMemo:
+    """content_ident() over a host's list, reusing the previous call's results.
+
+    The host hands the same growing list over and over; hashing every message again made
+    re-alignment cost as much as storing. A result is reused only when the message's
+    content, role, tool_call_id and name are the very same str/None objects as last time
+    (immutable: same object, same value) and its tool calls render to the same text, so
+    it is exactly content_ident(msg). The dict's id is only the lookup key. Only the last
+    list of a few sessions is kept: nothing outlives what the host itself still holds.
+    """
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        with _memos_lock:
+            self.old = _memos.pop(key, None) or {}
+        self.new: dict[int, tuple] = {}
+
+    def ident(self, msg: Any) -> str:
+        if type(msg) is not dict:
+            return content_ident(msg)
+        content, role, tcid = msg.get("content"), msg.get("role"), msg.get("tool_call_id")
+        if not (type(role) is str and (content is None or type(content) is str)
+                and (tcid is None or type(tcid) is str)):
+            return content_ident(msg)
+        name = None if role == "tool" else msg.get("name")
+        if not (name is None or type(name) is str):
+            return content_ident(msg)
+        tcs = msg.get("tool_calls")
+        calls = None if tcs is None else (_calls_key(tcs) or _ident_rest(role, tcs, tcid, name))
+        hit = self.old.get(id(msg))
+        if (hit is not None and hit[0] is content and hit[1] is role and hit[2] is tcid and hit[3] is name
+                and hit[4] == calls):
+            ident = hit[5]
+        else:
+            ident = content_ident(msg)
+        self.new[id(msg)] = (content, role, tcid, name, calls, ident)
+        return ident
+
+    def save(self) -> None:
+        with _memos_lock:
+            _memos[self.key] = self.new
+            _memos.move_to_end(self.key)
+            while len(_memos) > _MEMO_SESSIONS:
+                _memos.popitem(last=False)
 
 
 def message_uid(msg: Any) -> str | None:
@@ -110,7 +244,7 @@ def tool_call_ids(msg: Any) -> list[str]:
     tcs = msg.get("tool_calls")
     if not isinstance(tcs, list):
         return []
-    return [tc.get("id") for tc in tcs if isinstance(tc, Mapping) and isinstance(tc.get("id"), str)]
+    return [tc.get("id") for tc in tcs if _is_map(tc) and isinstance(tc.get("id"), str)]
 
 
 def provider_view(msg: Mapping[str, Any]) -> dict[str, Any]:

@@ -45,6 +45,10 @@ def estimate_message_tokens(msg: Any) -> int:
     """Tokens one message costs in a request (base64 media at a flat rate)."""
     if not isinstance(msg, dict):
         return estimate_text_tokens(str(msg))
+    if type(msg) is dict and not isinstance(msg.get("content"), list) \
+            and not any(k.startswith("_") for k in msg):
+        # Nothing to strip: the shadow would be an equal plain dict, so its str is this one's.
+        return (len(str(msg)) + 3) // 4
     shadow, images = _shadow(msg)
     return (len(str(shadow)) + 3) // 4 + images * IMAGE_TOKEN_COST
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from ..messages import clean_text, safe_json
+from ..messages import clean_text, has_cjk, safe_json
 from ..owners import pass_owner
 from ..records import (
     ContextEntry,
@@ -137,6 +137,10 @@ class SQLiteStore(Store):
                 time.sleep(0.05)
         c.execute("PRAGMA synchronous=NORMAL")
         c.execute("PRAGMA foreign_keys=ON")
+        # 16 MB (default 2 MB): an ingest batch's dirty pages stay in memory until COMMIT
+        # instead of spilling to the WAL mid-transaction (~40% fewer WAL writes). Allocated
+        # only as used.
+        c.execute("PRAGMA cache_size=-16384")
         with self._conns_lock:
             self._conns.append(c)
         return c
@@ -292,23 +296,33 @@ class SQLiteStore(Store):
                         context: Sequence[tuple[str, int]] | None = None) -> list[int]:
         if not rows:
             return []
-        ids: list[int] = []
         with self.tx() as c:
-            cur = c.execute("SELECT COALESCE(MAX(seq), -1) FROM messages WHERE session_id=?", (session_id,))
-            seq = cur.fetchone()[0]
-            for r in rows:
+            seq = c.execute("SELECT COALESCE(MAX(seq), -1) FROM messages WHERE session_id=?",
+                            (session_id,)).fetchone()[0]
+            # The ids SQLite would pick itself (max + 1, no AUTOINCREMENT), fixed up front so
+            # the rows can go in bulk statements; the write lock is held since BEGIN IMMEDIATE.
+            first = c.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM messages").fetchone()[0]
+            ids = list(range(first, first + len(rows)))
+            params, cjk, absorbed = [], [], []
+            for mid, r in zip(ids, rows):
                 seq += 1
-                raw = safe_json(r.raw)
-                cur = c.execute(
-                    "INSERT INTO messages(session_id, seq, uid, ident, role, raw, text, tokens, created_at,"
-                    " supersedes, large, exploration) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                    (session_id, seq, r.uid, r.ident, r.role, raw, clean_text(r.text), r.tokens, r.created_at,
-                     r.supersedes, int(r.large), r.exploration),
-                )
-                mid = cur.lastrowid
-                ids.append(mid)
-                for u in r.absorbed:
-                    c.execute("INSERT OR IGNORE INTO message_absorbed(message_id, uid) VALUES (?, ?)", (mid, u))
+                text = clean_text(r.text)
+                if has_cjk(text):  # the rows the GLOB of migration 006 picks
+                    cjk.append((mid, text))
+                params.append((mid, session_id, seq, r.uid, r.ident, r.role, safe_json(r.raw), text, r.tokens,
+                               r.created_at, r.supersedes, int(r.large), r.exploration))
+                absorbed.extend((mid, u) for u in r.absorbed)
+            # Gate the insert triggers off and index the batch in bulk instead (migration 007
+            # says why); same transaction, so searchable as soon as committed.
+            c.execute("INSERT INTO lcm_bulk_indexing(active) VALUES (1)")
+            _insert_messages(c, params)
+            c.execute("DELETE FROM lcm_bulk_indexing")
+            c.execute("INSERT INTO messages_fts(rowid, text) SELECT id, text FROM messages WHERE id BETWEEN ? AND ?",
+                      (ids[0], ids[-1]))
+            if cjk:
+                c.executemany("INSERT INTO messages_cjk(rowid, text) VALUES (?, ?)", cjk)
+            if absorbed:
+                c.executemany("INSERT OR IGNORE INTO message_absorbed(message_id, uid) VALUES (?, ?)", absorbed)
             c.execute("UPDATE sessions SET updated_at=? WHERE id=?", (time.time(), session_id))
             if context is not None:
                 self._write_context(c, session_id, resolve_new_refs(context, ids))
@@ -415,13 +429,19 @@ class SQLiteStore(Store):
 
     @staticmethod
     def _write_context(c: sqlite3.Connection, session_id: str, items: Sequence[tuple[str, int]]) -> None:
-        c.execute("DELETE FROM context_items WHERE session_id=?", (session_id,))
+        # Only the tail that differs is rewritten: after an ingest the old context is a
+        # prefix of the new one, and rewriting every row was O(context) per ingest.
+        new = [(ref if kind == "m" else None, ref if kind == "s" else None) for kind, ref in items]
+        old = c.execute("SELECT message_id, summary_id FROM context_items WHERE session_id=? ORDER BY pos",
+                        (session_id,)).fetchall()
+        keep = min(len(old), len(new))
+        if old[:keep] != new[:keep]:
+            keep = next(k for k in range(keep) if old[k] != new[k])
+        if keep < len(old):
+            c.execute("DELETE FROM context_items WHERE session_id=? AND pos>=?", (session_id, keep))
         c.executemany(
             "INSERT INTO context_items(session_id, pos, message_id, summary_id) VALUES (?,?,?,?)",
-            [
-                (session_id, pos, ref if kind == "m" else None, ref if kind == "s" else None)
-                for pos, (kind, ref) in enumerate(items)
-            ],
+            [(session_id, pos, *new[pos]) for pos in range(keep, len(new))],
         )
         c.execute(
             "UPDATE sessions SET context_version = context_version + 1, updated_at=? WHERE id=?",
@@ -825,6 +845,22 @@ class SQLiteStore(Store):
                 except OSError:
                     pass
             os.close(fd)
+
+
+_MSG_INSERT = ("INSERT INTO messages(id, session_id, seq, uid, ident, role, raw, text, tokens, created_at,"
+               " supersedes, large, exploration) VALUES ")
+_MSG_ROW = "(?,?,?,?,?,?,?,?,?,?,?,?,?)"
+
+
+def _insert_messages(c: sqlite3.Connection, params: list[tuple]) -> None:
+    """Insert message rows many per statement: one statement run per chunk, not per row."""
+    per = max(1, min(256, c.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // len(params[0])))
+    full = len(params) - len(params) % per
+    sql = _MSG_INSERT + ",".join([_MSG_ROW] * per)
+    for k in range(0, full, per):
+        c.execute(sql, [x for row in params[k:k + per] for x in row])
+    if full < len(params):  # the rest one by one: a statement per distinct count would churn the cache
+        c.executemany(_MSG_INSERT + _MSG_ROW, params[full:])
 
 
 def _split_sql(script: str) -> list[str]:

@@ -192,4 +192,27 @@ MIGRATIONS: list[tuple[str, str]] = [
         INSERT INTO messages_cjk(rowid, text) SELECT id, text FROM messages WHERE text GLOB '*[⺀-鿿가-힯぀-ヿ]*';
         """,
     ),
+    (
+        # FTS5 (3.40) flushes its pending terms into a new segment at every statement
+        # savepoint, and a trigger makes each single-row INSERT one: indexing through the
+        # triggers wrote one segment per message (plus merges) and ran the CJK GLOB over
+        # every text, about 3/4 of ingest time. The store's own appends now index their rows
+        # in bulk in the same transaction (SQLiteStore.append_messages) and raise this gate
+        # around the row inserts; every other writer (import, SQL copies) finds the gate empty
+        # and keeps the old triggers' behaviour. The delete triggers are unchanged.
+        "007_bulk_message_index",
+        """
+        CREATE TABLE lcm_bulk_indexing (active INTEGER NOT NULL);
+        DROP TRIGGER messages_ai;
+        CREATE TRIGGER messages_ai AFTER INSERT ON messages
+        WHEN NOT EXISTS (SELECT 1 FROM lcm_bulk_indexing) BEGIN
+            INSERT INTO messages_fts(rowid, text) VALUES (new.id, new.text);
+        END;
+        DROP TRIGGER messages_cjk_ai;
+        CREATE TRIGGER messages_cjk_ai AFTER INSERT ON messages
+        WHEN NOT EXISTS (SELECT 1 FROM lcm_bulk_indexing) AND new.text GLOB '*[⺀-鿿가-힯぀-ヿ]*' BEGIN
+            INSERT INTO messages_cjk(rowid, text) VALUES (new.id, new.text);
+        END;
+        """,
+    ),
 ]
