@@ -37,6 +37,7 @@ class Slot:
     call_ids: list[str] = field(default_factory=list)  # assistant tool_calls ids
     result_for: str | None = None  # tool result's tool_call_id
     text_tokens: int = 0  # tokens of the stored original (before large-message representation)
+    ident: str = ""  # the stored row's content identity ("m" slots), as the context holds it
 
 
 def groups(slots: Sequence[Slot]) -> list[tuple[int, int]]:

@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional
 
 from ._base import base_class
@@ -29,6 +30,7 @@ from .tokens import estimate_messages_tokens, estimate_message_tokens
 
 log = logging.getLogger("lossless_context")
 
+ALIGNED_SESSIONS = 4  # sessions whose last alignment an engine keeps (see _ingest_locked)
 DEFAULT_SESSION = "default"
 _SESSION_LOCKS: dict[tuple[str, str], threading.RLock] = {}
 _SESSION_LOCKS_GUARD = threading.Lock()
@@ -85,6 +87,10 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
         self._overhead = 0  # host tokens outside the message list (system prompt, tool schemas)
         self._no_progress_at: int | None = None
         self._pending: dict[str, str] = {}
+        # Per session: (context version, context entries, Resume) left by the last ingest,
+        # so re-sending a longer list costs the new part only (see ingest.Resume).
+        self._aligned: "OrderedDict[str, tuple[int, list[Any], Any]]" = OrderedDict()
+        self._aligned_lock = threading.Lock()
         self._owner = owners.register(self)  # names this engine in the passes it stages
         self._select_cache: dict[str, Any] = {}
         self._select_lock = threading.Lock()
@@ -394,16 +400,28 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
         self._ensure(sid)
         body = messages[1:] if messages and role_of(messages[0]) == "system" else messages
         self._adopt_or_drop_stage(sid, body, for_pass)
-        version, ctx = self.store.get_context(sid)
+        with self._aligned_lock:
+            cached = self._aligned.pop(sid, None)
+        resume = None
+        if cached is not None and not for_pass and self.store.context_version(sid) == cached[0]:
+            version, ctx, resume = cached  # the context is still what our last ingest left
+        else:
+            # A pass (it may rewrite slots) or anything else wrote the context: read it afresh.
+            version, ctx = self.store.get_context(sid)
         scope = self.store.lineage(sid)
         cfg = self.config
         res = align(self.store, sid, scope, body, ctx, large_tokens=cfg.large_message_tokens,
-                    exploration_tokens=cfg.exploration_tokens)
+                    exploration_tokens=cfg.exploration_tokens, resume=resume)
         entries = slots_to_entries(res.slots)
         if res.context_written:
-            version, _ = self.store.get_context(sid)
+            version = self.store.context_version(sid)
         elif res.changed or [(e.kind, e.ref) for e in entries] != [(e.kind, e.ref) for e in ctx]:
             version = self.store.set_context(sid, entries)
+        if not for_pass and res.resume is not None:
+            with self._aligned_lock:
+                self._aligned[sid] = (version, entries, res.resume)
+                while len(self._aligned) > ALIGNED_SESSIONS:
+                    self._aligned.popitem(last=False)
         return res.slots, version, len(entries)
 
     def _adopt_or_drop_stage(self, sid: str, body: List[Any], for_pass: bool) -> None:

@@ -42,11 +42,27 @@ TEXT_INDEX_LIMIT = 1_000_000  # chars of a message indexed for search (raw is ke
 
 
 @dataclass
+class Resume:
+    """Where a previous alignment of this session's list ended, to pick up from there.
+
+    Valid only while the stored context is the one that alignment left (same version) and
+    the list starts with the very same message objects, unchanged (checked through the
+    ident memo): then the prefix maps to the same slots, and only the rest needs aligning."""
+
+    objs: list[Any]  # the previous list's messages (the host's own objects)
+    idents: list[str]  # their content identities
+    slots: list[Slot]  # what they aligned to
+    j: int  # the position in the context after them
+    last_mid: int  # the newest stored message they reference
+
+
+@dataclass
 class IngestResult:
     slots: list[Slot]
     new_ids: list[int]
     changed: bool
     context_written: bool = False  # the store already holds the new active context
+    resume: Resume | None = None  # how the next call over a longer list can skip this one
 
 
 def _msg_created_at(msg: Any) -> float:
@@ -79,7 +95,7 @@ def new_message(msg: Any, large_tokens: int, exploration_tokens: int, supersedes
     )
 
 
-def _slot_for(msg: Any, mid: int, tokens: int) -> Slot:
+def _slot_for(msg: Any, mid: int, tokens: int, ident: str = "") -> Slot:
     role = role_of(msg)
     if role in ("invalid", "unknown"):
         return Slot("x", [mid], None, role, 0)
@@ -87,7 +103,7 @@ def _slot_for(msg: Any, mid: int, tokens: int) -> Slot:
         "m", [mid], msg, role, tokens,
         call_ids=tool_call_ids(msg),
         result_for=msg.get("tool_call_id") if role == "tool" else None,
-        text_tokens=tokens,
+        text_tokens=tokens, ident=ident,
     )
 
 
@@ -112,6 +128,7 @@ def align(
     *,
     large_tokens: int,
     exploration_tokens: int,
+    resume: Resume | None = None,
 ) -> IngestResult:
     """Map every incoming message to a stored one (or store it) and return the slots."""
     slots: list[Slot | None] = []
@@ -120,16 +137,37 @@ def align(
     last_mid = 0
     log_cache: list[tuple[int, str, str | None]] | None = None
     log_pos = 0
-    ctx_by_ref = {e.ref: e for e in context if e.kind == "m"}
-    aliases = store.aliases_for(list(ctx_by_ref)) if ctx_by_ref else {}
-    known_summaries = {e.ref for e in context if e.kind == "s"}
     memo = IdentMemo(session_id)  # the host re-sends the same list: hash only what changed
+    idents: list[str] = []
+    start = 0
+    if resume is not None and _resumable(resume, messages, memo):
+        slots, idents, j, last_mid, start = list(resume.slots), list(resume.idents), resume.j, \
+            resume.last_mid, len(resume.objs)
+    lazy: dict[str, Any] = {}
 
-    for msg in messages:
+    def ctx_by_ref() -> dict[int, ContextEntry]:
+        if "by_ref" not in lazy:
+            lazy["by_ref"] = {e.ref: e for e in context if e.kind == "m"}
+        return lazy["by_ref"]
+
+    def aliases() -> dict[str, int]:
+        if "aliases" not in lazy:
+            refs = list(ctx_by_ref())
+            lazy["aliases"] = store.aliases_for(refs) if refs else {}
+        return lazy["aliases"]
+
+    def known_summaries() -> set[int]:
+        if "summaries" not in lazy:
+            lazy["summaries"] = {e.ref for e in context if e.kind == "s"}
+        return lazy["summaries"]
+
+    for msg in messages[start:] if start else messages:
+        ident = memo.ident(msg)
+        idents.append(ident)
         # 1. Our own summary block (possibly merged into a neighbour by the host).
         if is_summary_message(msg):
             nodes = summary_node_ids(msg)
-            valid = [n for n in nodes if n in known_summaries]
+            valid = [n for n in nodes if n in known_summaries()]
             in_context = bool(valid)
             if not valid and nodes:
                 # Not in the stored context: another host writing this same session (a gateway
@@ -154,21 +192,20 @@ def align(
                 continue
         # 2. A large message we represented by its exploration summary.
         lref = _large_ref(msg)
-        if lref is not None and lref in ctx_by_ref:
-            e = ctx_by_ref[lref]
-            s = _slot_for(msg, lref, estimate_message_tokens(msg))
+        if lref is not None and lref in ctx_by_ref():
+            e = ctx_by_ref()[lref]
+            s = _slot_for(msg, lref, estimate_message_tokens(msg), e.ident)
             s.text_tokens = e.tokens
             slots.append(s)
             last_mid = max(last_mid, lref)
             continue
         uid = message_uid(msg)
-        ident = memo.ident(msg)
         # 3. The active context, in order, with a bounded lookahead (host may drop items).
         found = None
         if j < len(context) and context[j].ident == ident and context[j].kind == "m":
             found = j  # the usual case, a re-sent list: the very next entry (the scan finds it first too)
         else:
-            alias_of = aliases.get(ident)
+            alias_of = aliases().get(ident)
             for k in range(j, min(len(context), j + LOOKAHEAD)):
                 e = context[k]
                 if e.kind == "m" and (e.ident == ident or e.ref == alias_of):
@@ -176,7 +213,7 @@ def align(
                     break
         if found is not None:
             e = context[found]
-            slots.append(_slot_for(msg, e.ref, e.tokens))
+            slots.append(_slot_for(msg, e.ref, e.tokens, e.ident))
             j = found + 1
             if e.ref > last_mid:
                 last_mid = e.ref
@@ -187,7 +224,7 @@ def align(
             hit = store.find_uid(scope, uid)
             if hit is not None:
                 if hit[1] == ident:
-                    slots.append(_slot_for(msg, hit[0], estimate_message_tokens(msg)))
+                    slots.append(_slot_for(msg, hit[0], estimate_message_tokens(msg), ident))
                     last_mid = max(last_mid, hit[0])
                     continue
                 supersedes = hit[0]
@@ -214,7 +251,7 @@ def align(
                     hit_mid = found_row[0]
                     log_cache = None
             if hit_mid is not None:
-                slots.append(_slot_for(msg, hit_mid, estimate_message_tokens(msg)))
+                slots.append(_slot_for(msg, hit_mid, estimate_message_tokens(msg), ident))
                 last_mid = hit_mid
                 continue
         # 6. New.
@@ -229,7 +266,7 @@ def align(
         # active context in ONE transaction: a crash in between cannot strand them.
         for k, (idx, row, msg) in enumerate(pending):
             if idx >= 0:
-                slot = _slot_for(msg, -(k + 1), row.tokens)
+                slot = _slot_for(msg, -(k + 1), row.tokens, row.ident)
                 slot.text_tokens = row.tokens
                 slots[idx] = slot
         final = [s for s in slots if s is not None]
@@ -241,7 +278,19 @@ def align(
     final = [s for s in slots if s is not None]
     changed = bool(pending) or len(final) != len(context)
     memo.save()
-    return IngestResult(final, new_ids, changed, context_written)
+    n_entries = sum(len(s.refs) if s.kind == "S" else 1 for s in final if s.kind in ("m", "S"))
+    state = Resume(list(messages), idents, final, n_entries, max(last_mid, max(new_ids, default=0)))
+    return IngestResult(final, new_ids, changed, context_written, state)
+
+
+def _resumable(resume: Resume, messages: Sequence[Any], memo: IdentMemo) -> bool:
+    """True when ``messages`` starts with ``resume``'s messages, the same objects unchanged."""
+    if len(messages) < len(resume.objs) or len(resume.idents) != len(resume.objs):
+        return False
+    for m, old, ident in zip(messages, resume.objs, resume.idents):
+        if m is not old or memo.ident(m) != ident:
+            return False
+    return True
 
 
 def _last_covered(store: Store, node: int) -> int:
@@ -279,6 +328,6 @@ def slots_to_entries(slots: Sequence[Slot]) -> list[ContextEntry]:
         if s.kind == "S":
             out.extend(ContextEntry("s", r, "", "summary", 0) for r in s.refs)
         elif s.kind == "m":
-            out.append(ContextEntry("m", s.refs[0], "", s.role, s.text_tokens or s.tokens))
+            out.append(ContextEntry("m", s.refs[0], s.ident, s.role, s.text_tokens or s.tokens))
     return out
 

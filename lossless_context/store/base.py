@@ -119,6 +119,11 @@ class Store(abc.ABC):
     def get_context(self, session_id: str) -> tuple[int, list[ContextEntry]]: ...
 
     @abc.abstractmethod
+    def context_version(self, session_id: str) -> int:
+        """The session's context version alone (0 for an unknown session): bumped by every
+        write of its active context, so a cached copy of the context is valid while equal."""
+
+    @abc.abstractmethod
     def set_context(self, session_id: str, entries: Sequence[ContextEntry], expected_version: int | None = None) -> int: ...
 
     @abc.abstractmethod

@@ -464,6 +464,11 @@ class PostgresStore(PostgresSearch, Store):
 
     # -- active context -----------------------------------------------------------------------
 
+    def context_version(self, session_id: str) -> int:
+        row = self._read(lambda c: c.execute(
+            "SELECT context_version FROM sessions WHERE id=%s", (_t(session_id),)).fetchone())
+        return row[0] if row else 0
+
     def get_context(self, session_id: str) -> tuple[int, list[ContextEntry]]:
         # One statement, so the version and the items come from the same snapshot.
         rows = self._read(lambda c: c.execute(

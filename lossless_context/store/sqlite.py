@@ -399,6 +399,10 @@ class SQLiteStore(Store):
 
     # -- active context ---------------------------------------------------------
 
+    def context_version(self, session_id: str) -> int:
+        row = self.conn().execute("SELECT context_version FROM sessions WHERE id=?", (session_id,)).fetchone()
+        return row[0] if row else 0
+
     def get_context(self, session_id: str) -> tuple[int, list[ContextEntry]]:
         c = self.conn()
         row = c.execute("SELECT context_version FROM sessions WHERE id=?", (session_id,)).fetchone()

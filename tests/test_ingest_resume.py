@@ -1,0 +1,113 @@
+"""Re-sent lists resume where the last alignment ended (ingest.Resume) — and only when safe.
+
+Every check compares an engine that resumes ("warm") with a fresh clone on the same store
+that aligns the whole list from the stored context ("cold"): both must map every message
+to the same stored row, and nothing may be stored twice or missed."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+
+import pytest
+
+from lossless_context import LCMEngine, ingest
+from lossless_context.config import LCMConfig
+from lossless_context.sessions import coding_session
+
+
+@pytest.fixture
+def resumed(monkeypatch):
+    """The verdicts of ingest._resumable, in call order."""
+    seen: list[bool] = []
+    real = ingest._resumable
+
+    def spy(*a, **k):
+        seen.append(real(*a, **k))
+        return seen[-1]
+
+    monkeypatch.setattr(ingest, "_resumable", spy)
+    return seen
+
+
+@pytest.fixture
+def engine(tmp_path):
+    e = LCMEngine(config=LCMConfig.load({"store": str(tmp_path / "lcm.db"), "summarizer": "extractive"},
+                                        read_file=False))
+    e.on_session_start("r", platform="cli")
+    return e
+
+
+def refs(slots) -> list[tuple[str, list[int]]]:
+    return [(s.kind, list(s.refs)) for s in slots]
+
+
+def stored(e) -> list[str]:
+    return [r[0] for r in e.store.conn().execute("SELECT raw FROM messages WHERE session_id='r' ORDER BY id")]
+
+
+def check_same_as_cold(e, msgs) -> list:
+    warm = e.ingest(msgs, session_id="r")
+    cold = e.clone_for_agent().ingest(msgs, session_id="r")
+    assert refs(warm) == refs(cold)
+    return warm
+
+
+def test_growing_list_resumes_and_stores_each_message_once(engine, resumed):
+    msgs = coding_session(600, seed=3).messages
+    for end in range(50, len(msgs) + 1, 50):
+        check_same_as_cold(engine, msgs[:end])
+    assert resumed.count(True) == 600 // 50 - 1, resumed  # every warm call after the first
+    assert engine._aligned["r"][2].objs[-1] is msgs[-1], "the last alignment is kept for the next call"
+    assert [json.loads(r) for r in stored(engine)] == msgs  # each message once, verbatim, in order
+
+
+@pytest.mark.parametrize("change", ["content", "tool_args", "tool_list", "role", "new_object"])
+def test_a_changed_message_in_the_resumed_prefix_is_noticed(engine, change, resumed):
+    msgs = copy.deepcopy(coding_session(200, seed=5).messages)
+    engine.ingest(msgs[:150], session_id="r")
+    n = len(stored(engine))
+    k = next(i for i, m in enumerate(msgs[:150]) if m.get("tool_calls")) if change.startswith("tool") else 40
+    m = msgs[k]
+    if change == "content":
+        m["content"] = (m.get("content") or "") + " (edited in place)"
+    elif change == "tool_args":
+        m["tool_calls"][0]["function"]["arguments"] = '{"edited": true}'  # mutated inside the list
+    elif change == "tool_list":
+        m["tool_calls"].append(copy.deepcopy(m["tool_calls"][0]) | {"id": "call_extra"})
+    elif change == "role":
+        m["role"] = "user" if m.get("role") != "user" else "assistant"
+    else:
+        msgs[k] = copy.deepcopy(m)  # an equal copy: same content, same row
+    slots = check_same_as_cold(engine, msgs[:180])
+    assert resumed == [False], "the changed prefix must not be resumed"
+    added = len(stored(engine)) - n
+    expect_new = 30 + (0 if change == "new_object" else 1)
+    assert added == expect_new, f"{change}: {added} rows added, expected {expect_new}"
+    assert len(slots) == 180
+
+
+def test_context_written_by_someone_else_is_read_afresh(engine):
+    msgs = coding_session(300, seed=9).messages
+    engine.ingest(msgs[:200], session_id="r")
+    other = engine.clone_for_agent()  # a second host on the same session replaces the context
+    other.ingest(msgs[:120], session_id="r")
+    slots = check_same_as_cold(engine, msgs[:260])
+    assert [s.refs[0] for s in slots if s.kind == "m"][:200] == [
+        s.refs[0] for s in engine.clone_for_agent().ingest(msgs[:200], session_id="r") if s.kind == "m"]
+    assert len(stored(engine)) == 260
+
+
+def test_shorter_or_reordered_list_does_not_resume(engine):
+    msgs = coding_session(300, seed=11).messages
+    engine.ingest(msgs[:250], session_id="r")
+    rng = random.Random(1)
+    dropped = msgs[:100] + msgs[101:250]  # the host dropped one message in the middle
+    check_same_as_cold(engine, dropped)
+    check_same_as_cold(engine, msgs[:120])  # shorter
+    shuffled = msgs[:250]
+    i = rng.randrange(10, 240)
+    shuffled = shuffled[:i] + [shuffled[i + 1], shuffled[i]] + shuffled[i + 2:]
+    check_same_as_cold(engine, shuffled + msgs[250:])
+    assert len(stored(engine)) == 300 + 1  # the swapped pair: one of them is now a new occurrence
