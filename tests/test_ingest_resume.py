@@ -31,12 +31,16 @@ def resumed(monkeypatch):
     return seen
 
 
-@pytest.fixture
-def engine(tmp_path):
-    e = LCMEngine(config=LCMConfig.load({"store": str(tmp_path / "lcm.db"), "summarizer": "extractive"},
-                                        read_file=False))
+@pytest.fixture(params=["sqlite", "postgres"])
+def engine(request, tmp_path):
+    if request.param == "postgres":
+        location = request.getfixturevalue("pg_fresh_dsn")
+    else:
+        location = str(tmp_path / "lcm.db")
+    e = LCMEngine(config=LCMConfig.load({"store": location, "summarizer": "extractive"}, read_file=False))
     e.on_session_start("r", platform="cli")
-    return e
+    yield e
+    e.store.close()
 
 
 def refs(slots) -> list[tuple[str, list[int]]]:
@@ -44,13 +48,21 @@ def refs(slots) -> list[tuple[str, list[int]]]:
 
 
 def stored(e) -> list[str]:
-    return [r[0] for r in e.store.conn().execute("SELECT raw FROM messages WHERE session_id='r' ORDER BY id")]
+    return [json.dumps(r.raw, sort_keys=True) for r in e.store.session_messages("r", limit=100_000)]
+
+
+def fresh_ingest(e, msgs) -> list:
+    """What an engine that never saw this list makes of it (its own store handle, closed after)."""
+    clone = e.clone_for_agent()
+    try:
+        return clone.ingest(msgs, session_id="r")
+    finally:
+        clone.store.close()
 
 
 def check_same_as_cold(e, msgs) -> list:
     warm = e.ingest(msgs, session_id="r")
-    cold = e.clone_for_agent().ingest(msgs, session_id="r")
-    assert refs(warm) == refs(cold)
+    assert refs(warm) == refs(fresh_ingest(e, msgs))
     return warm
 
 
@@ -60,7 +72,7 @@ def test_growing_list_resumes_and_stores_each_message_once(engine, resumed):
         check_same_as_cold(engine, msgs[:end])
     assert resumed.count(True) == 600 // 50 - 1, resumed  # every warm call after the first
     assert engine._aligned["r"][2].objs[-1] is msgs[-1], "the last alignment is kept for the next call"
-    assert [json.loads(r) for r in stored(engine)] == msgs  # each message once, verbatim, in order
+    assert stored(engine) == [json.dumps(m, sort_keys=True) for m in msgs]  # each once, verbatim, in order
 
 
 @pytest.mark.parametrize("change", ["content", "tool_args", "tool_list", "role", "new_object"])
@@ -91,11 +103,10 @@ def test_a_changed_message_in_the_resumed_prefix_is_noticed(engine, change, resu
 def test_context_written_by_someone_else_is_read_afresh(engine):
     msgs = coding_session(300, seed=9).messages
     engine.ingest(msgs[:200], session_id="r")
-    other = engine.clone_for_agent()  # a second host on the same session replaces the context
-    other.ingest(msgs[:120], session_id="r")
+    fresh_ingest(engine, msgs[:120])  # a second host on the same session replaces the context
     slots = check_same_as_cold(engine, msgs[:260])
     assert [s.refs[0] for s in slots if s.kind == "m"][:200] == [
-        s.refs[0] for s in engine.clone_for_agent().ingest(msgs[:200], session_id="r") if s.kind == "m"]
+        s.refs[0] for s in fresh_ingest(engine, msgs[:200]) if s.kind == "m"]
     assert len(stored(engine)) == 260
 
 
