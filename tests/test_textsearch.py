@@ -12,6 +12,7 @@ import pytest
 
 from lossless_context import LCMEngine, textsearch
 from lossless_context.config import LCMConfig
+from tests.support.pg import module_store_location
 
 N_GROUP = 64  # messages holding every on-topic term (more than one ranking block)
 N_DECIDE = 12  # messages holding the question's off-topic word and nothing else of it
@@ -32,11 +33,7 @@ def _history() -> list[dict]:
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def engine(request, tmp_path_factory):
-    if request.param == "postgres":
-        server = request.getfixturevalue("pg_server")
-        location = server.dsn(server.create_database("textsearch"))
-    else:
-        location = str(tmp_path_factory.mktemp("textsearch") / "lcm.db")
+    location = module_store_location(request, tmp_path_factory, "textsearch")
     e = LCMEngine(config=LCMConfig.load({"store": location, "summarizer": "extractive"}, read_file=False))
     e.on_session_start("ts", platform="cli")
     e.ingest(_history(), session_id="ts")

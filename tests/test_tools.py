@@ -10,6 +10,7 @@ from lossless_context import LCMEngine
 from lossless_context.config import LCMConfig
 from lossless_context.sessions import coding_session, turn_ranges
 from tests.support.hostsim import HostSim
+from tests.support.pg import module_store_location
 
 HOSTILE = [
     "AND", "OR NOT", "NEAR(a b)", '"', '""', "*", "NEAR(", ")", "--", "'; DROP TABLE messages; --",
@@ -21,11 +22,7 @@ HOSTILE = [
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def built(request, tmp_path_factory):
     """A store built by real compactions, on each backend."""
-    if request.param == "postgres":
-        server = request.getfixturevalue("pg_server")
-        location = server.dsn(server.create_database("tools"))
-    else:
-        location = str(tmp_path_factory.mktemp("tools") / "lcm.db")
+    location = module_store_location(request, tmp_path_factory, "tools")
     e = LCMEngine(config=LCMConfig.load({"store": location, "summarizer": "extractive"}, read_file=False))
     sess = coding_session(2500, seed=7)
     host = HostSim(e, session_id="alpha", overhead_tokens=2500)

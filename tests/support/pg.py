@@ -245,3 +245,12 @@ def pg_fresh_dsn(pg_server: PgServer):
     name = pg_server.create_database()
     yield pg_server.dsn(name)
     pg_server.drop_database(name)
+
+
+def module_store_location(request, tmp_path_factory, name: str) -> str:
+    """For a module fixture parametrised over ["sqlite", "postgres"]: a fresh store location
+    (a new database on the shared server, or a file in a new temporary directory)."""
+    if request.param == "postgres":
+        server = request.getfixturevalue("pg_server")
+        return server.dsn(server.create_database(name))
+    return str(tmp_path_factory.mktemp(name) / "lcm.db")
