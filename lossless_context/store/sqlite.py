@@ -400,22 +400,26 @@ class SQLiteStore(SQLiteSearch, Store):
         return row[0] if row else 0
 
     def get_context(self, session_id: str) -> tuple[int, list[ContextEntry]]:
-        c = self.conn()
-        row = c.execute("SELECT context_version FROM sessions WHERE id=?", (session_id,)).fetchone()
-        if row is None:
+        # One statement, so the version and the items come from the same snapshot (a writer
+        # between two reads would pair a version with another version's items).
+        rows = self.conn().execute(
+            "SELECT x.context_version, ci.pos, ci.message_id, ci.summary_id, m.ident, m.role, m.tokens, s.tokens"
+            " FROM sessions x LEFT JOIN context_items ci ON ci.session_id = x.id"
+            " LEFT JOIN messages m ON m.id = ci.message_id"
+            " LEFT JOIN summaries s ON s.id = ci.summary_id WHERE x.id=? ORDER BY ci.pos",
+            (session_id,),
+        ).fetchall()
+        if not rows:
             return 0, []
         entries = []
-        for pos, mid, sid, m_ident, m_role, m_tokens, s_tokens in c.execute(
-            "SELECT ci.pos, ci.message_id, ci.summary_id, m.ident, m.role, m.tokens, s.tokens"
-            " FROM context_items ci LEFT JOIN messages m ON m.id = ci.message_id"
-            " LEFT JOIN summaries s ON s.id = ci.summary_id WHERE ci.session_id=? ORDER BY ci.pos",
-            (session_id,),
-        ):
+        for _v, pos, mid, sid, m_ident, m_role, m_tokens, s_tokens in rows:
+            if pos is None:
+                continue
             if mid is not None:
                 entries.append(ContextEntry("m", mid, m_ident, m_role, m_tokens))
             else:
                 entries.append(ContextEntry("s", sid, "", "summary", s_tokens or 0))
-        return row[0], entries
+        return rows[0][0], entries
 
     def set_context(self, session_id: str, entries: Sequence[ContextEntry], expected_version: int | None = None) -> int:
         with self.tx() as c:
