@@ -7,7 +7,7 @@ A mixin of :class:`~lossless_context.store.postgres.PostgresStore` (it uses the 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Sequence
 
 from .base import StoreError
 from .pgtext import pg_text as _t
@@ -17,15 +17,11 @@ try:  # optional dependency: `pip install lossless-context[postgres]`
 except ImportError:  # pragma: no cover - reported when the store is first used
     psycopg = None  # type: ignore[assignment]
 
-T = TypeVar("T")
-
 
 class PostgresSearch:
     """term_counts, max_row_id and search of the PostgreSQL store."""
 
-    def _read(self, fn: Callable[[Any], T]) -> T:  # provided by PostgresStore
-        raise NotImplementedError
-
+    _read: Callable[[Callable[[Any], Any]], Any]  # PostgresStore's: run fn(conn) on a pooled connection
 
     def term_counts(self, target: str, plans: Sequence[Any], cap: int, newest: int | None = None) -> list[int]:
         table = "messages" if target == "messages" else "summaries"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import sqlite3
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 # The scripts indexed by the trigram table (CJK, kana, Hangul): the same ranges as the
 # GLOB in migration 006, so every row this matches is in that index.
@@ -19,9 +19,7 @@ _CJK_RE = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\u3040-\u30ff]+")
 class SQLiteSearch:
     """term_counts, max_row_id and search of the SQLite store."""
 
-    def conn(self) -> sqlite3.Connection:  # provided by SQLiteStore
-        raise NotImplementedError
-
+    conn: Callable[[], sqlite3.Connection]  # SQLiteStore's: the calling thread's connection
 
     def search(
         self,
