@@ -5,8 +5,8 @@ some of which occur in a quarter of a large history. Ranking the OR of all of th
 scores every matching row — about a second at a million messages. Search engines avoid that
 by relaxing the query step by step, and so does this module (same steps on both backends):
 
-0. count each term's matches, capped (a term found nowhere is dropped), and test which rare
-   terms occur together with the others (a capped AND of each pair);
+0. count each term's matches, capped (a term found nowhere is dropped), and test which terms
+   occur together (a capped AND per pair, rarest pairs first, bounded in number and time);
 1. the AND of each largest group of terms that occur together — every term when they all do —
    most specific group first;
 2. the OR of the rare terms, ranked by BM25 — affordable because their capped counts add up
@@ -16,8 +16,9 @@ by relaxing the query step by step, and so does this module (same steps on both 
 A query is ranked by BM25 only when its match count is known to fit ``RANK_BUDGET``; otherwise
 it takes the newest matches (FTS5 walks its index newest first and stops at the limit).
 
-Candidates from every step are re-ranked together by the caller (term coverage + BM25), so
-the order of the steps only decides which rows are looked at, never how they rank.
+Candidates from every step are then ranked together by one BM25-style score (``score_hit``
+with the idf measured in step 0), in fixed blocks (see ``ranked_page``): the steps decide
+which rows are looked at, not how they rank within a block.
 """
 
 from __future__ import annotations
