@@ -15,11 +15,11 @@ import time
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional
 
+from . import owners
 from ._base import base_class
 from .assemble import Slot
 from .background import BackgroundWorker, presummarise, upgrade_nodes
 from .compaction import Budget, Compactor, PassResult
-from . import owners
 from .config import LCMConfig, model_threshold
 from .ingest import align, slots_to_entries
 from .messages import role_of, summary_node_ids, tool_call_ids
