@@ -38,14 +38,6 @@ COMPARE = [
 ]
 
 
-def _get(d: Any, path: str) -> Any:
-    for k in path.split("."):
-        if not isinstance(d, dict):
-            return None
-        d = d.get(k)
-    return d
-
-
 def _pg_server() -> tuple[Any, str | None]:
     """(server, reason-if-unavailable). Reuses tests/support/pg.py without its pytest skips."""
     try:
@@ -121,7 +113,7 @@ def run(cfg: dict[str, Any], scale_result: dict[str, Any] | None = None) -> dict
     pg = {"build": pg_b, "measure": pg_m}
     rows = []
     for label, path, better in COMPARE:
-        a, b = _get(sqlite, path), _get(pg, path)
+        a, b = common.get_path(sqlite, path), common.get_path(pg, path)
         ratio = round(b / a, 3) if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a else None
         rows.append({"metric": label, "sqlite": a, "postgresql": b, "ratio_pg_over_sqlite": ratio, "better": better})
     print(f"  backends: PostgreSQL {n_pg:,} messages (requested {n:,}); SQLite "

@@ -111,6 +111,15 @@ def _loadavg() -> list[float] | None:
 
 # -- statistics ---------------------------------------------------------------------------
 
+def get_path(d: Any, path: str) -> Any:
+    """``d["a"]["b"]`` for ``"a.b"``; None where a level is missing or not a dict."""
+    for k in path.split("."):
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
 def percentile(values: Sequence[float], q: float) -> float | None:
     if not values:
         return None

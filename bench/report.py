@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
+from .common import get_path
+
 
 def _f(v: Any, digits: int = 2) -> str:
     if v is None:
@@ -48,14 +50,6 @@ def _n(n: Any) -> str:
     if n >= 1000 and n % 1000 == 0:
         return f"{n // 1000}k"
     return f"{n:,}"
-
-
-def _get(d: Any, path: str) -> Any:
-    for k in path.split("."):
-        if not isinstance(d, dict):
-            return None
-        d = d.get(k)
-    return d
 
 
 # ----------------------------------------------------------------------------------------------
@@ -219,10 +213,10 @@ def _scale(sc: dict[str, Any]) -> list[str]:
         b, me = p["build"], p["measure"]
         c = me["compress"]
         label = _n(p["n"]) + (" (replicated)" if b.get("n_replicated") else "")
-        ing = None if b.get("reused_base") or b.get("n_replicated") else _get(b, "ingest.msgs_per_s")
+        ing = None if b.get("reused_base") or b.get("n_replicated") else get_path(b, "ingest.msgs_per_s")
         rows.append([label, b["n_stored"], ing, c["engine_ms"]["p50"], c["engine_ms"]["p95"],
-                     f"{c['progressed']}/{c['passes']}", _get(c, "compacting_engine_ms.p50"),
-                     _get(c, "compacting_engine_ms.p95"), c["wall_ms"]["p50"], c["summariser_ms"]["p50"],
+                     f"{c['progressed']}/{c['passes']}", get_path(c, "compacting_engine_ms.p50"),
+                     get_path(c, "compacting_engine_ms.p95"), c["wall_ms"]["p50"], c["summariser_ms"]["p50"],
                      me["should_compress_ms"]["p50"], me["select_context"]["cached_ms"]["p50"],
                      me["select_context"]["first_call_ms"],
                      "yes" if me["select_context"]["same_object_every_call"] else "**no**"])
@@ -256,8 +250,8 @@ def _scale(sc: dict[str, Any]) -> list[str]:
         ing = b.get("ingest") or {}
         if b.get("reused_base") or b.get("n_replicated"):
             continue
-        rows2.append([_n(p["n"]), ing.get("msgs_per_s"), _get(ing, "all_new_batch_msgs_per_s.p50"),
-                      _get(ing, "batch_msgs_per_s.p50"), ing.get("realign_msgs_per_s"), ing.get("seconds"),
+        rows2.append([_n(p["n"]), ing.get("msgs_per_s"), get_path(ing, "all_new_batch_msgs_per_s.p50"),
+                      get_path(ing, "batch_msgs_per_s.p50"), ing.get("realign_msgs_per_s"), ing.get("seconds"),
                       ing.get("generation_seconds")])
     if rows2:
         L += ["Ingest detail:", ""]

@@ -512,15 +512,6 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     return summarise(points, real_cap)
 
 
-def _metric(p: dict[str, Any], path: str) -> Any:
-    cur: Any = p
-    for k in path.split("."):
-        if not isinstance(cur, dict):
-            return None
-        cur = cur.get(k)
-    return cur
-
-
 METRICS = {
     "compress_engine_p50_ms": "measure.compress.engine_ms.p50",
     "compress_engine_p95_ms": "measure.compress.engine_ms.p95",
@@ -542,15 +533,15 @@ METRICS = {
 
 def summarise(points: list[dict[str, Any]], real_cap: int) -> dict[str, Any]:
     xs = [p["build"]["n_stored"] for p in points]
-    fits = {name: fit_loglog(xs, [_metric(p, path) for p in points]) for name, path in METRICS.items()}
+    fits = {name: fit_loglog(xs, [common.get_path(p, path) for p in points]) for name, path in METRICS.items()}
     real = [p for p in points if not p["build"].get("n_replicated")]
-    fits_real = {name: fit_loglog([p["build"]["n_stored"] for p in real], [_metric(p, path) for p in real])
+    fits_real = {name: fit_loglog([p["build"]["n_stored"] for p in real], [common.get_path(p, path) for p in real])
                  for name, path in METRICS.items()} if len(real) < len(points) else None
     rows = []
     for p in points:
         row = {"n": p["n"], "n_stored": p["build"]["n_stored"], "replicated": p["build"]["n_replicated"] > 0}
         for name, path in METRICS.items():
-            row[name] = _metric(p, path)
+            row[name] = common.get_path(p, path)
         ing = p["build"].get("ingest") or {}
         row["ingest_msgs_per_s"] = None if p["build"].get("reused_base") else ing.get("msgs_per_s")
         rows.append(row)
