@@ -21,7 +21,7 @@ from .assemble import Slot
 from .background import BackgroundWorker, presummarise, upgrade_nodes
 from .compaction import Budget, Compactor, PassResult
 from .config import LCMConfig, model_threshold
-from .ingest import align, slots_to_entries
+from .ingest import align
 from .messages import role_of, summary_node_ids, tool_call_ids
 from .newhooks import NewHostHooks
 from .store import Store, open_store
@@ -412,7 +412,7 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
         cfg = self.config
         res = align(self.store, sid, scope, body, ctx, large_tokens=cfg.large_message_tokens,
                     exploration_tokens=cfg.exploration_tokens, resume=resume)
-        entries = slots_to_entries(res.slots)
+        entries = res.entries
         if res.context_written:
             version = self.store.context_version(sid)
         elif res.changed or [(e.kind, e.ref) for e in entries] != [(e.kind, e.ref) for e in ctx]:

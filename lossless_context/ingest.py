@@ -61,6 +61,7 @@ class IngestResult:
     slots: list[Slot]
     new_ids: list[int]
     changed: bool
+    entries: list[ContextEntry]  # the active context the slots stand for (as the store holds it)
     context_written: bool = False  # the store already holds the new active context
     resume: Resume | None = None  # how the next call over a longer list can skip this one
 
@@ -269,18 +270,18 @@ def align(
                 slot = _slot_for(msg, -(k + 1), row.tokens, row.ident)
                 slot.text_tokens = row.tokens
                 slots[idx] = slot
-        final = [s for s in slots if s is not None]
+    final = [s for s in slots if s is not None]
+    if pending:
         new_ids = store.append_messages(session_id, [p[1] for p in pending], context=_context_items(final))
         for s in final:
             if s.refs and s.refs[0] < 0 and s.kind in ("m", "x"):
                 s.refs = [new_ids[-s.refs[0] - 1]]
         context_written = True
-    final = [s for s in slots if s is not None]
+    entries = slots_to_entries(final)
     changed = bool(pending) or len(final) != len(context)
     memo.save()
-    n_entries = sum(len(s.refs) if s.kind == "S" else 1 for s in final if s.kind in ("m", "S"))
-    state = Resume(list(messages), idents, final, n_entries, max(last_mid, max(new_ids, default=0)))
-    return IngestResult(final, new_ids, changed, context_written, state)
+    state = Resume(list(messages), idents, final, len(entries), max(last_mid, max(new_ids, default=0)))
+    return IngestResult(final, new_ids, changed, entries, context_written, state)
 
 
 def _resumable(resume: Resume, messages: Sequence[Any], memo: IdentMemo) -> bool:

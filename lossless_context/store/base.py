@@ -138,8 +138,10 @@ class Store(abc.ABC):
     ) -> tuple[dict[str, int], list[tuple[str, int]]]:
         """Write staged summaries and the staged context; returns key→id and resolved items."""
 
-    @abc.abstractmethod
-    def latest_staged(self, session_id: str) -> StagedPass | None: ...
+    def latest_staged(self, session_id: str) -> StagedPass | None:
+        """The newest staged pass of a session, if any."""
+        staged = self.staged_passes(session_id)
+        return staged[0] if staged else None
 
     @abc.abstractmethod
     def staged_passes(self, session_id: str) -> list[StagedPass]:

@@ -569,17 +569,6 @@ class PostgresStore(PostgresSearch, Store):
 
         return self._write(tx)
 
-    def latest_staged(self, session_id: str) -> StagedPass | None:
-        row = self._read(lambda c: c.execute(
-            "SELECT pass_id, session_id, base_version, base_len, items, top_nodes, created_at"
-            " FROM staged_passes WHERE session_id=%s ORDER BY created_at DESC, rid DESC LIMIT 1",
-            (_t(session_id),),
-        ).fetchone())
-        if row is None:
-            return None
-        return StagedPass(row[0], row[1], row[2], row[3], [tuple(x) for x in json.loads(row[4])],
-                          json.loads(row[5]), row[6])
-
     def staged_passes(self, session_id: str) -> list[StagedPass]:
         rows = self._read(lambda c: c.execute(
             "SELECT pass_id, session_id, base_version, base_len, items, top_nodes, created_at"

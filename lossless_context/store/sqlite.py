@@ -496,17 +496,6 @@ class SQLiteStore(SQLiteSearch, Store):
             )
         return keymap, resolved
 
-    def latest_staged(self, session_id: str) -> StagedPass | None:
-        row = self.conn().execute(
-            "SELECT pass_id, session_id, base_version, base_len, items, top_nodes, created_at"
-            " FROM staged_passes WHERE session_id=? ORDER BY created_at DESC, rowid DESC LIMIT 1",
-            (session_id,),
-        ).fetchone()
-        if row is None:
-            return None
-        return StagedPass(row[0], row[1], row[2], row[3], [tuple(x) for x in json.loads(row[4])],
-                          json.loads(row[5]), row[6])
-
     def staged_passes(self, session_id: str) -> list[StagedPass]:
         rows = self.conn().execute(
             "SELECT pass_id, session_id, base_version, base_len, items, top_nodes, created_at"
