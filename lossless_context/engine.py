@@ -418,6 +418,7 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
         elif res.changed or [(e.kind, e.ref) for e in entries] != [(e.kind, e.ref) for e in ctx]:
             version = self.store.set_context(sid, entries)
         if not for_pass and res.resume is not None:
+            res.resume.version = version
             with self._aligned_lock:
                 self._aligned[sid] = (version, entries, res.resume)
                 while len(self._aligned) > ALIGNED_SESSIONS:

@@ -11,15 +11,17 @@ the incoming list (bounded by the window), never to the stored history.
 from __future__ import annotations
 
 import logging
+import operator
 import time
-from dataclasses import dataclass
-from typing import Any, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
 
 from .assemble import LARGE_OPEN, Slot
 from .explore import explore
 from .messages import (
     IdentMemo,
     absorbed_uids,
+    calls_key,
     content_ident,
     flatten_content,
     is_summary_message,
@@ -38,7 +40,46 @@ log = logging.getLogger("lossless_context.ingest")
 
 LOOKAHEAD = 64
 LOG_WINDOW = 512
+LAZY_ROWS = 256  # more new rows than this are handed to the store as they are built
 TEXT_INDEX_LIMIT = 1_000_000  # chars of a message indexed for search (raw is kept whole)
+
+
+_FIELDS = tuple(operator.methodcaller("get", k) for k in ("content", "role", "tool_call_id", "name"))
+_TOOL_CALLS = operator.methodcaller("get", "tool_calls")
+
+
+@dataclass
+class Snapshot:
+    """What the identities of a list's messages were computed from, to tell cheaply (at C
+    speed, no hashing) that the same message objects still hold the same values.
+
+    Per message: the content/role/tool_call_id/name objects (compared by identity or
+    equality); the rendered tool calls (a list may be changed in place); and the positions
+    whose fields are not plain strings (a content part list may be changed in place), whose
+    identity is recomputed instead."""
+
+    fields: tuple[list[Any], ...]
+    calls: dict[int, tuple | None]
+    complex: list[int]
+
+    @classmethod
+    def of(cls, msgs: Sequence[Any], offset: int = 0) -> "Snapshot | None":
+        try:
+            fields = tuple(list(map(get, msgs)) for get in _FIELDS)
+            tcs = list(map(_TOOL_CALLS, msgs))
+        except (AttributeError, TypeError):  # not all plain mappings: no snapshot, no shortcut
+            return None
+        calls = {offset + i: calls_key(t) for i, t in enumerate(tcs) if t is not None}
+        complex_ = [offset + i for i, (c, r, t, n) in enumerate(zip(*fields))
+                    if not ((c is None or type(c) is str) and type(r) is str
+                            and (t is None or type(t) is str) and (n is None or type(n) is str))]
+        return cls(fields, calls, complex_)
+
+    def extended(self, more: "Snapshot | None") -> "Snapshot | None":
+        if more is None:
+            return None
+        return Snapshot(tuple(a + b for a, b in zip(self.fields, more.fields)),
+                        {**self.calls, **more.calls}, self.complex + more.complex)
 
 
 @dataclass
@@ -46,14 +87,20 @@ class Resume:
     """Where a previous alignment of this session's list ended, to pick up from there.
 
     Valid only while the stored context is the one that alignment left (same version) and
-    the list starts with the very same message objects, unchanged (checked through the
-    ident memo): then the prefix maps to the same slots, and only the rest needs aligning."""
+    the list starts with the very same message objects, unchanged (checked against the
+    snapshot, or through the ident memo): then the prefix maps to the same slots, and only
+    the rest needs aligning. It also keeps the context that alignment wrote, so the next
+    one builds and writes only what it adds."""
 
     objs: list[Any]  # the previous list's messages (the host's own objects)
     idents: list[str]  # their content identities
     slots: list[Slot]  # what they aligned to
     j: int  # the position in the context after them
     last_mid: int  # the newest stored message they reference
+    entries: list[ContextEntry] = field(default_factory=list)  # the active context they stand for
+    items: list[tuple[str, int]] = field(default_factory=list)  # (kind, ref) of those entries
+    snap: Snapshot | None = None
+    version: int = -1  # the stored context version (set by the engine once it knows it)
 
 
 @dataclass
@@ -133,7 +180,7 @@ def align(
 ) -> IngestResult:
     """Map every incoming message to a stored one (or store it) and return the slots."""
     slots: list[Slot | None] = []
-    pending: list[tuple[int, NewMessage, Any]] = []  # (slot index, row, msg)
+    pending: list[tuple[int, Any, str | None, int | None]] = []  # (slot index, msg, ident, supersedes)
     j = 0
     last_mid = 0
     log_cache: list[tuple[int, str, str | None]] | None = None
@@ -141,7 +188,9 @@ def align(
     memo = IdentMemo(session_id)  # the host re-sends the same list: hash only what changed
     idents: list[str] = []
     start = 0
+    base: Resume | None = None
     if resume is not None and _resumable(resume, messages, memo):
+        base = resume
         slots, idents, j, last_mid, start = list(resume.slots), list(resume.idents), resume.j, \
             resume.last_mid, len(resume.objs)
     lazy: dict[str, Any] = {}
@@ -163,8 +212,11 @@ def align(
         return lazy["summaries"]
 
     for msg in messages[start:] if start else messages:
-        ident = memo.ident(msg)
-        idents.append(ident)
+        # Past the end of the stored context (new messages at the tail) the identity is
+        # needed only to compare with a stored row: it is computed when one is found, or
+        # else while the row is built (overlapping the store's writing, see build()).
+        ident = memo.ident(msg) if j < len(context) else None
+        idents.append(ident)  # type: ignore[arg-type]  # (None: filled in below)
         # 1. Our own summary block (possibly merged into a neighbour by the host).
         if is_summary_message(msg):
             nodes = summary_node_ids(msg)
@@ -188,8 +240,7 @@ def align(
                 if _is_merged(msg):
                     log.info("lcm: our summary was merged with a neighbour by the host; the merged "
                              "message is stored verbatim and the summary nodes kept")
-                    row = new_message(msg, large_tokens, exploration_tokens)
-                    pending.append((-1, row, msg))
+                    pending.append((-1, msg, memo.ident(msg), None))
                 continue
         # 2. A large message we represented by its exploration summary.
         lref = _large_ref(msg)
@@ -205,7 +256,7 @@ def align(
         found = None
         if j < len(context) and context[j].ident == ident and context[j].kind == "m":
             found = j  # the usual case, a re-sent list: the very next entry (the scan finds it first too)
-        else:
+        elif j < len(context):  # (past its end — new messages at the tail — nothing to look up)
             alias_of = aliases().get(ident)
             for k in range(j, min(len(context), j + LOOKAHEAD)):
                 e = context[k]
@@ -222,6 +273,8 @@ def align(
         supersedes = None
         # 4. A known uid: same content is the same message; new content is a new version.
         if uid:
+            if ident is None:
+                ident = idents[-1] = memo.ident(msg)
             hit = store.find_uid(scope, uid)
             if hit is not None:
                 if hit[1] == ident:
@@ -237,6 +290,8 @@ def align(
                 # session is a new message here, never that old row.
                 log_cache = store.log_after([session_id], last_mid, LOG_WINDOW)
                 log_pos = 0
+            if ident is None and (log_pos < len(log_cache) or len(log_cache) == LOG_WINDOW):
+                ident = idents[-1] = memo.ident(msg)
             hit_mid = None
             for k in range(log_pos, len(log_cache)):
                 mid, mident, muid = log_cache[k]
@@ -256,42 +311,86 @@ def align(
                 last_mid = hit_mid
                 continue
         # 6. New.
-        row = new_message(msg, large_tokens, exploration_tokens, supersedes=supersedes, ident=ident)
         slots.append(None)
-        pending.append((len(slots) - 1, row, msg))
+        pending.append((len(slots) - 1, msg, ident, supersedes))
 
     new_ids: list[int] = []
     context_written = False
     if pending:
         # New rows get placeholder refs (-1, -2, …) so the store can write them and the new
         # active context in ONE transaction: a crash in between cannot strand them.
-        for k, (idx, row, msg) in enumerate(pending):
+        # Their tokens are filled in once their rows are built.
+        for k, (idx, msg, ident, _) in enumerate(pending):
             if idx >= 0:
-                slot = _slot_for(msg, -(k + 1), row.tokens, row.ident)
-                slot.text_tokens = row.tokens
-                slots[idx] = slot
-    final = [s for s in slots if s is not None]
+                slots[idx] = _slot_for(msg, -(k + 1), 0, ident or "")
+    # A resumed call builds (and the store writes) only what follows the resumed prefix.
+    n0 = len(base.slots) if base is not None else 0
+    added = [s for s in slots[n0:] if s is not None]
+    final = base.slots + added if base is not None else added
+    prefix_items = base.items if base is not None else []
     if pending:
-        new_ids = store.append_messages(session_id, [p[1] for p in pending], context=_context_items(final))
-        for s in final:
-            if s.refs and s.refs[0] < 0 and s.kind in ("m", "x"):
-                s.refs = [new_ids[-s.refs[0] - 1]]
+        known = (base.version, len(base.items)) if base is not None and base.version >= 0 else None
+        rows: list[NewMessage] = []
+
+        def build() -> Iterator[NewMessage]:
+            for idx, msg, ident, supersedes in pending:
+                if ident is None:
+                    ident = idents[idx] = memo.ident(msg)
+                rows.append(new_message(msg, large_tokens, exploration_tokens, supersedes=supersedes, ident=ident))
+                yield rows[-1]
+
+        # Many rows go lazily: the store may write one chunk while the next is being built.
+        new_ids = store.append_messages(session_id, build() if len(pending) > LAZY_ROWS else list(build()),
+                                        context=prefix_items + _context_items(added), context_known=known)
+        for k, (idx, *_) in enumerate(pending):
+            if idx >= 0:
+                s, row = slots[idx], rows[k]
+                s.refs = [new_ids[k]]
+                s.ident = row.ident
+                s.text_tokens = row.tokens
+                if s.kind == "m":
+                    s.tokens = row.tokens
         context_written = True
-    entries = slots_to_entries(final)
+    items = prefix_items + _context_items(added)
+    if None in idents:  # a tail message matched without its identity (a summary block, a large one)
+        for i in range(start, len(idents)):
+            if idents[i] is None:
+                idents[i] = memo.ident(messages[i])
+    entries = (base.entries if base is not None else []) + slots_to_entries(added)
     changed = bool(pending) or len(final) != len(context)
+    if base is not None:
+        memo.keep_previous()  # the prefix is unchanged: its memo entries still hold
     memo.save()
-    state = Resume(list(messages), idents, final, len(entries), max(last_mid, max(new_ids, default=0)))
+    new_part = messages[start:] if start else messages
+    snap = base.snap.extended(Snapshot.of(new_part, start)) if base is not None and base.snap is not None \
+        else (Snapshot.of(messages) if base is None else None)
+    state = Resume(list(messages), idents, final, len(entries), max(last_mid, max(new_ids, default=0)),
+                   entries, items, snap)
     return IngestResult(final, new_ids, changed, entries, context_written, state)
 
 
 def _resumable(resume: Resume, messages: Sequence[Any], memo: IdentMemo) -> bool:
     """True when ``messages`` starts with ``resume``'s messages, the same objects unchanged."""
-    if len(messages) < len(resume.objs) or len(resume.idents) != len(resume.objs):
+    n = len(resume.objs)
+    if len(messages) < n or len(resume.idents) != n:
         return False
-    for m, old, ident in zip(messages, resume.objs, resume.idents):
-        if m is not old or memo.ident(m) != ident:
-            return False
-    return True
+    head = messages[:n]
+    if not all(map(operator.is_, head, resume.objs)):
+        return False
+    snap = resume.snap
+    now = Snapshot.of(head) if snap is not None else None
+    if snap is None or now is None:
+        # No snapshot (a list with non-mapping items): compare every identity via the memo.
+        return all(memo.ident(m) == ident for m, ident in zip(head, resume.idents))
+    # Same objects (or equal values) in every field that the identity is computed from.
+    if now.fields != snap.fields or now.complex != snap.complex or now.calls.keys() != snap.calls.keys():
+        return False
+    for i, key in now.calls.items():
+        if key is None or key != snap.calls[i]:
+            if memo.ident(head[i]) != resume.idents[i]:
+                return False
+    # A part list (or another non-string field) may have been changed in place.
+    return all(memo.ident(head[i]) == resume.idents[i] for i in now.complex)
 
 
 def _last_covered(store: Store, node: int) -> int:

@@ -94,6 +94,9 @@ def _ident_rest(role: Any, tcs: Any, tcid: Any, name: Any) -> str:
     with the encoder's own string escaper and ", " separators: the same bytes, without the
     per-call encoder setup that cost more than the hashing.
     """
+    if tcs is None and type(role) is str and (tcid is None or type(tcid) is str) and name is None:
+        # The commonest shape (no tool calls, no name), spelled out at once.
+        return "[" + _json_str(role) + ", null, " + ("null" if tcid is None else _json_str(tcid)) + ", null]"
     parts: list[Any] = [_json_atom(role), "null", _json_atom(tcid), _json_atom(name)]
     if tcs is not None:
         parts[1] = None
@@ -147,7 +150,7 @@ _memos: OrderedDict[str, dict[int, tuple]] = OrderedDict()
 _memos_lock = threading.Lock()
 
 
-def _calls_key(tcs: Any) -> tuple | None:
+def calls_key(tcs: Any) -> tuple | None:
     """The str/None fields of plain-dict tool calls (what the ident renders of them), else None.
 
     Equal keys render to equal JSON; cheaper to compare than rendering again.
@@ -195,7 +198,7 @@ class IdentMemo:
         if not (name is None or type(name) is str):
             return content_ident(msg)
         tcs = msg.get("tool_calls")
-        calls = None if tcs is None else (_calls_key(tcs) or _ident_rest(role, tcs, tcid, name))
+        calls = None if tcs is None else (calls_key(tcs) or _ident_rest(role, tcs, tcid, name))
         hit = self.old.get(id(msg))
         if (hit is not None and hit[0] is content and hit[1] is role and hit[2] is tcid and hit[3] is name
                 and hit[4] == calls):
@@ -204,6 +207,13 @@ class IdentMemo:
             ident = content_ident(msg)
         self.new[id(msg)] = (content, role, tcid, name, calls, ident)
         return ident
+
+    def keep_previous(self) -> None:
+        """Carry the previous list's entries over (the caller verified those messages are
+        unchanged without asking the memo), so a later call can still reuse them."""
+        merged = dict(self.old)
+        merged.update(self.new)
+        self.new = merged
 
     def save(self) -> None:
         with _memos_lock:
@@ -304,8 +314,8 @@ def message_text(msg: Any, limit: int | None = None) -> str:
     if isinstance(calls, list):
         rendered = []
         for tc in calls:
-            if isinstance(tc, Mapping):
-                fn = tc.get("function") if isinstance(tc.get("function"), Mapping) else {}
+            if _is_map(tc):
+                fn = tc.get("function") if _is_map(tc.get("function")) else {}
                 args = fn.get("arguments")
                 if not isinstance(args, str):
                     args = safe_json(args)

@@ -41,6 +41,38 @@ def _shadow(msg: Mapping[str, Any]) -> tuple[dict, int]:
     return shadow, images
 
 
+_CTRL = bytes(range(32)) + b"\x7f"
+
+
+def _repr_len(s: str) -> int:
+    """len(repr(s)) without building it (an ASCII text's escapes are counted in C)."""
+    if not s.isascii():
+        return len(repr(s))
+    b = s.encode("ascii")
+    n = len(b)
+    extra = b.count(b"\\")
+    ctrl = n - len(b.translate(None, _CTRL))
+    if ctrl:  # \t \n \r take 2 characters, other controls \xNN take 4
+        nl, cr, tab = b.count(b"\n"), b.count(b"\r"), b.count(b"\t")
+        extra += nl + cr + tab + 3 * (ctrl - nl - cr - tab)
+    sq = b.count(b"'")
+    if sq and b.count(b'"'):  # with both quotes present, repr escapes its own (')
+        extra += sq
+    return n + 2 + extra
+
+
+def _str_len(msg: dict) -> int:
+    """len(str(msg)) for a plain dict, its string keys and values measured without repr."""
+    total = 4 * len(msg)  # "{" "}", a ": " per entry and a ", " between entries
+    for k, v in msg.items():
+        total += len(repr(k))
+        if type(v) is str and len(v) > 256:  # counting pays off only for long texts
+            total += _repr_len(v)
+        else:
+            total += len(repr(v))
+    return total if msg else 2
+
+
 def estimate_message_tokens(msg: Any) -> int:
     """Tokens one message costs in a request (base64 media at a flat rate)."""
     if not isinstance(msg, dict):
@@ -48,7 +80,7 @@ def estimate_message_tokens(msg: Any) -> int:
     if type(msg) is dict and not isinstance(msg.get("content"), list) \
             and not any(k.startswith("_") for k in msg):
         # Nothing to strip: the shadow would be an equal plain dict, so its str is this one's.
-        return (len(str(msg)) + 3) // 4
+        return (_str_len(msg) + 3) // 4
     shadow, images = _shadow(msg)
     return (len(str(shadow)) + 3) // 4 + images * IMAGE_TOKEN_COST
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import abc
 import re
 import contextlib
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from ..records import (
     ContextEntry,
@@ -82,10 +82,16 @@ class Store(abc.ABC):
 
     # -- messages -----------------------------------------------------------
     @abc.abstractmethod
-    def append_messages(self, session_id: str, rows: Sequence[NewMessage],
-                        context: Sequence[tuple[str, int]] | None = None) -> list[int]:
+    def append_messages(self, session_id: str, rows: Iterable[NewMessage],
+                        context: Sequence[tuple[str, int]] | None = None,
+                        context_known: tuple[int, int] | None = None) -> list[int]:
         """Store rows; with `context`, also replace the session's active context in the same
-        transaction (a negative message ref -k names the k-th new row)."""
+        transaction (a negative message ref -k names the k-th new row). `rows` may be a lazy
+        iterable (consumed once, inside the write).
+
+        `context_known=(version, k)` says the stored context, if still at `version`, already
+        holds `context[:k]`: then only the rest is written (checked under the write lock;
+        any other version gets the full comparison)."""
 
     @abc.abstractmethod
     def get_messages(self, ids: Sequence[int]) -> dict[int, MessageRecord]: ...

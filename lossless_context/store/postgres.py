@@ -33,7 +33,7 @@ import random
 import re
 import threading
 import time
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from ..messages import safe_json
@@ -354,8 +354,10 @@ class PostgresStore(PostgresSearch, Store):
 
     # -- messages -------------------------------------------------------------------------
 
-    def append_messages(self, session_id: str, rows: Sequence[NewMessage],
-                        context: Sequence[tuple[str, int]] | None = None) -> list[int]:
+    def append_messages(self, session_id: str, rows: Iterable[NewMessage],
+                        context: Sequence[tuple[str, int]] | None = None,
+                        context_known: tuple[int, int] | None = None) -> list[int]:
+        rows = list(rows)  # may be lazy; a retried transaction needs them again
         if not rows:
             return []
         sid = _t(session_id)
@@ -387,7 +389,11 @@ class PostgresStore(PostgresSearch, Store):
                     )
             c.execute("UPDATE sessions SET updated_at=%s WHERE id=%s", (time.time(), sid))
             if context is not None:
-                self._write_context(c, sid, resolve_new_refs(context, ids))
+                known = 0
+                if context_known is not None and c.execute(
+                        "SELECT context_version FROM sessions WHERE id=%s", (sid,)).fetchone() == (context_known[0],):
+                    known = context_known[1]
+                self._write_context(c, sid, [*context[:known], *resolve_new_refs(context[known:], ids)], known)
             return ids
 
         return self._write(tx)
@@ -505,15 +511,17 @@ class PostgresStore(PostgresSearch, Store):
         return self._write(tx)
 
     @staticmethod
-    def _write_context(c: Any, session_id: str, items: Sequence[tuple[str, int]]) -> None:
-        c.execute("DELETE FROM context_items WHERE session_id=%s", (session_id,))
-        if items:
+    def _write_context(c: Any, session_id: str, items: Sequence[tuple[str, int]], known: int = 0) -> None:
+        # `known`: the caller checked the version, the stored context is items[:known].
+        c.execute("DELETE FROM context_items WHERE session_id=%s AND pos>=%s", (session_id, known))
+        tail = items[known:]
+        if tail:
             c.execute(
                 "INSERT INTO context_items(session_id, pos, message_id, summary_id)"
-                " SELECT %s, u.ord - 1, u.m, u.s FROM unnest(%s::bigint[], %s::bigint[]) WITH ORDINALITY AS u(m, s, ord)",
-                (session_id,
-                 [int(ref) if kind == "m" else None for kind, ref in items],
-                 [int(ref) if kind == "s" else None for kind, ref in items]),
+                " SELECT %s, u.ord - 1 + %s, u.m, u.s FROM unnest(%s::bigint[], %s::bigint[]) WITH ORDINALITY AS u(m, s, ord)",
+                (session_id, known,
+                 [int(ref) if kind == "m" else None for kind, ref in tail],
+                 [int(ref) if kind == "s" else None for kind, ref in tail]),
             )
         c.execute(
             "UPDATE sessions SET context_version = context_version + 1, updated_at=%s WHERE id=%s",

@@ -17,9 +17,10 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterable, Iterator, Sequence
 
-from ..messages import clean_text, has_cjk, safe_json
+from ..messages import clean_text
 from ..owners import pass_owner
 from ..records import (
     ContextEntry,
@@ -29,7 +30,8 @@ from ..records import (
     StagedPass,
     SummaryRecord,
 )
-from .base import Store, StoreError, resolve_keys, resolve_new_refs, with_appended
+from .base import Store, StoreError, resolve_keys, with_appended
+from . import sqlite_append
 from .sqlite_migrations import MIGRATIONS
 from .sqlite_search import SQLiteSearch
 
@@ -78,6 +80,9 @@ class SQLiteStore(SQLiteSearch, Store):
         self._ready = False
         self._ready_lock = threading.Lock()
         self._thread_locks: dict[str, threading.Lock] = {}
+        self._writer_lock = threading.Lock()
+        self._writer_ex: ThreadPoolExecutor | None = None
+        self._writer_pid = 0
 
     # -- connections ----------------------------------------------------------
 
@@ -145,6 +150,17 @@ class SQLiteStore(SQLiteSearch, Store):
     def tx(self) -> Iterator[sqlite3.Connection]:
         """A write transaction; BEGIN IMMEDIATE takes the single writer slot up front."""
         c = self.conn()
+        self._begin(c)
+        try:
+            yield c
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+        else:
+            c.execute("COMMIT")
+
+    @staticmethod
+    def _begin(c: sqlite3.Connection) -> None:
         deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000 * 2
         while True:
             try:
@@ -156,13 +172,6 @@ class SQLiteStore(SQLiteSearch, Store):
                 if time.monotonic() > deadline:
                     raise StoreError(f"store busy for too long: {exc}") from exc
                 time.sleep(0.05)
-        try:
-            yield c
-        except BaseException:
-            c.execute("ROLLBACK")
-            raise
-        else:
-            c.execute("COMMIT")
 
     def _migrate(self, c: sqlite3.Connection) -> None:
         c.execute(
@@ -191,6 +200,9 @@ class SQLiteStore(SQLiteSearch, Store):
         return [r[0] for r in self.conn().execute("SELECT name FROM lcm_migrations ORDER BY name")]
 
     def close(self) -> None:
+        ex, self._writer_ex = self._writer_ex, None
+        if ex is not None and self._writer_pid == os.getpid():
+            ex.shutdown(wait=True)
         with self._conns_lock:
             conns, self._conns = self._conns, []
         for c in conns:
@@ -288,41 +300,24 @@ class SQLiteStore(SQLiteSearch, Store):
 
     # -- messages -------------------------------------------------------------
 
-    def append_messages(self, session_id: str, rows: Sequence[NewMessage],
-                        context: Sequence[tuple[str, int]] | None = None) -> list[int]:
-        if not rows:
-            return []
-        with self.tx() as c:
-            seq = c.execute("SELECT COALESCE(MAX(seq), -1) FROM messages WHERE session_id=?",
-                            (session_id,)).fetchone()[0]
-            # The ids SQLite would pick itself (max + 1, no AUTOINCREMENT), fixed up front so
-            # the rows can go in bulk statements; the write lock is held since BEGIN IMMEDIATE.
-            first = c.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM messages").fetchone()[0]
-            ids = list(range(first, first + len(rows)))
-            params, cjk, absorbed = [], [], []
-            for mid, r in zip(ids, rows):
-                seq += 1
-                text = clean_text(r.text)
-                if has_cjk(text):  # the rows the GLOB of migration 006 picks
-                    cjk.append((mid, text))
-                params.append((mid, session_id, seq, r.uid, r.ident, r.role, safe_json(r.raw), text, r.tokens,
-                               r.created_at, r.supersedes, int(r.large), r.exploration))
-                absorbed.extend((mid, u) for u in r.absorbed)
-            # Gate the insert triggers off and index the batch in bulk instead (migration 007
-            # says why); same transaction, so searchable as soon as committed.
-            c.execute("INSERT INTO lcm_bulk_indexing(active) VALUES (1)")
-            _insert_messages(c, params)
-            c.execute("DELETE FROM lcm_bulk_indexing")
-            c.execute("INSERT INTO messages_fts(rowid, text) SELECT id, text FROM messages WHERE id BETWEEN ? AND ?",
-                      (ids[0], ids[-1]))
-            if cjk:
-                c.executemany("INSERT INTO messages_cjk(rowid, text) VALUES (?, ?)", cjk)
-            if absorbed:
-                c.executemany("INSERT OR IGNORE INTO message_absorbed(message_id, uid) VALUES (?, ?)", absorbed)
-            c.execute("UPDATE sessions SET updated_at=? WHERE id=?", (time.time(), session_id))
-            if context is not None:
-                self._write_context(c, session_id, resolve_new_refs(context, ids))
-        return ids
+    def append_messages(self, session_id: str, rows: Iterable[NewMessage],
+                        context: Sequence[tuple[str, int]] | None = None,
+                        context_known: tuple[int, int] | None = None) -> list[int]:
+        # `rows` may be a lazy iterable: a large append is pipelined, its SQL on the writer
+        # thread while this thread builds the next rows (store/sqlite_append.py).
+        if isinstance(rows, (list, tuple)) and len(rows) <= sqlite_append.CHUNK:
+            batch = sqlite_append.Batch(self.conn, self._begin, session_id)
+            return sqlite_append.append(batch, rows, context, context_known, self._write_context, None)
+        with self._writer_lock:  # one pipelined append at a time per writer connection
+            batch = sqlite_append.Batch(self.conn, self._begin, session_id)
+            return sqlite_append.append(batch, rows, context, context_known, self._write_context, self._writer)
+
+    def _writer(self) -> ThreadPoolExecutor:
+        """The thread (with its own connection and warm page cache) that runs large appends' SQL."""
+        if self._writer_ex is None or self._writer_pid != os.getpid():  # threads do not survive fork
+            self._writer_ex = ThreadPoolExecutor(1, thread_name_prefix="lcm-writer")
+            self._writer_pid = os.getpid()
+        return self._writer_ex
 
     def get_messages(self, ids: Sequence[int]) -> dict[int, MessageRecord]:
         out: dict[int, MessageRecord] = {}
@@ -432,20 +427,28 @@ class SQLiteStore(SQLiteSearch, Store):
             return row[0] + 1
 
     @staticmethod
-    def _write_context(c: sqlite3.Connection, session_id: str, items: Sequence[tuple[str, int]]) -> None:
+    def _write_context(c: sqlite3.Connection, session_id: str, items: Sequence[tuple[str, int]],
+                       known: int | None = None) -> None:
         # Only the tail that differs is rewritten: after an ingest the old context is a
-        # prefix of the new one, and rewriting every row was O(context) per ingest.
-        new = [(ref if kind == "m" else None, ref if kind == "s" else None) for kind, ref in items]
-        old = c.execute("SELECT message_id, summary_id FROM context_items WHERE session_id=? ORDER BY pos",
-                        (session_id,)).fetchall()
-        keep = min(len(old), len(new))
-        if old[:keep] != new[:keep]:
-            keep = next(k for k in range(keep) if old[k] != new[k])
-        if keep < len(old):
+        # prefix of the new one, and rewriting every row was O(context) per ingest. With
+        # `known` (the caller checked the version: the stored context is items[:known])
+        # not even the old rows are read.
+        if known is not None:
+            keep = known
             c.execute("DELETE FROM context_items WHERE session_id=? AND pos>=?", (session_id, keep))
+        else:
+            new = [(ref if kind == "m" else None, ref if kind == "s" else None) for kind, ref in items]
+            old = c.execute("SELECT message_id, summary_id FROM context_items WHERE session_id=? ORDER BY pos",
+                            (session_id,)).fetchall()
+            keep = min(len(old), len(new))
+            if old[:keep] != new[:keep]:
+                keep = next(k for k in range(keep) if old[k] != new[k])
+            if keep < len(old):
+                c.execute("DELETE FROM context_items WHERE session_id=? AND pos>=?", (session_id, keep))
         c.executemany(
             "INSERT INTO context_items(session_id, pos, message_id, summary_id) VALUES (?,?,?,?)",
-            [(session_id, pos, *new[pos]) for pos in range(keep, len(new))],
+            [(session_id, pos, ref if kind == "m" else None, ref if kind == "s" else None)
+             for pos, (kind, ref) in enumerate(items[keep:], keep)],
         )
         c.execute(
             "UPDATE sessions SET context_version = context_version + 1, updated_at=? WHERE id=?",
@@ -693,22 +696,6 @@ class SQLiteStore(SQLiteSearch, Store):
                 except OSError:
                     pass
             os.close(fd)
-
-
-_MSG_INSERT = ("INSERT INTO messages(id, session_id, seq, uid, ident, role, raw, text, tokens, created_at,"
-               " supersedes, large, exploration) VALUES ")
-_MSG_ROW = "(?,?,?,?,?,?,?,?,?,?,?,?,?)"
-
-
-def _insert_messages(c: sqlite3.Connection, params: list[tuple]) -> None:
-    """Insert message rows many per statement: one statement run per chunk, not per row."""
-    per = max(1, min(256, c.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // len(params[0])))
-    full = len(params) - len(params) % per
-    sql = _MSG_INSERT + ",".join([_MSG_ROW] * per)
-    for k in range(0, full, per):
-        c.execute(sql, [x for row in params[k:k + per] for x in row])
-    if full < len(params):  # the rest one by one: a statement per distinct count would churn the cache
-        c.executemany(_MSG_INSERT + _MSG_ROW, params[full:])
 
 
 def _split_sql(script: str) -> list[str]:

@@ -215,4 +215,20 @@ MIGRATIONS: list[tuple[str, str]] = [
         END;
         """,
     ),
+    (
+        # A bulk append indexes each chunk of rows in the same statement that inserts them:
+        # the trigger fires on the chunk's last row (its id is in lcm_bulk_range) and indexes
+        # the whole range in one FTS statement. One statement per chunk instead of two, so a
+        # pipelined append's writer thread comes back to Python once per chunk (see
+        # store/sqlite_append.py). Only the store's own appends fill lcm_bulk_range.
+        "008_bulk_range_trigger",
+        """
+        CREATE TABLE lcm_bulk_range (lo INTEGER NOT NULL, hi INTEGER NOT NULL);
+        CREATE TRIGGER messages_bulk_fts AFTER INSERT ON messages
+        WHEN new.id = (SELECT hi FROM lcm_bulk_range) BEGIN
+            INSERT INTO messages_fts(rowid, text)
+            SELECT id, text FROM messages WHERE id BETWEEN (SELECT lo FROM lcm_bulk_range) AND new.id;
+        END;
+        """,
+    ),
 ]

@@ -1,0 +1,200 @@
+"""Appending messages to the SQLite store: rows, search indexes and the new active context
+in ONE transaction, with large appends pipelined against the caller's row production.
+
+Ingest time is about half Python (building each row: identity, token estimate, JSON) and
+half SQLite (inserting rows, FTS5 tokenising). sqlite3 releases the GIL while SQLite works,
+so a large append runs its SQL on the store's writer thread (its own connection) while the
+calling thread builds the next chunk of rows: the two halves overlap on two cores. The
+writer holds the write lock from its first chunk to COMMIT, exactly as a single-threaded
+append would, and nothing is visible before COMMIT; a failure on either side rolls back.
+
+Each chunk's rows go in bulk statements with their ids and session positions computed by
+SQL from two base values (``?1 + k``), so the writer thread does no per-row Python; the
+chunk is then FTS-indexed in one statement (migration 007 explains the gate table).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import sqlite3
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from ..messages import clean_text, has_cjk, safe_json
+from ..records import NewMessage
+from .base import resolve_new_refs
+
+CHUNK = 512  # rows per pipelined step (and the most a synchronous append handles at once)
+BLOCK = 512  # rows per insert statement
+_COLS = 10  # per-row parameters the caller prepares (everything but id, session, seq)
+_HEAD = "INSERT INTO messages(id, session_id, seq, uid, ident, role, raw, text, tokens, created_at," \
+        " supersedes, large, exploration) VALUES "
+
+
+def _blocks(n: int, limit: int) -> Iterator[int]:
+    """Rows per statement: blocks of BLOCK, the rest in powers of two. Compiling a statement
+    grows faster than its row count (a 500-row one takes ~60 ms) and each distinct size is
+    compiled once per connection, so only a few small fixed sizes are ever used."""
+    block = max(1, min(BLOCK, limit))
+    for _ in range(n // block):
+        yield block
+    rest = n % block
+    bit = 1 << max(0, rest.bit_length() - 1)
+    while rest:
+        if rest & bit:
+            yield bit
+            rest -= bit
+        bit >>= 1
+
+
+@functools.lru_cache(maxsize=16)
+def _insert_sql(n: int) -> str:
+    """A statement for n rows: ids and seqs are ?1 + k and ?3 + k, the session is ?2."""
+    rows = []
+    for k in range(n):
+        p = 4 + k * _COLS
+        rows.append(f"(?1+{k},?2,?3+{k}," + ",".join(f"?{p + i}" for i in range(_COLS)) + ")")
+    return _HEAD + ",".join(rows)
+
+
+class Prepared:
+    """One chunk of rows as SQL parameters, built on the calling thread."""
+
+    __slots__ = ("n", "flat", "cjk", "absorbed")
+
+    def __init__(self, rows: Sequence[NewMessage]) -> None:
+        flat: list[Any] = []
+        cjk: list[tuple[int, str]] = []
+        absorbed: list[tuple[int, str]] = []
+        for k, r in enumerate(rows):
+            text = clean_text(r.text)
+            if has_cjk(text):  # the rows the GLOB of migration 006 picks
+                cjk.append((k, text))
+            flat += (r.uid, r.ident, r.role, safe_json(r.raw), text, r.tokens, r.created_at, r.supersedes,
+                     int(r.large), r.exploration)
+            if r.absorbed:
+                absorbed.extend((k, u) for u in r.absorbed)
+        self.n, self.flat, self.cjk, self.absorbed = len(rows), flat, cjk, absorbed
+
+
+class Batch:
+    """One append transaction on one connection; every method runs on that connection's thread."""
+
+    def __init__(self, conn: Callable[[], sqlite3.Connection], begin: Callable[[sqlite3.Connection], None],
+                 session_id: str) -> None:
+        self._conn, self._begin, self.session_id = conn, begin, session_id
+        self.c: sqlite3.Connection | None = None
+        self.ids: list[int] = []
+        self.absorbed: list[tuple[int, str]] = []
+        self._seq = 0
+        self._next = 0
+
+    def insert(self, p: Prepared, started: threading.Event | None = None) -> None:
+        c = self.c
+        if c is None:
+            c = self._conn()
+            self._begin(c)
+            self.c = c
+            self._seq = c.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM messages WHERE session_id=?",
+                                  (self.session_id,)).fetchone()[0]
+            # The ids SQLite would pick itself (max + 1, no AUTOINCREMENT), fixed up front so
+            # the rows can go in bulk statements; the write lock is held since BEGIN IMMEDIATE.
+            self._next = c.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM messages").fetchone()[0]
+            # Gate the per-row insert triggers off and index each chunk in bulk instead
+            # (migrations 007 and 008 say why).
+            c.execute("INSERT INTO lcm_bulk_indexing(active) VALUES (1)")
+            c.execute("INSERT INTO lcm_bulk_range(lo, hi) VALUES (0, 0)")
+        first, seq = self._next, self._seq
+        # The row with id `hi` fires the FTS indexing of the whole chunk (migration 008).
+        c.execute("UPDATE lcm_bulk_range SET lo=?, hi=?", (first, first + p.n - 1))
+        if started is not None:
+            started.set()  # the caller goes on building rows while the chunk's statement runs
+        k = 0
+        for n in _blocks(p.n, (c.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) - 3) // _COLS):
+            c.execute(_insert_sql(n), [first + k, self.session_id, seq + k, *p.flat[k * _COLS:(k + n) * _COLS]])
+            k += n
+        if p.cjk:
+            c.executemany("INSERT INTO messages_cjk(rowid, text) VALUES (?, ?)", [(first + k, t) for k, t in p.cjk])
+        self.absorbed.extend((first + k, u) for k, u in p.absorbed)
+        self.ids.extend(range(first, first + p.n))
+        self._next, self._seq = first + p.n, seq + p.n
+
+    def finish(self, context: Sequence[tuple[str, int]] | None, context_known: tuple[int, int] | None,
+               write_context: Callable[..., None]) -> list[int]:
+        c = self.c
+        assert c is not None
+        try:
+            c.execute("DELETE FROM lcm_bulk_indexing")
+            c.execute("DELETE FROM lcm_bulk_range")
+            if self.absorbed:
+                c.executemany("INSERT OR IGNORE INTO message_absorbed(message_id, uid) VALUES (?, ?)", self.absorbed)
+            c.execute("UPDATE sessions SET updated_at=? WHERE id=?", (time.time(), self.session_id))
+            if context is not None:
+                known = None
+                if context_known is not None and c.execute(
+                        "SELECT context_version FROM sessions WHERE id=?",
+                        (self.session_id,)).fetchone() == (context_known[0],):
+                    known = context_known[1]
+                k = known or 0  # only the unknown part can name new rows
+                write_context(c, self.session_id, [*context[:k], *resolve_new_refs(context[k:], self.ids)], known)
+        except BaseException:
+            self.rollback()
+            raise
+        c.execute("COMMIT")
+        self.c = None
+        return self.ids
+
+    def rollback(self) -> None:
+        if self.c is not None:
+            c, self.c = self.c, None
+            try:
+                c.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+
+
+def append(batch: Batch, rows: Iterable[NewMessage], context: Sequence[tuple[str, int]] | None,
+           context_known: tuple[int, int] | None, write_context: Callable[..., None],
+           writer: Callable[[], ThreadPoolExecutor] | None) -> list[int]:
+    """Run `batch` over `rows`: on this thread, or — given a writer and more than one chunk —
+    with the SQL on the writer thread while this thread builds the next chunk."""
+    it = iter(rows)
+    chunk = list(itertools.islice(it, CHUNK))
+    if not chunk:
+        return []
+    try:
+        if writer is None:
+            while chunk:
+                batch.insert(Prepared(chunk))
+                chunk = list(itertools.islice(it, CHUNK))
+            return batch.finish(context, context_known, write_context)
+        ex = writer()
+        running: Future | None = None
+        try:
+            while chunk:
+                p = Prepared(chunk)
+                if running is not None:
+                    running.result()
+                started = threading.Event()
+                running = ex.submit(batch.insert, p, started)
+                while not started.wait(0.05) and not running.done():
+                    pass
+                chunk = list(itertools.islice(it, CHUNK))  # built while the writer inserts
+            running.result()
+            running = None
+            return ex.submit(batch.finish, context, context_known, write_context).result()
+        except BaseException:
+            if running is not None:
+                try:
+                    running.result()
+                except BaseException:
+                    pass
+            ex.submit(batch.rollback).result()
+            raise
+    except BaseException:
+        if writer is None:
+            batch.rollback()
+        raise
