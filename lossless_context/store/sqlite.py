@@ -31,7 +31,7 @@ from ..records import (
     SummaryRecord,
 )
 from .base import Store, StoreError, resolve_keys, with_appended
-from . import sqlite_append
+from . import sqlite_append, sqlite_wal
 from .sqlite_migrations import MIGRATIONS
 from .sqlite_search import SQLiteSearch
 
@@ -83,6 +83,7 @@ class SQLiteStore(SQLiteSearch, Store):
         self._writer_lock = threading.Lock()
         self._writer_ex: ThreadPoolExecutor | None = None
         self._writer_pid = 0
+        self._checkpointer = sqlite_wal.Checkpointer(self.location, self._connect)
 
     # -- connections ----------------------------------------------------------
 
@@ -142,6 +143,8 @@ class SQLiteStore(SQLiteSearch, Store):
         # instead of spilling to the WAL mid-transaction (~40% fewer WAL writes). Allocated
         # only as used.
         c.execute("PRAGMA cache_size=-16384")
+        # Checkpoints of large appends run on a background thread (store/sqlite_wal.py).
+        c.execute(f"PRAGMA wal_autocheckpoint={sqlite_wal.AUTOCHECKPOINT_PAGES}")
         with self._conns_lock:
             self._conns.append(c)
         return c
@@ -200,6 +203,8 @@ class SQLiteStore(SQLiteSearch, Store):
         return [r[0] for r in self.conn().execute("SELECT name FROM lcm_migrations ORDER BY name")]
 
     def close(self) -> None:
+        self._checkpointer.stop()
+        self._checkpointer = sqlite_wal.Checkpointer(self.location, self._connect)  # (if used again)
         ex, self._writer_ex = self._writer_ex, None
         if ex is not None and self._writer_pid == os.getpid():
             ex.shutdown(wait=True)
@@ -307,10 +312,13 @@ class SQLiteStore(SQLiteSearch, Store):
         # thread while this thread builds the next rows (store/sqlite_append.py).
         if isinstance(rows, (list, tuple)) and len(rows) <= sqlite_append.CHUNK:
             batch = sqlite_append.Batch(self.conn, self._begin, session_id)
-            return sqlite_append.append(batch, rows, context, context_known, self._write_context, None)
-        with self._writer_lock:  # one pipelined append at a time per writer connection
-            batch = sqlite_append.Batch(self.conn, self._begin, session_id)
-            return sqlite_append.append(batch, rows, context, context_known, self._write_context, self._writer)
+            ids = sqlite_append.append(batch, rows, context, context_known, self._write_context, None)
+        else:
+            with self._writer_lock:  # one pipelined append at a time per writer connection
+                batch = sqlite_append.Batch(self.conn, self._begin, session_id)
+                ids = sqlite_append.append(batch, rows, context, context_known, self._write_context, self._writer)
+        self._checkpointer.poke()
+        return ids
 
     def _writer(self) -> ThreadPoolExecutor:
         """The thread (with its own connection and warm page cache) that runs large appends' SQL."""

@@ -92,12 +92,12 @@ class Batch:
         self._seq = 0
         self._next = 0
 
-    def insert(self, p: Prepared, started: threading.Event | None = None) -> None:
-        c = self.c
-        if c is None:
-            c = self._conn()
-            self._begin(c)
-            self.c = c
+    def begin(self) -> None:
+        """Take the write lock (while the caller builds the first rows) and fix the ids."""
+        c = self._conn()
+        self._begin(c)
+        self.c = c
+        try:
             self._seq = c.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM messages WHERE session_id=?",
                                   (self.session_id,)).fetchone()[0]
             # The ids SQLite would pick itself (max + 1, no AUTOINCREMENT), fixed up front so
@@ -107,6 +107,13 @@ class Batch:
             # (migrations 007 and 008 say why).
             c.execute("INSERT INTO lcm_bulk_indexing(active) VALUES (1)")
             c.execute("INSERT INTO lcm_bulk_range(lo, hi) VALUES (0, 0)")
+        except BaseException:
+            self.rollback()
+            raise
+
+    def insert(self, p: Prepared, started: threading.Event | None = None) -> None:
+        c = self.c
+        assert c is not None
         first, seq = self._next, self._seq
         # The row with id `hi` fires the FTS indexing of the whole chunk (migration 008).
         c.execute("UPDATE lcm_bulk_range SET lo=?, hi=?", (first, first + p.n - 1))
@@ -124,6 +131,8 @@ class Batch:
 
     def finish(self, context: Sequence[tuple[str, int]] | None, context_known: tuple[int, int] | None,
                write_context: Callable[..., None]) -> list[int]:
+        """Write the new active context (after the rows: foreign keys are checked as it goes)
+        and commit."""
         c = self.c
         assert c is not None
         try:
@@ -140,10 +149,10 @@ class Batch:
                     known = context_known[1]
                 k = known or 0  # only the unknown part can name new rows
                 write_context(c, self.session_id, [*context[:k], *resolve_new_refs(context[k:], self.ids)], known)
+            c.execute("COMMIT")
         except BaseException:
             self.rollback()
             raise
-        c.execute("COMMIT")
         self.c = None
         return self.ids
 
@@ -159,42 +168,45 @@ class Batch:
 def append(batch: Batch, rows: Iterable[NewMessage], context: Sequence[tuple[str, int]] | None,
            context_known: tuple[int, int] | None, write_context: Callable[..., None],
            writer: Callable[[], ThreadPoolExecutor] | None) -> list[int]:
-    """Run `batch` over `rows`: on this thread, or — given a writer and more than one chunk —
-    with the SQL on the writer thread while this thread builds the next chunk."""
+    """Run `batch` over `rows`: on this thread, or — given a writer — with the SQL on the
+    writer thread while this thread builds the next chunk of rows."""
     it = iter(rows)
-    chunk = list(itertools.islice(it, CHUNK))
-    if not chunk:
-        return []
-    try:
-        if writer is None:
+    if writer is None:
+        chunk = list(itertools.islice(it, CHUNK))
+        if not chunk:
+            return []
+        batch.begin()
+        try:
             while chunk:
                 batch.insert(Prepared(chunk))
                 chunk = list(itertools.islice(it, CHUNK))
-            return batch.finish(context, context_known, write_context)
-        ex = writer()
-        running: Future | None = None
-        try:
-            while chunk:
-                p = Prepared(chunk)
-                if running is not None:
-                    running.result()
-                started = threading.Event()
-                running = ex.submit(batch.insert, p, started)
-                while not started.wait(0.05) and not running.done():
-                    pass
-                chunk = list(itertools.islice(it, CHUNK))  # built while the writer inserts
-            running.result()
-            running = None
-            return ex.submit(batch.finish, context, context_known, write_context).result()
         except BaseException:
-            if running is not None:
-                try:
-                    running.result()
-                except BaseException:
-                    pass
-            ex.submit(batch.rollback).result()
-            raise
-    except BaseException:
-        if writer is None:
             batch.rollback()
+            raise
+        return batch.finish(context, context_known, write_context)
+    ex = writer()
+    running: Future | None = ex.submit(batch.begin)
+    try:
+        chunk = list(itertools.islice(it, CHUNK))  # built while the writer begins
+        while chunk:
+            p = Prepared(chunk)
+            running.result()
+            started = threading.Event()
+            running = ex.submit(batch.insert, p, started)
+            while not started.wait(0.05) and not running.done():
+                pass
+            chunk = list(itertools.islice(it, CHUNK))  # built while the writer inserts
+        running.result()
+        running = None
+        if not batch.ids:
+            ex.submit(batch.rollback).result()
+            return []
+        return ex.submit(batch.finish, context, context_known, write_context).result()
+    except BaseException:
+        if running is not None:
+            try:
+                running.result()
+            except BaseException:
+                pass
+        ex.submit(batch.rollback).result()
         raise
