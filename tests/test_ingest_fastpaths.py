@@ -67,6 +67,22 @@ def test_fast_paths_match_the_originals(msg: Any) -> None:
     assert M.safe_json(msg) == ORACLE.safe_json(msg)
 
 
+# Long enough for the counting path of tokens._repr_len (> 256 characters), with every kind of
+# character repr escapes: quotes of both kinds, backslashes, \t \n \r, other controls, DEL.
+ESCAPES = ["'", '"', "\\", "\t", "\n", "\r", "\x00", "\x01", "\x1f", "\x7f", "\x0b", "\x0c", "a", " "]
+LONG_TEXT = st.tuples(st.lists(st.sampled_from(ESCAPES), min_size=1, max_size=40), st.integers(8, 40)).map(
+    lambda t: "".join(t[0]) * t[1])
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=st.one_of(LONG_TEXT, TEXT), other=st.dictionaries(TEXT, SCALAR, max_size=3))
+def test_token_estimate_measures_repr_without_building_it(text: str, other: dict) -> None:
+    msg = {"role": "tool", "content": text, **other}
+    assert T._str_len(msg) == len(str(msg))
+    assert T._repr_len(text) == len(repr(text))
+    assert T.estimate_message_tokens(msg) == ORACLE.estimate_message_tokens(msg)
+
+
 @settings(max_examples=300, deadline=None)
 @given(text=TEXT)
 def test_clean_text_and_cjk_match(text: str) -> None:

@@ -100,6 +100,22 @@ def test_a_changed_message_in_the_resumed_prefix_is_noticed(engine, change, resu
     assert len(slots) == 180
 
 
+def test_a_content_part_changed_in_place_is_noticed(engine, resumed):
+    """A list content (multimodal parts) is not a string: the snapshot cannot vouch for it by
+    identity, its identity is recomputed."""
+    msgs = copy.deepcopy(coding_session(200, seed=7).messages)
+    msgs[40] = {"role": "user", "content": [{"type": "text", "text": "look at this"},
+                                            {"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}
+    engine.ingest(msgs[:150], session_id="r")
+    engine.ingest(msgs[:160], session_id="r")
+    assert resumed[-1] is True
+    n = len(stored(engine))
+    msgs[40]["content"][0]["text"] = "look at this instead"  # the same list, edited in place
+    check_same_as_cold(engine, msgs[:170])
+    assert resumed[-1] is False, "an edited part list must not be resumed"
+    assert len(stored(engine)) - n == 10 + 1  # the ten new ones and the edited message's new version
+
+
 def test_context_written_by_someone_else_is_read_afresh(engine):
     msgs = coding_session(300, seed=9).messages
     engine.ingest(msgs[:200], session_id="r")
