@@ -40,7 +40,7 @@ log = logging.getLogger("lossless_context.ingest")
 
 LOOKAHEAD = 64
 LOG_WINDOW = 512
-LAZY_ROWS = 256  # more new rows than this are handed to the store as they are built
+LAZY_ROWS = 1024  # more new rows than this are handed to the store as they are built (pipelined)
 TEXT_INDEX_LIMIT = 1_000_000  # chars of a message indexed for search (raw is kept whole)
 
 

@@ -308,9 +308,9 @@ class SQLiteStore(SQLiteSearch, Store):
     def append_messages(self, session_id: str, rows: Iterable[NewMessage],
                         context: Sequence[tuple[str, int]] | None = None,
                         context_known: tuple[int, int] | None = None) -> list[int]:
-        # `rows` may be a lazy iterable: a large append is pipelined, its SQL on the writer
+        # `rows` may be a lazy iterable: then the append is pipelined, its SQL on the writer
         # thread while this thread builds the next rows (store/sqlite_append.py).
-        if isinstance(rows, (list, tuple)) and len(rows) <= sqlite_append.CHUNK:
+        if isinstance(rows, (list, tuple)):  # rows already built: nothing to overlap with
             batch = sqlite_append.Batch(self.conn, self._begin, session_id)
             ids = sqlite_append.append(batch, rows, context, context_known, self._write_context, None)
         else:
