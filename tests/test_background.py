@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 from lossless_context import LCMEngine
 from lossless_context.background import BackgroundWorker
 from lossless_context.config import LCMConfig
@@ -98,7 +96,6 @@ def test_changed_span_is_not_adopted(tmp_path):
         srv_calls = len(srv.chat_requests)
         host.request()
         assert host.compress(force=True)
-        from lossless_context.compaction import span_key  # noqa: F401 - documents the key used
         edited = [m for m in e.store.iter_all_messages() if m.uid == target["message_uid"]]
         assert len(edited) == 2, "the edit is a new version"
         # the leaf covering the new version was summarised again (a model call or a stopgap)

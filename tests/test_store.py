@@ -760,11 +760,11 @@ def test_postgres_location_hides_password(pg_fresh_dsn):
 
 def test_postgres_without_trigram_extension(pg_fresh_dsn, monkeypatch, caplog):
     """An optional migration that fails (no pg_trgm) is skipped, not recorded, retried later."""
-    from lossless_context.store import postgres as pgmod
+    from lossless_context.store import postgres as pgmod, postgres_conn
 
     broken = [(n, "CREATE EXTENSION IF NOT EXISTS lcm_no_such_extension;" if n == "002_trigram" else sql)
-              for n, sql in pgmod.MIGRATIONS]
-    monkeypatch.setattr(pgmod, "MIGRATIONS", broken)
+              for n, sql in postgres_conn.MIGRATIONS]
+    monkeypatch.setattr(postgres_conn, "MIGRATIONS", broken)
     s = pgmod.PostgresStore(pg_fresh_dsn)
     try:
         s.ensure_session("s")
@@ -777,7 +777,7 @@ def test_postgres_without_trigram_extension(pg_fresh_dsn, monkeypatch, caplog):
     monkeypatch.undo()
     s = pgmod.PostgresStore(pg_fresh_dsn)  # the next start applies it
     try:
-        assert s.applied_migrations() == sorted(n for n, _ in pgmod.MIGRATIONS)
+        assert s.applied_migrations() == sorted(n for n, _ in postgres_conn.MIGRATIONS)
     finally:
         s.close()
 

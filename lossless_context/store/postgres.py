@@ -1,6 +1,8 @@
 """PostgreSQL store: the same behaviour as :class:`~.sqlite.SQLiteStore`, for shared or
 multi-host deployments (``lcm.store: postgresql://user@host/db``).
 
+* Connections, migrations and the compaction lock live in :mod:`.postgres_conn`, search in
+  :mod:`.postgres_search`.
 * psycopg 3 with a small :class:`psycopg_pool.ConnectionPool` (1–4 connections, autocommit),
   opened on first use, never at construction; migrations run then, once per process,
   serialised across processes and hosts by ``pg_advisory_xact_lock``.
@@ -24,17 +26,10 @@ multi-host deployments (``lcm.store: postgresql://user@host/db``).
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import logging
-import os
-import random
-import re
-import threading
 import time
-from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any, Iterable, Iterator, Sequence
 
 from ..messages import safe_json
 from ..owners import pass_owner
@@ -48,22 +43,10 @@ from ..records import (
 )
 from .base import Store, StoreError, resolve_keys, resolve_new_refs, with_appended
 from .pgtext import pg_text as _t
-from .postgres_migrations import MIGRATION_LOCK_KEY, MIGRATIONS, OPTIONAL
+from .postgres_conn import _RETRIES, PostgresConnections
 from .postgres_search import PostgresSearch
 
-try:  # optional dependency: `pip install lossless-context[postgres]`
-    import psycopg
-    from psycopg import errors as pg_errors
-    from psycopg_pool import ConnectionPool, PoolTimeout
-except ImportError:  # pragma: no cover - reported when the store is first used
-    psycopg = None  # type: ignore[assignment]
-    pg_errors = None  # type: ignore[assignment]
-    ConnectionPool = None  # type: ignore[assignment,misc]
-    PoolTimeout = Exception  # type: ignore[assignment,misc]
-
 log = logging.getLogger("lossless_context.store")
-
-T = TypeVar("T")
 
 _MSG_COLS = "id, session_id, seq, uid, ident, role, raw, text, tokens, created_at, large, exploration"
 _SUM_COLS = (
@@ -72,11 +55,6 @@ _SUM_COLS = (
 )
 _TABLES = ("sessions", "messages", "message_absorbed", "message_aliases", "summaries", "summary_messages",
            "summary_parents", "context_items", "staged_passes", "presummaries", "lcm_migrations")
-POOL_MIN, POOL_MAX = 1, 4
-LOCK_POOL_MAX = 16
-CONNECT_TIMEOUT = 15.0  # seconds to reach the server at first use
-POOL_TIMEOUT = 15.0  # seconds to wait for a free (or re-established) pooled connection
-_RETRIES = 6
 
 
 def _msg(row: tuple) -> MessageRecord:
@@ -95,163 +73,8 @@ def _sum(row: tuple) -> SummaryRecord:
     return SummaryRecord(*row)
 
 
-def _lock_key(namespace: str, name: str) -> int:
-    """A signed 64-bit advisory-lock key, the same on every host and server version."""
-    data = namespace.encode() + b"\x00" + name.encode("utf-8", "surrogatepass")
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big", signed=True)
-
-
-def _mask_dsn(dsn: str) -> str:
-    """The DSN without its password (it shows in stats and logs)."""
-    try:
-        parts = urlsplit(dsn)
-        if parts.password is not None:
-            user, host = parts.netloc.rsplit("@", 1)[0].split(":", 1)[0], parts.netloc.rsplit("@", 1)[1]
-            parts = parts._replace(netloc=f"{user}:***@{host}")
-        query = re.sub(r"(?i)(^|&)(password=)[^&]*", r"\1\2***", parts.query)
-        return urlunsplit(parts._replace(query=query))
-    except (ValueError, IndexError):
-        return re.sub(r":[^:@/]*@", ":***@", dsn)
-
-
-class PostgresStore(PostgresSearch, Store):
+class PostgresStore(PostgresSearch, PostgresConnections, Store):
     kind = "postgresql"
-
-    def __init__(self, location: str, *, pool_max: int = POOL_MAX) -> None:
-        self._dsn = location
-        self.location = _mask_dsn(location)
-        self._pool_max = max(POOL_MIN, int(pool_max))
-        self._pool: Any = None
-        self._lock_pool: Any = None
-        self._pool_lock = threading.Lock()
-        self._pid = os.getpid()
-
-    # -- connections ----------------------------------------------------------------
-
-    def _pools(self) -> tuple[Any, Any]:
-        pool, lock_pool = self._pool, self._lock_pool
-        if pool is not None and lock_pool is not None and self._pid == os.getpid():
-            return pool, lock_pool
-        with self._pool_lock:
-            if self._pid != os.getpid():
-                # A forked child must not touch the parent's sockets (closing them would end
-                # the parent's sessions): forget the inherited pools and open new ones.
-                self._pool = self._lock_pool = None
-                self._pid = os.getpid()
-            if self._pool is None:
-                if psycopg is None:
-                    raise StoreError(
-                        "the PostgreSQL store needs psycopg 3 and psycopg-pool: "
-                        "pip install 'lossless-context[postgres]'")
-                # Connect and migrate directly first: an unreachable server fails fast and
-                # clearly here instead of inside the pool's background reconnect loop.
-                with self._connect_once() as conn:
-                    try:
-                        self._migrate(conn)
-                    except psycopg.Error as exc:
-                        raise StoreError(f"cannot migrate store {self.location}: {str(exc).strip()}") from exc
-                self._pool = self._new_pool(POOL_MIN, self._pool_max, "lcm")
-                self._lock_pool = self._new_pool(0, LOCK_POOL_MAX, "lcm-locks")
-            return self._pool, self._lock_pool
-
-    def _connect_once(self) -> Any:
-        kwargs: dict[str, Any] = {"autocommit": True}
-        try:
-            if "connect_timeout" not in psycopg.conninfo.conninfo_to_dict(self._dsn):
-                kwargs["connect_timeout"] = int(CONNECT_TIMEOUT)
-        except psycopg.ProgrammingError as exc:
-            raise StoreError(f"invalid store DSN {self.location}: {exc}") from exc
-        try:
-            return psycopg.connect(self._dsn, **kwargs)
-        except psycopg.Error as exc:
-            raise StoreError(f"cannot open store {self.location}: {str(exc).strip()}") from exc
-
-    def _new_pool(self, min_size: int, max_size: int, name: str) -> Any:
-        # Opened without waiting: the server was just reached; the pool fills in the background.
-        pool = ConnectionPool(
-            self._dsn, min_size=min_size, max_size=max_size, open=False, name=name,
-            kwargs={"autocommit": True}, check=ConnectionPool.check_connection,
-            timeout=POOL_TIMEOUT, num_workers=1,
-        )
-        pool.open(wait=False)
-        return pool
-
-    @contextlib.contextmanager
-    def _connection(self) -> Iterator[Any]:
-        pool, _ = self._pools()
-        try:
-            with pool.connection() as conn:
-                yield conn
-        except PoolTimeout as exc:
-            raise StoreError(f"store {self.location}: no connection available: {exc}") from exc
-        except psycopg.OperationalError as exc:
-            if isinstance(exc, pg_errors.TransactionRollback):
-                raise
-            raise StoreError(f"store {self.location}: {exc}") from exc
-
-    def _read(self, fn: Callable[[Any], T]) -> T:
-        with self._connection() as conn:
-            return fn(conn)
-
-    def _write(self, fn: Callable[[Any], T]) -> T:
-        """Run `fn(conn)` in one transaction; deadlocks and serialisation failures retry."""
-        for attempt in range(_RETRIES):
-            try:
-                with self._connection() as conn:
-                    with conn.transaction():
-                        return fn(conn)
-            except pg_errors.TransactionRollback as exc:  # rolled back: safe to run again
-                if attempt == _RETRIES - 1:
-                    raise StoreError(f"store {self.location}: {exc}") from exc
-                time.sleep(0.01 * (2 ** attempt) * (1 + random.random()))
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _migrate(self, conn: Any) -> None:
-        def pending() -> list[str]:
-            done: set[str] = set()
-            if conn.execute("SELECT to_regclass('lcm_migrations')").fetchone()[0] is not None:
-                done = {r[0] for r in conn.execute("SELECT name FROM lcm_migrations")}
-            return [name for name, _ in MIGRATIONS if name not in done]
-
-        if not pending():
-            return
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS lcm_migrations"
-                " (name TEXT PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)")
-            todo = set(pending())  # re-read under the lock: another process may have migrated
-            for name, sql in MIGRATIONS:
-                if name not in todo:
-                    continue
-                if name in OPTIONAL:
-                    try:
-                        with conn.transaction():  # a savepoint
-                            conn.execute(sql)
-                            conn.execute("INSERT INTO lcm_migrations(name, applied_at) VALUES (%s, %s)",
-                                         (name, time.time()))
-                    except psycopg.Error as exc:
-                        log.warning("lcm store %s: optional migration %s skipped: %s",
-                                    self.location, name, str(exc).strip())
-                        continue
-                else:
-                    conn.execute(sql)
-                    conn.execute("INSERT INTO lcm_migrations(name, applied_at) VALUES (%s, %s)",
-                                 (name, time.time()))
-                log.info("lcm store %s: applied migration %s", self.location, name)
-
-    def applied_migrations(self) -> list[str]:
-        return self._read(lambda c: [r[0] for r in c.execute("SELECT name FROM lcm_migrations ORDER BY name")])
-
-    def close(self) -> None:
-        with self._pool_lock:
-            pools, self._pool, self._lock_pool = (self._pool, self._lock_pool), None, None
-        for p in pools:
-            if p is not None:
-                try:
-                    p.close()
-                except Exception:  # pragma: no cover - closing must not raise
-                    pass
 
     @staticmethod
     def _lock_sessions(c: Any, *session_ids: str | None) -> dict[str, int]:
@@ -782,42 +605,6 @@ class PostgresStore(PostgresSearch, Store):
             }
 
         return self._read(run)
-
-    @contextlib.contextmanager
-    def compaction_lock(self, session_id: str, timeout: float) -> Iterator[bool]:
-        """A session-level advisory lock on a dedicated connection: works across threads,
-        processes and hosts, and the server releases it if the holder's connection dies."""
-        _, lock_pool = self._pools()
-        key = _lock_key("lcm.compaction", session_id)
-        try:
-            conn = lock_pool.getconn()
-        except PoolTimeout as exc:
-            raise StoreError(f"store {self.location}: no connection for the compaction lock: {exc}") from exc
-        acquired = False
-        try:
-            deadline = time.monotonic() + max(0.0, timeout)
-            try:
-                while True:
-                    if conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]:
-                        acquired = True
-                        break
-                    if time.monotonic() >= deadline:
-                        break
-                    time.sleep(0.02)
-            except psycopg.OperationalError as exc:
-                raise StoreError(f"store {self.location}: compaction lock failed: {exc}") from exc
-            yield acquired
-        finally:
-            clean = True
-            if acquired:
-                try:
-                    clean = bool(conn.execute("SELECT pg_advisory_unlock(%s)", (key,)).fetchone()[0])
-                except psycopg.Error:
-                    clean = False
-            if not clean:
-                conn.close()  # never hand a connection that may still hold the lock to anyone
-            lock_pool.putconn(conn)
-
 
 class _Retry(Exception):
     """The row read before locking changed meanwhile: run the transaction again."""
