@@ -33,6 +33,7 @@ from ..records import (
 from .base import Store, StoreError, resolve_keys, with_appended
 from . import sqlite_append, sqlite_wal
 from .sqlite_migrations import MIGRATIONS
+from .sqlite_wal import AUTOCHECKPOINT_PAGES
 from .sqlite_search import SQLiteSearch
 
 log = logging.getLogger("lossless_context.store")
@@ -144,7 +145,7 @@ class SQLiteStore(SQLiteSearch, Store):
         # only as used.
         c.execute("PRAGMA cache_size=-16384")
         # Checkpoints of large appends run on a background thread (store/sqlite_wal.py).
-        c.execute(f"PRAGMA wal_autocheckpoint={sqlite_wal.AUTOCHECKPOINT_PAGES}")
+        c.execute(f"PRAGMA wal_autocheckpoint={AUTOCHECKPOINT_PAGES}")
         with self._conns_lock:
             self._conns.append(c)
         return c
