@@ -5,12 +5,14 @@ Ingest time is about half Python (building each row: identity, token estimate, J
 half SQLite (inserting rows, FTS5 tokenising). sqlite3 releases the GIL while SQLite works,
 so a large append runs its SQL on the store's writer thread (its own connection) while the
 calling thread builds the next chunk of rows: the two halves overlap on two cores. The
-writer holds the write lock from its first chunk to COMMIT, exactly as a single-threaded
-append would, and nothing is visible before COMMIT; a failure on either side rolls back.
+writer takes the write lock while the first chunk is being built and holds it to COMMIT,
+as a single-threaded append would; nothing is visible before COMMIT, and a failure on
+either side rolls everything back. Rows already built (a list) are written on the calling
+thread: there is nothing to overlap.
 
 Each chunk's rows go in bulk statements with their ids and session positions computed by
 SQL from two base values (``?1 + k``), so the writer thread does no per-row Python; the
-chunk is then FTS-indexed in one statement (migration 007 explains the gate table).
+chunk's last row fires its FTS indexing in the same statement (migrations 007 and 008).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from ..messages import clean_text, has_cjk, safe_json
 from ..records import NewMessage
 from .base import resolve_new_refs
 
-CHUNK = 512  # rows per pipelined step (and the most a synchronous append handles at once)
+CHUNK = 512  # rows per step (a pipelined step; FTS-indexed as one segment)
 BLOCK = 128  # rows per insert statement (compiling one of 512 rows takes ~80 ms, of 128 ~5 ms)
 YIELD_EVERY = 16  # rows built between two chances for the writer thread to take the GIL
 _COLS = 10  # per-row parameters the caller prepares (everything but id, session, seq)
