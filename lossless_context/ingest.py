@@ -33,7 +33,7 @@ from .messages import (
     tool_call_ids,
 )
 from .records import ContextEntry, NewMessage
-from .store.base import Store
+from .store.base import Store, resolve_new_refs
 from .tokens import estimate_message_tokens
 
 log = logging.getLogger("lossless_context.ingest")
@@ -340,8 +340,9 @@ def align(
                 yield rows[-1]
 
         # Many rows go lazily: the store may write one chunk while the next is being built.
+        new_items = _context_items(added)  # (new rows as placeholders -k)
         new_ids = store.append_messages(session_id, build() if len(pending) > LAZY_ROWS else list(build()),
-                                        context=prefix_items + _context_items(added), context_known=known)
+                                        context=prefix_items + new_items, context_known=known)
         for k, (idx, *_) in enumerate(pending):
             if idx >= 0:
                 s, row = slots[idx], rows[k]
@@ -351,7 +352,9 @@ def align(
                 if s.kind == "m":
                     s.tokens = row.tokens
         context_written = True
-    items = prefix_items + _context_items(added)
+        items = prefix_items + resolve_new_refs(new_items, new_ids)
+    else:
+        items = prefix_items + _context_items(added)
     if None in idents:  # a tail message matched without its identity (a summary block, a large one)
         for i in range(start, len(idents)):
             if idents[i] is None:

@@ -62,7 +62,7 @@ def _repr_len(s: str) -> int:
 
 
 def _str_len(msg: dict) -> int:
-    """len(str(msg)) for a plain dict, its string keys and values measured without repr."""
+    """len(str(msg)) for a plain dict; long string values are measured without their repr."""
     total = 4 * len(msg)  # "{" "}", a ": " per entry and a ", " between entries
     for k, v in msg.items():
         total += len(repr(k))

@@ -35,9 +35,10 @@ def resolve_keys(text: str, keymap: dict[str, int]) -> str:
     return _KEY_RE.sub(lambda m: f"s{keymap[m.group(0)]}" if m.group(0) in keymap else m.group(0), text)
 
 
-def resolve_new_refs(items: Sequence[tuple[str, int]], new_ids: Sequence[int]) -> list[tuple[str, int]]:
-    """Context items whose negative message refs (-k) name the k-th row just inserted."""
-    return [(k, new_ids[-r - 1]) if k == "m" and r < 0 else (k, r) for k, r in items]
+def resolve_new_refs(items: Sequence[tuple[str, int]], new_ids: Sequence[int], known: int = 0) -> list[tuple[str, int]]:
+    """Context items whose negative message refs (-k) name the k-th row just inserted; the
+    first `known` items are the stored context already (no new rows among them)."""
+    return [*items[:known], *((k, new_ids[-r - 1]) if k == "m" and r < 0 else (k, r) for k, r in items[known:])]
 
 
 def with_appended(items: Sequence[tuple[str, int]], extra_rows: Sequence[tuple[Any, Any]]) -> list[tuple[str, int]]:

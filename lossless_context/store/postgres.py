@@ -216,7 +216,7 @@ class PostgresStore(PostgresSearch, PostgresConnections, Store):
                 if context_known is not None and c.execute(
                         "SELECT context_version FROM sessions WHERE id=%s", (sid,)).fetchone() == (context_known[0],):
                     known = context_known[1]
-                self._write_context(c, sid, [*context[:known], *resolve_new_refs(context[known:], ids)], known)
+                self._write_context(c, sid, resolve_new_refs(context, ids, known), known)
             return ids
 
         return self._write(tx)

@@ -311,13 +311,12 @@ class SQLiteStore(SQLiteSearch, Store):
                         context_known: tuple[int, int] | None = None) -> list[int]:
         # `rows` may be a lazy iterable: then the append is pipelined, its SQL on the writer
         # thread while this thread builds the next rows (store/sqlite_append.py).
+        batch = sqlite_append.Batch(self.conn, self._begin, self._write_context, session_id, context, context_known)
         if isinstance(rows, (list, tuple)):  # rows already built: nothing to overlap with
-            batch = sqlite_append.Batch(self.conn, self._begin, session_id)
-            ids = sqlite_append.append(batch, rows, context, context_known, self._write_context, None)
+            ids = sqlite_append.append(batch, rows, None)
         else:
             with self._writer_lock:  # one pipelined append at a time per writer connection
-                batch = sqlite_append.Batch(self.conn, self._begin, session_id)
-                ids = sqlite_append.append(batch, rows, context, context_known, self._write_context, self._writer)
+                ids = sqlite_append.append(batch, rows, self._writer)
         self._checkpointer.poke()
         return ids
 

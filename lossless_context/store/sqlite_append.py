@@ -87,8 +87,10 @@ class Batch:
     """One append transaction on one connection; every method runs on that connection's thread."""
 
     def __init__(self, conn: Callable[[], sqlite3.Connection], begin: Callable[[sqlite3.Connection], None],
-                 session_id: str) -> None:
-        self._conn, self._begin, self.session_id = conn, begin, session_id
+                 write_context: Callable[..., None], session_id: str,
+                 context: Sequence[tuple[str, int]] | None, context_known: tuple[int, int] | None) -> None:
+        self._conn, self._begin, self._write_context = conn, begin, write_context
+        self.session_id, self.context, self.context_known = session_id, context, context_known
         self.c: sqlite3.Connection | None = None
         self.ids: list[int] = []
         self.absorbed: list[tuple[int, str]] = []
@@ -132,8 +134,7 @@ class Batch:
         self.ids.extend(range(first, first + p.n))
         self._next, self._seq = first + p.n, seq + p.n
 
-    def finish(self, context: Sequence[tuple[str, int]] | None, context_known: tuple[int, int] | None,
-               write_context: Callable[..., None]) -> list[int]:
+    def finish(self) -> list[int]:
         """Write the new active context (after the rows: foreign keys are checked as it goes)
         and commit."""
         c = self.c
@@ -144,14 +145,12 @@ class Batch:
             if self.absorbed:
                 c.executemany("INSERT OR IGNORE INTO message_absorbed(message_id, uid) VALUES (?, ?)", self.absorbed)
             c.execute("UPDATE sessions SET updated_at=? WHERE id=?", (time.time(), self.session_id))
-            if context is not None:
-                known = None
-                if context_known is not None and c.execute(
-                        "SELECT context_version FROM sessions WHERE id=?",
-                        (self.session_id,)).fetchone() == (context_known[0],):
-                    known = context_known[1]
-                k = known or 0  # only the unknown part can name new rows
-                write_context(c, self.session_id, [*context[:k], *resolve_new_refs(context[k:], self.ids)], known)
+            if self.context is not None:
+                known, ck = None, self.context_known
+                if ck is not None and c.execute("SELECT context_version FROM sessions WHERE id=?",
+                                                (self.session_id,)).fetchone() == (ck[0],):
+                    known = ck[1]
+                self._write_context(c, self.session_id, resolve_new_refs(self.context, self.ids, known or 0), known)
             c.execute("COMMIT")
         except BaseException:
             self.rollback()
@@ -178,9 +177,7 @@ def _yielding(rows: Iterator[NewMessage], every: int = YIELD_EVERY) -> Iterator[
         yield r
 
 
-def append(batch: Batch, rows: Iterable[NewMessage], context: Sequence[tuple[str, int]] | None,
-           context_known: tuple[int, int] | None, write_context: Callable[..., None],
-           writer: Callable[[], ThreadPoolExecutor] | None) -> list[int]:
+def append(batch: Batch, rows: Iterable[NewMessage], writer: Callable[[], ThreadPoolExecutor] | None) -> list[int]:
     """Run `batch` over `rows`: on this thread, or — given a writer — with the SQL on the
     writer thread while this thread builds the next chunk of rows."""
     it = iter(rows)
@@ -196,7 +193,7 @@ def append(batch: Batch, rows: Iterable[NewMessage], context: Sequence[tuple[str
         except BaseException:
             batch.rollback()
             raise
-        return batch.finish(context, context_known, write_context)
+        return batch.finish()
     ex = writer()
     it = _yielding(it)
     running: Future | None = ex.submit(batch.begin)
@@ -215,7 +212,7 @@ def append(batch: Batch, rows: Iterable[NewMessage], context: Sequence[tuple[str
         if not batch.ids:
             ex.submit(batch.rollback).result()
             return []
-        return ex.submit(batch.finish, context, context_known, write_context).result()
+        return ex.submit(batch.finish).result()
     except BaseException:
         if running is not None:
             try:
