@@ -39,6 +39,7 @@ from .tokens import estimate_message_tokens
 log = logging.getLogger("lossless_context.ingest")
 
 LOOKAHEAD = 64
+_UNUSABLE = ("invalid", "unknown")  # roles of input stored but never sent
 LOG_WINDOW = 512
 LAZY_ROWS = 1024  # more new rows than this are handed to the store as they are built (pipelined)
 TEXT_INDEX_LIMIT = 1_000_000  # chars of a message indexed for search (raw is kept whole)
@@ -48,38 +49,55 @@ _FIELDS = tuple(operator.methodcaller("get", k) for k in ("content", "role", "to
 _TOOL_CALLS = operator.methodcaller("get", "tool_calls")
 
 
+def _plain_calls(tcs: Any) -> list | None:
+    """A copy of plain tool calls (dicts whose id, type, function name and arguments are
+    str/None — all the identity reads of them), else None. Equal to the live list as long
+    as nothing the identity depends on was changed in place; compared at C speed."""
+    if calls_key(tcs) is None:
+        return None
+    return [{**tc, "function": {**tc["function"]}} for tc in tcs]
+
+
 @dataclass
 class Snapshot:
     """What the identities of a list's messages were computed from, to tell cheaply (at C
     speed, no hashing) that the same message objects still hold the same values.
 
     Per message: the content/role/tool_call_id/name objects (compared by identity or
-    equality); the rendered tool calls (a list may be changed in place); and the positions
-    whose fields are not plain strings (a content part list may be changed in place), whose
-    identity is recomputed instead."""
+    equality) and a copy of its tool calls (a list may be changed in place); and the
+    positions whose fields are not plain strings (a content part list may be changed in
+    place), whose identity is recomputed on every check instead."""
 
     fields: tuple[list[Any], ...]
-    calls: dict[int, tuple | None]
+    calls: list[Any]  # per message: None, a copy of plain tool calls, or (complex) the live object
     complex: list[int]
 
     @classmethod
     def of(cls, msgs: Sequence[Any], offset: int = 0) -> "Snapshot | None":
         try:
             fields = tuple(list(map(get, msgs)) for get in _FIELDS)
-            tcs = list(map(_TOOL_CALLS, msgs))
+            calls = list(map(_TOOL_CALLS, msgs))
         except (AttributeError, TypeError):  # not all plain mappings: no snapshot, no shortcut
             return None
-        calls = {offset + i: calls_key(t) for i, t in enumerate(tcs) if t is not None}
         complex_ = [offset + i for i, (c, r, t, n) in enumerate(zip(*fields))
                     if not ((c is None or type(c) is str) and type(r) is str
                             and (t is None or type(t) is str) and (n is None or type(n) is str))]
-        return cls(fields, calls, complex_)
+        odd = False
+        for i, t in enumerate(calls):
+            if t is not None:
+                copy = _plain_calls(t)
+                if copy is None:
+                    complex_.append(offset + i)  # kept as the live object: equal to itself
+                    odd = True
+                else:
+                    calls[i] = copy
+        return cls(fields, calls, sorted(complex_) if odd else complex_)
 
     def extended(self, more: "Snapshot | None") -> "Snapshot | None":
         if more is None:
             return None
         return Snapshot(tuple(a + b for a, b in zip(self.fields, more.fields)),
-                        {**self.calls, **more.calls}, self.complex + more.complex)
+                        self.calls + more.calls, self.complex + more.complex)
 
 
 @dataclass
@@ -179,7 +197,7 @@ def align(
     resume: Resume | None = None,
 ) -> IngestResult:
     """Map every incoming message to a stored one (or store it) and return the slots."""
-    slots: list[Slot | None] = []
+    slots: list[Slot | int] = []  # (int: a new message's placeholder ref until its row is built)
     pending: list[tuple[int, Any, str | None, int | None]] = []  # (slot index, msg, ident, supersedes)
     j = 0
     last_mid = 0
@@ -310,65 +328,71 @@ def align(
                 slots.append(_slot_for(msg, hit_mid, estimate_message_tokens(msg), ident))
                 last_mid = hit_mid
                 continue
-        # 6. New.
-        slots.append(None)
-        pending.append((len(slots) - 1, msg, ident, supersedes))
+        # 6. New: a placeholder ref (-1, -2, …) until its row is built (see build()).
+        pending.append((len(slots), msg, ident, supersedes))
+        slots.append(-len(pending) if role_of(msg) not in _UNUSABLE else _slot_for(msg, -len(pending), 0))
 
     new_ids: list[int] = []
     context_written = False
-    if pending:
-        # New rows get placeholder refs (-1, -2, …) so the store can write them and the new
-        # active context in ONE transaction: a crash in between cannot strand them.
-        # Their tokens are filled in once their rows are built.
-        for k, (idx, msg, ident, _) in enumerate(pending):
-            if idx >= 0:
-                slots[idx] = _slot_for(msg, -(k + 1), 0, ident or "")
     # A resumed call builds (and the store writes) only what follows the resumed prefix.
     n0 = len(base.slots) if base is not None else 0
-    added = [s for s in slots[n0:] if s is not None]
-    final = base.slots + added if base is not None else added
     prefix_items = base.items if base is not None else []
+    snap: list[Snapshot | None] = []
+
+    def remember() -> None:
+        """What the next call resumes from, as far as it does not depend on the new ids."""
+        if None in idents:  # a tail message matched without its identity (a summary block, a large one)
+            for i in range(start, len(idents)):
+                if idents[i] is None:
+                    idents[i] = memo.ident(messages[i])
+        if base is not None:
+            memo.keep_previous()  # the prefix is unchanged: its memo entries still hold
+        memo.save()
+        new_part = messages[start:] if start else messages
+        snap.append(base.snap.extended(Snapshot.of(new_part, start)) if base is not None and base.snap is not None
+                    else (Snapshot.of(messages) if base is None else None))
+
     if pending:
+        # The new rows and the new active context go in ONE transaction (placeholders in the
+        # context name them): a crash in between cannot strand them.
         known = (base.version, len(base.items)) if base is not None and base.version >= 0 else None
+        new_items = _context_items(slots[n0:])
         rows: list[NewMessage] = []
 
         def build() -> Iterator[NewMessage]:
-            for idx, msg, ident, supersedes in pending:
+            # Everything per new message is done here: a large append runs this while the
+            # store's writer thread is busy with the previous chunk.
+            for k, (idx, msg, ident, supersedes) in enumerate(pending):
                 if ident is None:
                     ident = idents[idx] = memo.ident(msg)
-                rows.append(new_message(msg, large_tokens, exploration_tokens, supersedes=supersedes, ident=ident))
-                yield rows[-1]
+                row = new_message(msg, large_tokens, exploration_tokens, supersedes=supersedes, ident=ident)
+                rows.append(row)
+                if idx >= 0:
+                    s = slots[idx]
+                    if type(s) is int:
+                        slots[idx] = _slot_for(msg, s, row.tokens, row.ident)
+                    else:  # unusable input: stored, never sent
+                        s.ident, s.text_tokens = row.ident, row.tokens
+                yield row
+            remember()  # (while the writer thread inserts the last rows and commits)
 
-        # Many rows go lazily: the store may write one chunk while the next is being built.
-        new_items = _context_items(added)  # (new rows as placeholders -k)
         new_ids = store.append_messages(session_id, build() if len(pending) > LAZY_ROWS else list(build()),
                                         context=prefix_items + new_items, context_known=known)
         for k, (idx, *_) in enumerate(pending):
             if idx >= 0:
-                s, row = slots[idx], rows[k]
-                s.refs = [new_ids[k]]
-                s.ident = row.ident
-                s.text_tokens = row.tokens
-                if s.kind == "m":
-                    s.tokens = row.tokens
+                slots[idx].refs[0] = new_ids[k]
         context_written = True
         items = prefix_items + resolve_new_refs(new_items, new_ids)
     else:
+        remember()
+    added = slots[n0:]
+    final = base.slots + added if base is not None else added
+    if not pending:
         items = prefix_items + _context_items(added)
-    if None in idents:  # a tail message matched without its identity (a summary block, a large one)
-        for i in range(start, len(idents)):
-            if idents[i] is None:
-                idents[i] = memo.ident(messages[i])
     entries = (base.entries if base is not None else []) + slots_to_entries(added)
     changed = bool(pending) or len(final) != len(context)
-    if base is not None:
-        memo.keep_previous()  # the prefix is unchanged: its memo entries still hold
-    memo.save()
-    new_part = messages[start:] if start else messages
-    snap = base.snap.extended(Snapshot.of(new_part, start)) if base is not None and base.snap is not None \
-        else (Snapshot.of(messages) if base is None else None)
     state = Resume(list(messages), idents, final, len(entries), max(last_mid, max(new_ids, default=0)),
-                   entries, items, snap)
+                   entries, items, snap[0])
     return IngestResult(final, new_ids, changed, entries, context_written, state)
 
 
@@ -381,19 +405,23 @@ def _resumable(resume: Resume, messages: Sequence[Any], memo: IdentMemo) -> bool
     if not all(map(operator.is_, head, resume.objs)):
         return False
     snap = resume.snap
-    now = Snapshot.of(head) if snap is not None else None
-    if snap is None or now is None:
+    if snap is None:
         # No snapshot (a list with non-mapping items): compare every identity via the memo.
         return all(memo.ident(m) == ident for m, ident in zip(head, resume.idents))
-    # Same objects (or equal values) in every field that the identity is computed from.
-    if now.fields != snap.fields or now.complex != snap.complex or now.calls.keys() != snap.calls.keys():
+    try:
+        # Same objects (or equal values) in every field the identity is computed from.
+        if any(list(map(get, head)) != was for get, was in zip(_FIELDS, snap.fields)):
+            return False
+        now = list(map(_TOOL_CALLS, head))
+        if now != snap.calls:
+            # Some tool calls differ from the copy: the identity decides (it renders them).
+            for i, (a, b) in enumerate(zip(now, snap.calls)):
+                if (a is None) != (b is None) or (a != b and memo.ident(head[i]) != resume.idents[i]):
+                    return False
+    except Exception:  # a hostile __eq__: align the whole list instead
         return False
-    for i, key in now.calls.items():
-        if key is None or key != snap.calls[i]:
-            if memo.ident(head[i]) != resume.idents[i]:
-                return False
     # A part list (or another non-string field) may have been changed in place.
-    return all(memo.ident(head[i]) == resume.idents[i] for i in now.complex)
+    return all(memo.ident(head[i]) == resume.idents[i] for i in snap.complex)
 
 
 def _last_covered(store: Store, node: int) -> int:
@@ -414,11 +442,14 @@ def _is_merged(msg: Any) -> bool:
     return not (stripped.startswith("<lcm-summary") and stripped.endswith("</lcm-summary>"))
 
 
-def _context_items(slots: Sequence[Slot]) -> list[tuple[str, int]]:
-    """(kind, ref) of slots_to_entries(slots), without building the records (O(context) per call)."""
+def _context_items(slots: Sequence[Slot | int]) -> list[tuple[str, int]]:
+    """(kind, ref) of slots_to_entries(slots), without building the records (O(context) per
+    call); an int is a new message's placeholder ref."""
     out: list[tuple[str, int]] = []
     for s in slots:
-        if s.kind == "m":
+        if type(s) is int:
+            out.append(("m", s))
+        elif s.kind == "m":
             out.append(("m", s.refs[0]))
         elif s.kind == "S":
             out.extend(("s", r) for r in s.refs)

@@ -138,3 +138,19 @@ def test_shorter_or_reordered_list_does_not_resume(engine):
     shuffled = shuffled[:i] + [shuffled[i + 1], shuffled[i]] + shuffled[i + 2:]
     check_same_as_cold(engine, shuffled + msgs[250:])
     assert len(stored(engine)) == 300 + 1  # the swapped pair: one of them is now a new occurrence
+
+
+def test_tool_call_arguments_object_changed_in_place_is_noticed(engine, resumed):
+    """Tool call arguments that are not a string (a dict some hosts keep) cannot be copied
+    into the snapshot as immutable values: that message's identity is recomputed each time."""
+    msgs = copy.deepcopy(coding_session(200, seed=9).messages)
+    k = next(i for i, m in enumerate(msgs[:100]) if m.get("tool_calls"))
+    msgs[k]["tool_calls"][0]["function"]["arguments"] = {"path": "a.py"}
+    engine.ingest(msgs[:150], session_id="r")
+    engine.ingest(msgs[:160], session_id="r")
+    assert resumed[-1] is True
+    n = len(stored(engine))
+    msgs[k]["tool_calls"][0]["function"]["arguments"]["path"] = "b.py"  # the same dict, edited
+    check_same_as_cold(engine, msgs[:170])
+    assert resumed[-1] is False, "edited tool call arguments must not be resumed"
+    assert len(stored(engine)) - n == 10 + 1

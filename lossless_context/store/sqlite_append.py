@@ -30,6 +30,7 @@ from ..records import NewMessage
 from .base import resolve_new_refs
 
 CHUNK = 512  # rows per step (a pipelined step; FTS-indexed as one segment)
+FIRST = 64  # rows of the first step: the writer thread idles until they are built
 BLOCK = 128  # rows per insert statement (compiling one of 512 rows takes ~80 ms, of 128 ~5 ms)
 YIELD_EVERY = 16  # rows built between two chances for the writer thread to take the GIL
 _COLS = 10  # per-row parameters the caller prepares (everything but id, session, seq)
@@ -198,7 +199,7 @@ def append(batch: Batch, rows: Iterable[NewMessage], writer: Callable[[], Thread
     it = _yielding(it)
     running: Future | None = ex.submit(batch.begin)
     try:
-        chunk = list(itertools.islice(it, CHUNK))  # built while the writer begins
+        chunk = list(itertools.islice(it, FIRST))  # built while the writer begins
         while chunk:
             p = Prepared(chunk)
             running.result()
