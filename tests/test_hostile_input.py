@@ -532,3 +532,32 @@ def test_repeated_message_after_a_tailless_compaction_is_stored(tmp_path):
     again = {"role": "user", "content": "continue"}
     e.compress(out + [again], force=True)
     check_stored(e, body + [again])  # fails: 7 stored for 8 inputs
+
+
+# --------------------------------------------------------------------------- unencodable messages
+
+
+def test_messages_json_cannot_spell_are_still_stored(tmp_path):
+    """A message holding itself (a reference cycle) or a key JSON has no spelling for (a
+    tuple) is stored with a marker in its place; the rest of the batch is not lost with it."""
+    e = make_engine(tmp_path / "lcm.db")
+    loop = {"role": "user", "content": "a message that refers to itself"}
+    loop["meta"] = loop
+    parts: list[Any] = [{"type": "text", "text": "parts that contain themselves"}]
+    parts.append(parts)
+    nested: dict[str, Any] = {"content": None}
+    nested["content"] = nested
+    body = [{"role": "user", "content": _filler(0)}, {"role": "assistant", "content": _filler(1)},
+            loop, {"role": "user", "content": parts}, {"role": "user", "content": nested},
+            {"role": "user", "content": "odd key", "x": {(1, 2): 3}},
+            {"role": "assistant", "content": "the tail"}]
+    out = e.compress(body, force=True)
+    assert check_output(body, out, None) or out is body
+    raws = {json.dumps(r, sort_keys=True) for r in stored_raws(e)}
+    assert len(stored_raws(e)) == len(body)
+    assert json.dumps({"role": "user", "content": "a message that refers to itself",
+                       "meta": "[circular reference]"}, sort_keys=True) in raws
+    assert json.dumps({"role": "user", "content": [{"type": "text", "text": "parts that contain themselves"},
+                                                   "[circular reference]"]}, sort_keys=True) in raws
+    assert json.dumps({"role": "user", "content": "odd key", "x": {"(1, 2)": 3}}, sort_keys=True) in raws
+    assert json.loads(e.handle_tool_call("lcm_grep", {"query": "refers to itself"}))["hits"] >= 1

@@ -67,6 +67,18 @@ def test_fast_paths_match_the_originals(msg: Any) -> None:
     assert M.safe_json(msg) == ORACLE.safe_json(msg)
 
 
+def test_safe_json_of_objects_json_does_not_know_is_the_original() -> None:
+    import decimal
+    import enum
+
+    class Colour(enum.Enum):
+        RED = 1
+
+    for value in (decimal.Decimal("1.5"), {1, 2}, Colour.RED, b"bytes", 3 + 4j, float("inf"), 10**30, (1, "t")):
+        msg = {"role": "tool", "content": "x", "extra": [value, {"k": value}]}
+        assert M.safe_json(msg) == ORACLE.safe_json(msg)
+
+
 # Long enough for the counting path of tokens._repr_len (> 256 characters), with every kind of
 # character repr escapes: quotes of both kinds, backslashes, \t \n \r, other controls, DEL.
 ESCAPES = ["'", '"', "\\", "\t", "\n", "\r", "\x00", "\x01", "\x1f", "\x7f", "\x0b", "\x0c", "a", " "]

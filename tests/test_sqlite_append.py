@@ -222,3 +222,40 @@ def test_raw_json_of_pipelined_rows_round_trips(store):
     for i, k in ((ids[0], 0), (ids[399], 399), (ids[-1], 699)):
         assert got[i].raw == batch[k].raw
         assert json.loads(json.dumps(got[i].raw)) == batch[k].raw
+
+
+def test_new_store_files_get_large_pages_and_old_ones_keep_theirs(tmp_path):
+    fresh = open_store(str(tmp_path / "new.db"))
+    fresh.ensure_session("a")
+    assert fresh.conn().execute("PRAGMA page_size").fetchone()[0] == sqlite_wal.PAGE_SIZE
+    fresh.close()
+    old_path = str(tmp_path / "old.db")
+    c = sqlite3.connect(old_path)
+    c.execute("PRAGMA page_size=4096")
+    c.execute("CREATE TABLE unrelated(x)")  # the file exists with 4 KB pages before the store opens it
+    c.close()
+    old = open_store(old_path)
+    old.ensure_session("a")
+    ids = old.append_messages("a", lazy(rows(700)), context=[("m", -k) for k in range(1, 701)])
+    assert old.conn().execute("PRAGMA page_size").fetchone()[0] == 4096
+    assert len(ids) == 700 and dump(old, "a")["ctx_len"] == 700
+    old.close()
+
+
+def test_an_existing_directory_keeps_its_mode_and_a_new_one_is_private(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o755)  # e.g. /tmp or a notes folder the user pointed the store into
+    s = open_store(str(shared / "lcm.db"))
+    s.ensure_session("a")
+    s.append_messages("a", rows(3))
+    with s.compaction_lock("a", timeout=5):  # takes the store's own lock directory
+        pass
+    assert os.stat(shared).st_mode & 0o777 == 0o755, "the store changed a directory it did not create"
+    assert os.stat(s.location).st_mode & 0o777 == 0o600
+    assert os.stat(s.location + ".locks").st_mode & 0o777 == 0o700
+    s.close()
+    nested = open_store(str(tmp_path / "new" / "deeper" / "lcm.db"))
+    nested.ensure_session("a")
+    assert os.stat(tmp_path / "new" / "deeper").st_mode & 0o777 == 0o700
+    nested.close()

@@ -17,7 +17,8 @@ import threading
 from typing import Callable
 
 WAL_POKE_BYTES = 4 << 20  # a WAL bigger than this (SQLite's own default threshold) is worth a pass
-AUTOCHECKPOINT_PAGES = 8192  # the connections' own fallback threshold (~32 MB with 4 KB pages)
+PAGE_SIZE = 16384  # of a new store file (store/sqlite.py says why)
+AUTOCHECKPOINT_PAGES = 2048  # the connections' own fallback threshold (32 MB with 16 KB pages)
 
 
 class Checkpointer:
