@@ -10,12 +10,14 @@ the incoming list (bounded by the window), never to the stored history.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import operator
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
+from . import gcpause
 from .assemble import LARGE_OPEN, Slot
 from .explore import explore
 from .messages import (
@@ -41,7 +43,7 @@ log = logging.getLogger("lossless_context.ingest")
 LOOKAHEAD = 64
 _UNUSABLE = ("invalid", "unknown")  # roles of input stored but never sent
 LOG_WINDOW = 512
-LAZY_ROWS = 1024  # more new rows than this are handed to the store as they are built (pipelined)
+LAZY_ROWS = 256  # more new rows than this are handed to the store as they are built (pipelined)
 TEXT_INDEX_LIMIT = 1_000_000  # chars of a message indexed for search (raw is kept whole)
 
 
@@ -376,8 +378,10 @@ def align(
                 yield row
             remember()  # (while the writer thread inserts the last rows and commits)
 
-        new_ids = store.append_messages(session_id, build() if len(pending) > LAZY_ROWS else list(build()),
-                                        context=prefix_items + new_items, context_known=known)
+        with gcpause.paused() if len(pending) > LAZY_ROWS else contextlib.nullcontext():
+            # Many rows go lazily: the store may write one chunk while the next is being built.
+            new_ids = store.append_messages(session_id, build() if len(pending) > LAZY_ROWS else list(build()),
+                                            context=prefix_items + new_items, context_known=known)
         for k, (idx, *_) in enumerate(pending):
             if idx >= 0:
                 slots[idx].refs[0] = new_ids[k]
