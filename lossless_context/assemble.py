@@ -10,7 +10,7 @@ without its result, nothing invented.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Mapping, Sequence
 
@@ -27,14 +27,14 @@ log = logging.getLogger("lossless_context.assemble")
 LARGE_OPEN = '<lcm-large id="'
 
 
-@dataclass
+@dataclass(slots=True)  # (thousands live per session: no per-instance dict)
 class Slot:
     kind: str  # "m" raw message | "S" summary block | "x" unusable input (stored, never sent)
     refs: list[int]
     msg: dict[str, Any] | None  # the dict to emit for "m" slots
     role: str
     tokens: int
-    call_ids: list[str] = field(default_factory=list)  # assistant tool_calls ids
+    call_ids: Sequence[str] = ()  # assistant tool_calls ids
     result_for: str | None = None  # tool result's tool_call_id
     text_tokens: int = 0  # tokens of the stored original (before large-message representation)
     ident: str = ""  # the stored row's content identity ("m" slots), as the context holds it

@@ -188,7 +188,7 @@ def _slot_for(msg: Any, mid: int, tokens: int, ident: str = "") -> Slot:
         return Slot("x", [mid], None, role, 0)
     return Slot(
         "m", [mid], msg, role, tokens,
-        call_ids=tool_call_ids(msg),
+        call_ids=tool_call_ids(msg) or (),
         result_for=msg.get("tool_call_id") if role == "tool" else None,
         text_tokens=tokens, ident=ident,
     )
@@ -397,22 +397,30 @@ def align(
                 yield row
             remember()  # (while the writer thread inserts the last rows and commits)
 
+        resolved: list[Any] = []
+
+        def with_ids(ids: list[int]) -> None:
+            # (a large append calls this while its writer thread still inserts and commits)
+            for k, (idx, *_) in enumerate(pending):
+                if idx >= 0:
+                    slots[idx].refs[0] = ids[k]
+            resolved[:] = [prefix_items + resolve_new_refs(new_items, ids), slots_to_entries(slots[n0:])]
+
         with gcpause.paused() if len(pending) > LAZY_ROWS else contextlib.nullcontext():
             # Many rows go lazily: the store may write one chunk while the next is being built.
             new_ids = store.append_messages(session_id, build() if len(pending) > LAZY_ROWS else list(build()),
-                                            context=prefix_items + new_items, context_known=known)
-        for k, (idx, *_) in enumerate(pending):
-            if idx >= 0:
-                slots[idx].refs[0] = new_ids[k]
+                                            context=prefix_items + new_items, context_known=known,
+                                            on_ids=with_ids)
         context_written = True
-        items = prefix_items + resolve_new_refs(new_items, new_ids)
+        items, added_entries = resolved
     else:
         remember()
     added = slots[n0:]
     final = base.slots + added if base is not None else added
     if not pending:
         items = prefix_items + _context_items(added)
-    entries = (base.entries if base is not None else []) + slots_to_entries(added)
+        added_entries = slots_to_entries(added)
+    entries = (base.entries if base is not None else []) + added_entries
     changed = bool(pending) or len(final) != len(context)
     state = Resume(list(messages), idents, final, len(entries), max(last_mid, max(new_ids, default=0)),
                    entries, items, snap[0])

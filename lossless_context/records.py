@@ -77,7 +77,7 @@ class SummaryRecord:
     created_at: float
 
 
-@dataclass
+@dataclass(slots=True)  # (one per context item: no per-instance dict)
 class ContextEntry:
     """One element of a session's active context: a raw message or a summary node."""
 

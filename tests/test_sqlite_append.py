@@ -259,3 +259,45 @@ def test_an_existing_directory_keeps_its_mode_and_a_new_one_is_private(tmp_path)
     nested.ensure_session("a")
     assert os.stat(tmp_path / "new" / "deeper").st_mode & 0o777 == 0o700
     nested.close()
+
+
+def test_on_ids_gets_the_ids_before_a_pipelined_append_commits(store):
+    store.append_messages("a", rows(5))
+    seen: list[tuple[list[int], int]] = []
+
+    def on_ids(ids: list[int]) -> None:
+        other = sqlite3.connect(store.location)  # another reader: sees only committed rows
+        try:
+            seen.append((list(ids), other.execute("SELECT count(*) FROM messages").fetchone()[0]))
+        finally:
+            other.close()
+
+    ids = store.append_messages("a", lazy(rows(1100, start=5)), on_ids=on_ids)
+    assert [(got, visible) for got, visible in seen] == [(ids, 5)], "once, with the final ids, before the commit"
+    assert ids == list(range(ids[0], ids[0] + 1100))
+    sync: list[list[int]] = []
+    more = store.append_messages("a", rows(3, start=2000), on_ids=sync.append)
+    assert sync == [more]
+
+
+def test_a_failing_on_ids_rolls_the_append_back(store):
+    def boom(ids: list[int]) -> None:
+        raise RuntimeError("the caller could not use them")
+
+    with pytest.raises(RuntimeError):
+        store.append_messages("a", lazy(rows(900)), context=[("m", -k) for k in range(1, 901)], on_ids=boom)
+    assert store.conn().execute("SELECT count(*) FROM messages").fetchone()[0] == 0
+    assert store.get_context("a")[1] == []
+    assert store.append_messages("a", lazy(rows(600))) and dump(store, "a")["fts"] > 0, "the store is usable after"
+
+
+def test_on_ids_on_postgres_gets_the_committed_ids(pg_fresh_dsn):
+    s = open_store(pg_fresh_dsn)
+    try:
+        s.ensure_session("a")
+        got: list[list[int]] = []
+        ids = s.append_messages("a", lazy(rows(40)), on_ids=got.append)
+        assert got == [ids] and len(ids) == 40
+        assert s.append_messages("a", [], on_ids=got.append) == [] and got[-1] == []
+    finally:
+        s.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import abc
 import re
 import contextlib
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ..records import (
     ContextEntry,
@@ -85,14 +85,21 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def append_messages(self, session_id: str, rows: Iterable[NewMessage],
                         context: Sequence[tuple[str, int]] | None = None,
-                        context_known: tuple[int, int] | None = None) -> list[int]:
+                        context_known: tuple[int, int] | None = None,
+                        on_ids: Callable[[list[int]], None] | None = None) -> list[int]:
         """Store rows; with `context`, also replace the session's active context in the same
         transaction (a negative message ref -k names the k-th new row). `rows` may be a lazy
         iterable (consumed once, inside the write).
 
         `context_known=(version, k)` says the stored context, if still at `version`, already
         holds `context[:k]`: then only the rest is written (checked under the write lock;
-        any other version gets the full comparison)."""
+        any other version gets the full comparison).
+
+        `on_ids(ids)` is called once on the calling thread with the new rows' ids as soon as
+        they are known — possibly before the commit (a pipelined SQLite append: while its
+        writer thread inserts the last rows and commits) — so the caller can prepare what
+        depends on them meanwhile. If the append then fails it raises as usual, and whatever
+        on_ids prepared must be dropped by the caller."""
 
     @abc.abstractmethod
     def get_messages(self, ids: Sequence[int]) -> dict[int, MessageRecord]: ...

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ..messages import safe_json
 from ..owners import pass_owner
@@ -179,9 +179,12 @@ class PostgresStore(PostgresSearch, PostgresConnections, Store):
 
     def append_messages(self, session_id: str, rows: Iterable[NewMessage],
                         context: Sequence[tuple[str, int]] | None = None,
-                        context_known: tuple[int, int] | None = None) -> list[int]:
+                        context_known: tuple[int, int] | None = None,
+                        on_ids: Callable[[list[int]], None] | None = None) -> list[int]:
         rows = list(rows)  # may be lazy; a retried transaction needs them again
         if not rows:
+            if on_ids is not None:
+                on_ids([])
             return []
         sid = _t(session_id)
 
@@ -219,7 +222,10 @@ class PostgresStore(PostgresSearch, PostgresConnections, Store):
                 self._write_context(c, sid, resolve_new_refs(context, ids, known), known)
             return ids
 
-        return self._write(tx)
+        ids = self._write(tx)
+        if on_ids is not None:
+            on_ids(ids)  # (after the commit: a retried transaction may give other ids)
+        return ids
 
     def get_messages(self, ids: Sequence[int]) -> dict[int, MessageRecord]:
         ids = list(dict.fromkeys(int(i) for i in ids))

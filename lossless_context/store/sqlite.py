@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ..messages import clean_text
 from ..owners import pass_owner
@@ -318,15 +318,16 @@ class SQLiteStore(SQLiteSearch, Store):
 
     def append_messages(self, session_id: str, rows: Iterable[NewMessage],
                         context: Sequence[tuple[str, int]] | None = None,
-                        context_known: tuple[int, int] | None = None) -> list[int]:
+                        context_known: tuple[int, int] | None = None,
+                        on_ids: Callable[[list[int]], None] | None = None) -> list[int]:
         # `rows` may be a lazy iterable: then the append is pipelined, its SQL on the writer
         # thread while this thread builds the next rows (store/sqlite_append.py).
         batch = sqlite_append.Batch(self.conn, self._begin, self._write_context, session_id, context, context_known)
         if isinstance(rows, (list, tuple)):  # rows already built: nothing to overlap with
-            ids = sqlite_append.append(batch, rows, None)
+            ids = sqlite_append.append(batch, rows, None, on_ids)
         else:
             with self._writer_lock:  # one pipelined append at a time per writer connection
-                ids = sqlite_append.append(batch, rows, self._writer)
+                ids = sqlite_append.append(batch, rows, self._writer, on_ids)
         self._checkpointer.poke()
         return ids
 

@@ -96,7 +96,7 @@ class Batch:
         self.ids: list[int] = []
         self.absorbed: list[tuple[int, str]] = []
         self._seq = 0
-        self._next = 0
+        self._next = self.first = 0  # the first new row's id (known once begun)
 
     def begin(self) -> None:
         """Take the write lock (while the caller builds the first rows) and fix the ids."""
@@ -108,7 +108,7 @@ class Batch:
                                   (self.session_id,)).fetchone()[0]
             # The ids SQLite would pick itself (max + 1, no AUTOINCREMENT), fixed up front so
             # the rows can go in bulk statements; the write lock is held since BEGIN IMMEDIATE.
-            self._next = c.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM messages").fetchone()[0]
+            self._next = self.first = c.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM messages").fetchone()[0]
             # Gate the per-row insert triggers off and index each chunk in bulk instead
             # (migrations 007 and 008 say why).
             c.execute("INSERT INTO lcm_bulk_indexing(active) VALUES (1)")
@@ -178,13 +178,17 @@ def _yielding(rows: Iterator[NewMessage], every: int = YIELD_EVERY) -> Iterator[
         yield r
 
 
-def append(batch: Batch, rows: Iterable[NewMessage], writer: Callable[[], ThreadPoolExecutor] | None) -> list[int]:
+def append(batch: Batch, rows: Iterable[NewMessage], writer: Callable[[], ThreadPoolExecutor] | None,
+           on_ids: Callable[[list[int]], None] | None = None) -> list[int]:
     """Run `batch` over `rows`: on this thread, or — given a writer — with the SQL on the
-    writer thread while this thread builds the next chunk of rows."""
+    writer thread while this thread builds the next chunk of rows. `on_ids` gets the new
+    ids on this thread (Store.append_messages says when)."""
     it = iter(rows)
     if writer is None:
         chunk = list(itertools.islice(it, CHUNK))
         if not chunk:
+            if on_ids is not None:
+                on_ids([])
             return []
         batch.begin()
         try:
@@ -194,26 +198,39 @@ def append(batch: Batch, rows: Iterable[NewMessage], writer: Callable[[], Thread
         except BaseException:
             batch.rollback()
             raise
-        return batch.finish()
+        ids = batch.finish()
+        if on_ids is not None:
+            on_ids(ids)
+        return ids
     ex = writer()
     it = _yielding(it)
     running: Future | None = ex.submit(batch.begin)
+    count = 0
     try:
         chunk = list(itertools.islice(it, FIRST))  # built while the writer begins
         while chunk:
             p = Prepared(chunk)
+            count += p.n
             running.result()
             started = threading.Event()
             running = ex.submit(batch.insert, p, started)
             while not started.wait(0.05) and not running.done():
                 pass
             chunk = list(itertools.islice(it, CHUNK))  # built while the writer inserts
+        # Ids are consecutive from the first (fixed under the write lock when the batch
+        # began): the caller may use them while the writer inserts the last rows and commits.
+        ids = list(range(batch.first, batch.first + count)) if count else []
+        if on_ids is not None:
+            on_ids(ids)
         running.result()
         running = None
-        if not batch.ids:
+        if not count:
             ex.submit(batch.rollback).result()
             return []
-        return ex.submit(batch.finish).result()
+        written = ex.submit(batch.finish).result()
+        if written != ids:  # cannot happen while insert() numbers rows from `first` on
+            raise RuntimeError("lcm: pipelined append wrote other ids than it announced")
+        return ids
     except BaseException:
         if running is not None:
             try:
