@@ -8,6 +8,10 @@ memory that was 10–15% of ingest time, spent finding nothing (none of these ob
 cycles). While any bulk append runs, the collector is paused; the first one that starts
 remembers whether it was enabled and the last one that ends restores that. Cyclic garbage
 made meanwhile (by any thread) is collected as usual right after.
+
+What the paused collector owes — one pass over the young objects the append made — is
+paid by `settle()` at a moment the caller would otherwise wait (a pipelined append's
+last rows are being written by the store's writer thread), not after the append.
 """
 
 from __future__ import annotations
@@ -37,3 +41,9 @@ def paused() -> Iterator[None]:
             _holders -= 1
             if _holders == 0 and _was_enabled:
                 gc.enable()
+
+
+def settle() -> None:
+    """Collect the youngest generation now, if a pause left it large (see the module doc)."""
+    if _holders and gc.get_count()[0] > gc.get_threshold()[0]:
+        gc.collect(0)

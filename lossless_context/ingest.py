@@ -396,6 +396,7 @@ def align(
                         s.ident, s.text_tokens = row.ident, row.tokens
                 yield row
             remember()  # (while the writer thread inserts the last rows and commits)
+            gcpause.settle()  # (likewise)
 
         resolved: list[Any] = []
 

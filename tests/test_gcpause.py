@@ -76,3 +76,19 @@ def test_a_bulk_ingest_runs_with_the_collector_paused_and_ends_with_it_on(tmp_pa
     assert len(seen) == len(msgs) - 10 and not any(seen)
     assert gc.isenabled()
     e.store.close()
+
+
+def test_settle_collects_the_young_generation_only_during_a_pause():
+    gc.enable()
+    keep = []
+    gc.collect()
+    with gcpause.paused():
+        keep.extend([{}] for _ in range(5 * gc.get_threshold()[0]))  # young, tracked, alive
+        assert gc.get_count()[0] > gc.get_threshold()[0]
+        gcpause.settle()
+        assert gc.get_count()[0] < gc.get_threshold()[0], "the young generation was collected"
+        assert not gc.isenabled()
+    keep.extend([{}] for _ in range(50))
+    before = gc.get_count()[0]
+    gcpause.settle()  # not paused: the collector's own business
+    assert gc.get_count()[0] >= before
