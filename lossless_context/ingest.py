@@ -29,6 +29,7 @@ from .messages import (
     is_summary_message,
     message_text,
     message_uid,
+    plain_tool_calls,
     role_of,
     safe_json,
     summary_node_ids,
@@ -61,18 +62,8 @@ def _plain_calls(tcs: Any) -> list | None:
     """A copy of plain tool calls (dicts whose id, type, function name and arguments are
     str/None — all the identity reads of them), else None. Equal to the live list as long
     as nothing the identity depends on was changed in place; compared at C speed."""
-    if type(tcs) is not list:
-        return None
-    out = []
-    for tc in tcs:
-        fn = tc.get("function") if type(tc) is dict else None
-        if type(fn) is not dict:
-            return None
-        for x in (tc.get("id"), tc.get("type"), fn.get("name"), fn.get("arguments")):
-            if x is not None and type(x) is not str:
-                return None
-        out.append({**tc, "function": {**fn}})
-    return out
+    calls = plain_tool_calls(tcs)
+    return None if calls is None else [{**tc, "function": {**fn}} for _, tc, fn in calls]
 
 
 @dataclass

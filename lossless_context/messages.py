@@ -189,11 +189,10 @@ _memos: OrderedDict[str, dict[int, tuple]] = OrderedDict()
 _memos_lock = threading.Lock()
 
 
-def calls_key(tcs: Any) -> tuple | None:
-    """The str/None fields of plain-dict tool calls (what the ident renders of them), else None.
-
-    Equal keys render to equal JSON; cheaper to compare than rendering again.
-    """
+def plain_tool_calls(tcs: Any) -> list[tuple[tuple, dict, dict]] | None:
+    """Per call of a list of plain-dict tool calls whose id, type, function name and
+    arguments are str/None (all the ident renders of them): those four, the call dict and
+    its function dict; None for anything else."""
     if type(tcs) is not list:
         return None
     out = []
@@ -205,8 +204,17 @@ def calls_key(tcs: Any) -> tuple | None:
         for x in row:
             if x is not None and type(x) is not str:
                 return None
-        out.append(row)
-    return tuple(out)
+        out.append((row, tc, fn))
+    return out
+
+
+def calls_key(tcs: Any) -> tuple | None:
+    """The str/None fields of plain-dict tool calls (what the ident renders of them), else None.
+
+    Equal keys render to equal JSON; cheaper to compare than rendering again.
+    """
+    calls = plain_tool_calls(tcs)
+    return None if calls is None else tuple(row for row, _, _ in calls)
 
 
 class IdentMemo:
