@@ -272,7 +272,10 @@ def make_engine(path: Path, **cfg: Any) -> LCMEngine:
 
 
 def canon(m: Any) -> str:
-    return json.dumps(m, sort_keys=True)
+    # Through JSON once first: the store keeps a message as its JSON text, and two lone
+    # surrogates that happen to form a pair ("\ud800\udfff" as two code points) read back
+    # as the one character that text means — same bytes, but it sorts differently as a key.
+    return json.dumps(json.loads(json.dumps(m)), sort_keys=True)
 
 
 def stored_raws(e: LCMEngine) -> list[Any]:
@@ -561,3 +564,14 @@ def test_messages_json_cannot_spell_are_still_stored(tmp_path):
                                                    "[circular reference]"]}, sort_keys=True) in raws
     assert json.dumps({"role": "user", "content": "odd key", "x": {"(1, 2)": 3}}, sort_keys=True) in raws
     assert json.loads(e.handle_tool_call("lcm_grep", {"query": "refers to itself"}))["hits"] >= 1
+
+
+def test_adjacent_lone_surrogates_are_stored_as_their_json_text(tmp_path):
+    """Found by the fuzz: keys made of lone surrogates that pair up. The stored raw JSON is
+    exactly the input's JSON text; reading it back gives what that text means."""
+    e = make_engine(tmp_path / "lcm.db")
+    msg = {"role": "user", "content": {"\udfff": None, "\ud800\udfff": None}}
+    e.compress([{"role": "user", "content": "hi"}, msg])
+    raw_text = e.store.conn().execute("SELECT raw FROM messages ORDER BY id DESC LIMIT 1").fetchone()[0]
+    assert raw_text == json.dumps(msg)
+    check_stored(e, [{"role": "user", "content": "hi"}, msg])
