@@ -49,12 +49,12 @@ TEXT_INDEX_LIMIT = 1_000_000  # chars of a message indexed for search (raw is ke
 
 
 _FIELDS = ("content", "role", "tool_call_id", "name")
-_STR, _STR_OR_NONE = {str}, {str, type(None)}
+_STR, _STR_OR_NONE, _DICT = {str}, {str, type(None)}, {dict}
 
 
 def _column(msgs: Sequence[Any], key: str) -> list[Any]:
     """msg.get(key) of every message at C speed (dict.get unbound: ~4x quicker than a
-    methodcaller); TypeError for anything that is not a dict (then no snapshot)."""
+    methodcaller); TypeError for anything that is not a dict."""
     return list(map(dict.get, msgs, itertools.repeat(key)))
 
 
@@ -82,11 +82,10 @@ class Snapshot:
 
     @classmethod
     def of(cls, msgs: Sequence[Any], offset: int = 0) -> "Snapshot | None":
-        try:
-            fields = tuple(_column(msgs, k) for k in _FIELDS)
-            calls = _column(msgs, "tool_calls")
-        except (AttributeError, TypeError):  # not all plain mappings: no snapshot, no shortcut
-            return None
+        if not set(map(type, msgs)) <= _DICT:
+            return None  # not all plain dicts (a subclass may answer get() its own way): no shortcut
+        fields = tuple(_column(msgs, k) for k in _FIELDS)
+        calls = _column(msgs, "tool_calls")
         content, role, tcid, name = fields
         if set(map(type, role)) <= _STR and all(set(map(type, f)) <= _STR_OR_NONE for f in (content, tcid, name)):
             complex_ = []  # the usual list: every field a str or None (checked at C speed)
@@ -403,6 +402,10 @@ def align(
             new_ids = store.append_messages(session_id, build() if len(pending) > LAZY_ROWS else list(build()),
                                             context=prefix_items + new_items, context_known=known,
                                             on_ids=with_ids)
+        if not snap:  # (a store that did not ask for the end of the rows)
+            remember()
+        if not resolved:  # (a store that did not call on_ids)
+            with_ids(new_ids)
         context_written = True
         items, added_entries = resolved
     else:
