@@ -42,12 +42,12 @@ from .tokens import estimate_message_tokens
 log = logging.getLogger("lossless_context.ingest")
 
 LOOKAHEAD = 64
-_UNUSABLE = ("invalid", "unknown")  # roles of input stored but never sent
 LOG_WINDOW = 512
 LAZY_ROWS = 256  # more new rows than this are handed to the store as they are built (pipelined)
 TEXT_INDEX_LIMIT = 1_000_000  # chars of a message indexed for search (raw is kept whole)
 
 
+_UNUSABLE = ("invalid", "unknown")  # role_of() of input that is stored but never sent
 _FIELDS = ("content", "role", "tool_call_id", "name")
 _STR, _STR_OR_NONE, _DICT = {str}, {str, type(None)}, {dict}
 
@@ -93,16 +93,15 @@ class Snapshot:
             complex_ = [offset + i for i, (c, r, t, n) in enumerate(zip(*fields))
                         if not ((c is None or type(c) is str) and type(r) is str
                                 and (t is None or type(t) is str) and (n is None or type(n) is str))]
-        odd = False
         for i, t in enumerate(calls):
             if t is not None:
                 copy = _plain_calls(t)
                 if copy is None:
                     complex_.append(offset + i)  # kept as the live object: equal to itself
-                    odd = True
                 else:
                     calls[i] = copy
-        return cls(fields, calls, sorted(complex_) if odd else complex_)
+        complex_.sort()
+        return cls(fields, calls, complex_)
 
     def extended(self, more: "Snapshot | None") -> "Snapshot | None":
         if more is None:
@@ -174,7 +173,7 @@ def new_message(msg: Any, large_tokens: int, exploration_tokens: int, supersedes
 
 def _slot_for(msg: Any, mid: int, tokens: int, ident: str = "") -> Slot:
     role = role_of(msg)
-    if role in ("invalid", "unknown"):
+    if role in _UNUSABLE:
         return Slot("x", [mid], None, role, 0)
     return Slot(
         "m", [mid], msg, role, tokens,
@@ -368,16 +367,14 @@ def align(
         # context name them): a crash in between cannot strand them.
         known = (base.version, len(base.items)) if base is not None and base.version >= 0 else None
         new_items = _context_items(slots[n0:])
-        rows: list[NewMessage] = []
 
         def build() -> Iterator[NewMessage]:
             # Everything per new message is done here: a large append runs this while the
             # store's writer thread is busy with the previous chunk.
-            for k, (idx, msg, ident, supersedes) in enumerate(pending):
+            for idx, msg, ident, supersedes in pending:
                 if ident is None:
                     ident = idents[idx] = memo.ident(msg)
                 row = new_message(msg, large_tokens, exploration_tokens, supersedes=supersedes, ident=ident)
-                rows.append(row)
                 if idx >= 0:
                     s = slots[idx]
                     if type(s) is int:
@@ -402,19 +399,16 @@ def align(
             new_ids = store.append_messages(session_id, build() if len(pending) > LAZY_ROWS else list(build()),
                                             context=prefix_items + new_items, context_known=known,
                                             on_ids=with_ids)
-        if not snap:  # (a store that did not ask for the end of the rows)
+        if not snap:  # (a store that stopped reading once it had every row)
             remember()
-        if not resolved:  # (a store that did not call on_ids)
-            with_ids(new_ids)
         context_written = True
-        items, added_entries = resolved
+        items, added_entries = resolved  # (on_ids is always called: Store.append_messages)
     else:
         remember()
+        items = prefix_items + _context_items(slots[n0:])
+        added_entries = slots_to_entries(slots[n0:])
     added = slots[n0:]
     final = base.slots + added if base is not None else added
-    if not pending:
-        items = prefix_items + _context_items(added)
-        added_entries = slots_to_entries(added)
     entries = (base.entries if base is not None else []) + added_entries
     changed = bool(pending) or len(final) != len(context)
     state = Resume(list(messages), idents, final, len(entries), max(last_mid, max(new_ids, default=0)),

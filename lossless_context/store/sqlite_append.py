@@ -93,10 +93,14 @@ class Batch:
         self._conn, self._begin, self._write_context = conn, begin, write_context
         self.session_id, self.context, self.context_known = session_id, context, context_known
         self.c: sqlite3.Connection | None = None
-        self.ids: list[int] = []
         self.absorbed: list[tuple[int, str]] = []
         self._seq = 0
-        self._next = self.first = 0  # the first new row's id (known once begun)
+        self._next = self.first = 0  # the first new row's id, and the next one's (known once begun)
+
+    @property
+    def ids(self) -> list[int]:
+        """The rows' ids so far: consecutive from `first`."""
+        return list(range(self.first, self._next))
 
     def begin(self) -> None:
         """Take the write lock (while the caller builds the first rows) and fix the ids."""
@@ -132,7 +136,6 @@ class Batch:
         if p.cjk:
             c.executemany("INSERT INTO messages_cjk(rowid, text) VALUES (?, ?)", [(first + k, t) for k, t in p.cjk])
         self.absorbed.extend((first + k, u) for k, u in p.absorbed)
-        self.ids.extend(range(first, first + p.n))
         self._next, self._seq = first + p.n, seq + p.n
 
     def finish(self) -> list[int]:
@@ -219,7 +222,7 @@ def append(batch: Batch, rows: Iterable[NewMessage], writer: Callable[[], Thread
             chunk = list(itertools.islice(it, CHUNK))  # built while the writer inserts
         # Ids are consecutive from the first (fixed under the write lock when the batch
         # began): the caller may use them while the writer inserts the last rows and commits.
-        ids = list(range(batch.first, batch.first + count)) if count else []
+        ids = list(range(batch.first, batch.first + count))
         if on_ids is not None:
             on_ids(ids)
         running.result()
@@ -227,9 +230,7 @@ def append(batch: Batch, rows: Iterable[NewMessage], writer: Callable[[], Thread
         if not count:
             ex.submit(batch.rollback).result()
             return []
-        written = ex.submit(batch.finish).result()
-        if written != ids:  # cannot happen while insert() numbers rows from `first` on
-            raise RuntimeError("lcm: pipelined append wrote other ids than it announced")
+        ex.submit(batch.finish).result()
         return ids
     except BaseException:
         if running is not None:
