@@ -179,6 +179,11 @@ def build(store: str, n: int, *, seed: int, real_cap: int, base_store: str | Non
                     first_batch_rates.append(len(batch) / dt)
             if live:
                 sess += 1
+        # The store may full-text index a large append after its commit: ingest is done
+        # when the last message is searchable (this wait is part of the ingest time).
+        t0 = time.perf_counter()
+        eng.store.wait_indexed()
+        ingest_s += time.perf_counter() - t0
         if stopped_early is None and stored < n_real:
             stopped_early = "limit"
         out["stopped_early"] = stopped_early

@@ -93,6 +93,9 @@ def _sqlite(store: Any, repair: bool) -> DoctorReport:
     fk = _q(c, "PRAGMA foreign_key_check")
     rep.add("foreign keys", not fk, f"{len(fk)} violations" if fk else "")
 
+    # A large append's rows are full-text indexed after its commit: index any backlog
+    # (left by a crash, or still running) before comparing the index with the rows.
+    store.wait_indexed()
     for table in ("messages", "summaries"):
         bad = False
         try:

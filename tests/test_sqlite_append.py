@@ -43,6 +43,7 @@ def lazy(items: list[NewMessage]):
 
 
 def dump(s: SQLiteStore, sid: str) -> dict:
+    s.wait_indexed()  # a pipelined append's rows are full-text indexed after its commit
     c = s.conn()
     msgs = c.execute("SELECT seq, role, raw, text, tokens, created_at, ident FROM messages WHERE session_id=?"
                      " ORDER BY seq", (sid,)).fetchall()

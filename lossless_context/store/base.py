@@ -229,6 +229,11 @@ class Store(abc.ABC):
     def max_row_id(self, target: str) -> int:
         """The largest id in ``target`` (messages or summaries): a free size estimate."""
 
+    def wait_indexed(self) -> None:
+        """Return once every stored message is in the full-text index. A store may index a
+        large append after its commit; its own :meth:`search` and :meth:`term_counts` wait
+        for that themselves (this is for callers that time or inspect the index)."""
+
     # -- maintenance ----------------------------------------------------------
     @abc.abstractmethod
     def stats(self, session_id: str | None = None) -> dict[str, Any]: ...

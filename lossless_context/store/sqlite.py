@@ -31,7 +31,7 @@ from ..records import (
     SummaryRecord,
 )
 from .base import Store, StoreError, resolve_keys, with_appended
-from . import sqlite_append, sqlite_wal
+from . import sqlite_append, sqlite_index, sqlite_wal
 from .sqlite_migrations import MIGRATIONS
 from .sqlite_wal import AUTOCHECKPOINT_PAGES, PAGE_SIZE
 from .sqlite_search import SQLiteSearch
@@ -91,6 +91,7 @@ class SQLiteStore(SQLiteSearch, Store):
         self._writer_ex: ThreadPoolExecutor | None = None
         self._writer_pid = 0
         self._checkpointer = sqlite_wal.Checkpointer(self.location, self._connect)
+        self._indexer = sqlite_index.Indexer(self.conn, self._begin, self._writer)
 
     # -- connections ----------------------------------------------------------
 
@@ -164,6 +165,9 @@ class SQLiteStore(SQLiteSearch, Store):
     def tx(self) -> Iterator[sqlite3.Connection]:
         """A write transaction; BEGIN IMMEDIATE takes the single writer slot up front."""
         c = self.conn()
+        if not c.in_transaction:
+            # Wait for this process's deferred indexing directly, not by polling the lock.
+            self._indexer.drain()
         self._begin(c)
         try:
             yield c
@@ -322,14 +326,23 @@ class SQLiteStore(SQLiteSearch, Store):
                         on_ids: Callable[[list[int]], None] | None = None) -> list[int]:
         # `rows` may be a lazy iterable: then the append is pipelined, its SQL on the writer
         # thread while this thread builds the next rows (store/sqlite_append.py).
-        batch = sqlite_append.Batch(self.conn, self._begin, self._write_context, session_id, context, context_known)
-        if isinstance(rows, (list, tuple)):  # rows already built: nothing to overlap with
+        built = isinstance(rows, (list, tuple))  # rows already built: nothing to overlap with
+        batch = sqlite_append.Batch(self.conn, self._begin, self._write_context, session_id, context, context_known,
+                                    defer_index=not built)
+        if built:
+            if not self.conn().in_transaction:
+                self._indexer.drain()  # (as in tx())
             ids = sqlite_append.append(batch, rows, None, on_ids)
         else:
             with self._writer_lock:  # one pipelined append at a time per writer connection
                 ids = sqlite_append.append(batch, rows, self._writer, on_ids)
+            if ids:  # its rows are full-text indexed after the commit (store/sqlite_index.py)
+                self._indexer.soon()
         self._checkpointer.poke()
         return ids
+
+    def wait_indexed(self) -> None:
+        self._indexer.wait()
 
     def _writer(self) -> ThreadPoolExecutor:
         """The thread (with its own connection and warm page cache) that runs large appends' SQL."""

@@ -12,17 +12,21 @@ thread: there is nothing to overlap.
 
 Each chunk's rows go in bulk statements with their ids and session positions computed by
 SQL from two base values (``?1 + k``), so the writer thread does no per-row Python; the
-chunk's last row fires its FTS indexing in the same statement (migrations 007 and 008).
+chunk's last row fires its FTS indexing in the same statement (migrations 007 and 008) —
+except in a pipelined append, whose rows are indexed after the commit (store/sqlite_index.py).
+The caller may build up to DEPTH chunks ahead of the writer thread: it then goes on while
+the writer still indexes what the previous append stored.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
 import sqlite3
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ..messages import clean_text, has_cjk, safe_json
@@ -33,6 +37,7 @@ CHUNK = 512  # rows per step (a pipelined step; FTS-indexed as one segment)
 FIRST = 64  # rows of the first step: the writer thread idles until they are built
 BLOCK = 128  # rows per insert statement (compiling one of 512 rows takes ~80 ms, of 128 ~5 ms)
 YIELD_EVERY = 16  # rows built between two chances for the writer thread to take the GIL
+DEPTH = 4  # chunks the caller may have queued for the writer thread (memory: ~2 MB each)
 _COLS = 10  # per-row parameters the caller prepares (everything but id, session, seq)
 _HEAD = "INSERT INTO messages(id, session_id, seq, uid, ident, role, raw, text, tokens, created_at," \
         " supersedes, large, exploration) VALUES "
@@ -89,9 +94,11 @@ class Batch:
 
     def __init__(self, conn: Callable[[], sqlite3.Connection], begin: Callable[[sqlite3.Connection], None],
                  write_context: Callable[..., None], session_id: str,
-                 context: Sequence[tuple[str, int]] | None, context_known: tuple[int, int] | None) -> None:
+                 context: Sequence[tuple[str, int]] | None, context_known: tuple[int, int] | None,
+                 defer_index: bool = False) -> None:
         self._conn, self._begin, self._write_context = conn, begin, write_context
         self.session_id, self.context, self.context_known = session_id, context, context_known
+        self.defer_index = defer_index  # list the rows in lcm_index_pending instead of indexing them
         self.c: sqlite3.Connection | None = None
         self.absorbed: list[tuple[int, str]] = []
         self._seq = 0
@@ -125,8 +132,9 @@ class Batch:
         c = self.c
         assert c is not None
         first, seq = self._next, self._seq
-        # The row with id `hi` fires the FTS indexing of the whole chunk (migration 008).
-        c.execute("UPDATE lcm_bulk_range SET lo=?, hi=?", (first, first + p.n - 1))
+        if not self.defer_index:
+            # The row with id `hi` fires the FTS indexing of the whole chunk (migration 008).
+            c.execute("UPDATE lcm_bulk_range SET lo=?, hi=?", (first, first + p.n - 1))
         if started is not None:
             started.set()  # the caller goes on building rows while the chunk's statement runs
         k = 0
@@ -146,6 +154,8 @@ class Batch:
         try:
             c.execute("DELETE FROM lcm_bulk_indexing")
             c.execute("DELETE FROM lcm_bulk_range")
+            if self.defer_index and self._next > self.first:
+                c.execute("INSERT INTO lcm_index_pending(lo, hi) VALUES (?, ?)", (self.first, self._next - 1))
             if self.absorbed:
                 c.executemany("INSERT OR IGNORE INTO message_absorbed(message_id, uid) VALUES (?, ?)", self.absorbed)
             c.execute("UPDATE sessions SET updated_at=? WHERE id=?", (time.time(), self.session_id))
@@ -207,35 +217,41 @@ def append(batch: Batch, rows: Iterable[NewMessage], writer: Callable[[], Thread
         return ids
     ex = writer()
     it = _yielding(it)
-    running: Future | None = ex.submit(batch.begin)
+    begun = ex.submit(batch.begin)
+    queued = collections.deque([begun])  # the writer thread's work, oldest first
     count = 0
     try:
         chunk = list(itertools.islice(it, FIRST))  # built while the writer begins
         while chunk:
             p = Prepared(chunk)
             count += p.n
-            running.result()
+            while len(queued) >= DEPTH:
+                queued.popleft().result()
+            idle = all(f.done() for f in queued)
             started = threading.Event()
             running = ex.submit(batch.insert, p, started)
-            while not started.wait(0.05) and not running.done():
-                pass
+            queued.append(running)
+            if idle:  # let the writer thread take the GIL and start before building on
+                while not started.wait(0.05) and not running.done():
+                    pass
             chunk = list(itertools.islice(it, CHUNK))  # built while the writer inserts
         # Ids are consecutive from the first (fixed under the write lock when the batch
         # began): the caller may use them while the writer inserts the last rows and commits.
+        begun.result()
         ids = list(range(batch.first, batch.first + count))
         if on_ids is not None:
             on_ids(ids)
-        running.result()
-        running = None
+        while queued:
+            queued.popleft().result()
         if not count:
             ex.submit(batch.rollback).result()
             return []
         ex.submit(batch.finish).result()
         return ids
     except BaseException:
-        if running is not None:
+        for f in queued:  # (the writer thread's queue runs out before the rollback)
             try:
-                running.result()
+                f.result()
             except BaseException:
                 pass
         ex.submit(batch.rollback).result()

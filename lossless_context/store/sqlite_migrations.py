@@ -231,4 +231,21 @@ MIGRATIONS: list[tuple[str, str]] = [
         END;
         """,
     ),
+    (
+        # A large (pipelined) append commits its rows first and has them full-text indexed
+        # by the writer thread in the transactions that follow (store/sqlite_index.py):
+        # until then its id range is listed here, committed with the rows, so a crash in
+        # between leaves a record of exactly what is still to index. Search indexes what is
+        # listed before it matches. A row deleted before it was indexed is not in the index:
+        # the delete trigger must not take it out (that would corrupt the FTS5 index).
+        "009_deferred_message_index",
+        """
+        CREATE TABLE lcm_index_pending (lo INTEGER NOT NULL, hi INTEGER NOT NULL);
+        DROP TRIGGER messages_ad;
+        CREATE TRIGGER messages_ad AFTER DELETE ON messages
+        WHEN NOT EXISTS (SELECT 1 FROM lcm_index_pending WHERE old.id BETWEEN lo AND hi) BEGIN
+            INSERT INTO messages_fts(messages_fts, rowid, text) VALUES ('delete', old.id, old.text);
+        END;
+        """,
+    ),
 ]

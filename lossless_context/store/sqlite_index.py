@@ -1,0 +1,129 @@
+"""Full-text indexing of large appends after their commit (the deferred message index).
+
+FTS5 tokenising is most of what SQLite does for a large append. A pipelined append
+(store/sqlite_append.py) therefore inserts its rows without indexing them and lists their
+id range in ``lcm_index_pending`` in the same transaction (migration 009); after the
+commit the store's writer thread indexes the listed ranges, at most STEP rows per
+transaction, each range leaving the list in the transaction that indexes it. The
+tokenising then overlaps with what the caller does next (the host's next turn, the rows
+of the next append) instead of delaying the compress() that stored the messages.
+
+Nothing is lost and search is never stale: the list is committed with the rows, so a
+crash between the two leaves a record of exactly what is still to index; and before a
+full-text match, :meth:`Indexer.wait` waits for the jobs this process queued and indexes
+whatever is still listed (left by a crash, or by another process) itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable
+
+log = logging.getLogger("lossless_context")
+
+STEP = 4096  # rows per indexing transaction: another writer waits at most one step
+
+_NEXT = "SELECT rowid, lo, hi FROM lcm_index_pending ORDER BY lo LIMIT 1"
+_INDEX = "INSERT INTO messages_fts(rowid, text) SELECT id, text FROM messages WHERE id BETWEEN ? AND ?"
+
+
+def index_pending(c: sqlite3.Connection, begin: Callable[[sqlite3.Connection], None]) -> int:
+    """Index every listed range on connection `c`; returns how many ids it covered."""
+    done = 0
+    while True:
+        begin(c)
+        try:
+            # Read under the write lock: another process may have indexed it meanwhile.
+            row = c.execute(_NEXT).fetchone()
+            if row is None:
+                c.execute("COMMIT")
+                return done
+            rid, lo, hi = row
+            top = min(hi, lo + STEP - 1)
+            c.execute(_INDEX, (lo, top))  # (a row deleted meanwhile is simply not there)
+            if top >= hi:
+                c.execute("DELETE FROM lcm_index_pending WHERE rowid=?", (rid,))
+            else:
+                c.execute("UPDATE lcm_index_pending SET lo=? WHERE rowid=?", (top + 1, rid))
+            c.execute("COMMIT")
+        except BaseException:
+            try:
+                c.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            raise
+        done += top - lo + 1
+
+
+class Indexer:
+    """The deferred index of one store: jobs on its writer thread, and waiting for them."""
+
+    def __init__(self, conn: Callable[[], sqlite3.Connection], begin: Callable[[sqlite3.Connection], None],
+                 writer: Callable[[], ThreadPoolExecutor]) -> None:
+        self._conn, self._begin, self._writer = conn, begin, writer
+        self._lock = threading.Lock()
+        self._jobs: list[Future] = []
+        self._pid = os.getpid()
+        _live.add(self)
+
+    def soon(self) -> None:
+        """Index what is listed, on the writer thread (after the append that listed it)."""
+        job = self._writer().submit(self._run)
+        with self._lock:
+            if self._pid != os.getpid():  # a forked child: the parent's jobs never finish here
+                self._jobs, self._pid = [], os.getpid()
+            self._jobs = [j for j in self._jobs if not j.done()] + [job]
+
+    def _run(self) -> None:
+        try:
+            index_pending(self._conn(), self._begin)
+        except Exception as exc:  # the ranges stay listed: the next job or search retries
+            log.warning("lcm: deferred full-text indexing failed (will retry): %s", exc)
+
+    def drain(self) -> None:
+        """Wait for the jobs this process queued (they run on the writer thread; never call
+        this on it, nor while the calling thread holds the write lock)."""
+        with self._lock:
+            jobs = self._jobs if self._pid == os.getpid() else []
+            self._jobs = []
+        for job in jobs:
+            job.result()  # (_run does not raise)
+
+    def wait(self) -> None:
+        """Return once every stored message is in the full-text index (or, if indexing
+        fails, log it: search then may miss the newest messages, nothing is lost)."""
+        c = self._conn()
+        if c.in_transaction:  # (the jobs would wait for this thread's write lock)
+            return
+        self.drain()
+        if c.execute("SELECT 1 FROM lcm_index_pending LIMIT 1").fetchone() is None:
+            return
+        try:
+            index_pending(c, self._begin)
+        except Exception as exc:
+            log.warning("lcm: full-text indexing of the newest messages failed: %s", exc)
+
+    def pending(self) -> int:
+        """Ids listed and not yet indexed."""
+        return self._conn().execute("SELECT COALESCE(SUM(hi - lo + 1), 0) FROM lcm_index_pending").fetchone()[0]
+
+
+# A fork while the writer thread indexes would leave the child believing its process holds
+# the store's write lock (SQLite keeps lock state per process, and the thread holding it
+# does not exist in the child): the child's first write would wait for it forever. Forks
+# wait for the running jobs instead (nothing, usually).
+_live: "weakref.WeakSet[Indexer]" = weakref.WeakSet()
+
+
+def _before_fork() -> None:
+    for indexer in list(_live):
+        indexer.drain()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork)

@@ -1,0 +1,195 @@
+"""The deferred full-text index of large appends (store/sqlite_index.py, migration 009).
+
+A pipelined append commits its rows and their id range in lcm_index_pending; the writer
+thread indexes the range afterwards. These tests show: search never misses a committed row
+(it indexes the backlog itself), a crash between the commit and the indexing loses
+nothing (a real killed process), the backlog is indexed exactly once (FTS5's own
+integrity check against the content table), and rows deleted before they were indexed do
+not corrupt the index."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import uuid
+
+import pytest
+
+from lossless_context.query import plan_query
+from lossless_context.records import NewMessage
+from lossless_context.store import sqlite_index
+from lossless_context.store.sqlite import SQLiteStore
+
+T0 = 1_700_000_000.0
+
+
+def rows(n: int, start: int = 0) -> list[NewMessage]:
+    out = []
+    for i in range(start, start + n):
+        text = f"message {i} token{i}x " + "lorem ipsum " * (i % 5)
+        out.append(NewMessage(raw={"role": "user", "content": text}, role="user", ident=uuid.uuid4().hex,
+                              uid=None, text=text, tokens=len(text) // 4 + 1, created_at=T0 + i))
+    return out
+
+
+def lazy(items):
+    yield from items  # a generator: the store pipelines it (and defers its indexing)
+
+
+def fts_ids(path: str, term: str) -> list[int]:
+    """Rows the index itself holds for a term (read on a fresh connection: no waiting)."""
+    c = sqlite3.connect(path)
+    try:
+        return [r[0] for r in c.execute("SELECT rowid FROM messages_fts WHERE messages_fts MATCH ? ORDER BY rowid",
+                                        (term,))]
+    finally:
+        c.close()
+
+
+def pending(path: str) -> list[tuple[int, int]]:
+    c = sqlite3.connect(path)
+    try:
+        return c.execute("SELECT lo, hi FROM lcm_index_pending ORDER BY lo").fetchall()
+    finally:
+        c.close()
+
+
+def check_index(path: str) -> None:
+    """FTS5's integrity check with rank 1 compares the index with the content table row by
+    row: a row indexed twice, missing, or deleted wrongly makes it raise."""
+    c = sqlite3.connect(path)
+    try:
+        c.execute("INSERT INTO messages_fts(messages_fts, rank) VALUES ('integrity-check', 1)")
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def unindexed(monkeypatch):
+    """Appends whose indexing job never runs: what a process killed right after its commit
+    leaves behind (the subprocess test below does it for real)."""
+    monkeypatch.setattr(sqlite_index.Indexer, "soon", lambda self: None)
+
+
+def test_a_large_append_is_indexed_after_its_commit_and_search_waits_for_it(tmp_path):
+    path = str(tmp_path / "lcm.db")
+    s = SQLiteStore(path)
+    s.ensure_session("a")
+    small = s.append_messages("a", rows(10))  # built rows: indexed in their own transaction
+    assert pending(path) == [] and fts_ids(path, "token3x") == [small[3]]
+    ids = s.append_messages("a", lazy(rows(1500, 10)))
+    # Right away (the indexing job may still run), search finds the newest row.
+    hits = s.search("messages", ["a"], plan_query("token1509x"), limit=5)
+    assert [h["id"] for h in hits] == [ids[-1]]
+    assert s.term_counts("messages", [plan_query("token700x")], cap=10) == [1]
+    s.wait_indexed()
+    assert pending(path) == []
+    assert fts_ids(path, "token10x") == [ids[0]] and fts_ids(path, "token1509x") == [ids[-1]]
+    check_index(path)
+    s.close()
+
+
+def test_a_backlog_left_by_a_dead_process_is_indexed_by_the_next_search(tmp_path, unindexed):
+    path = str(tmp_path / "lcm.db")
+    s = SQLiteStore(path)
+    s.ensure_session("a")
+    ids = s.append_messages("a", lazy(rows(900)))
+    s.close()
+    assert pending(path) == [(ids[0], ids[-1])]
+    assert fts_ids(path, "token5x") == []  # committed, listed, not yet indexed
+    t = SQLiteStore(path)  # a later process
+    hits = t.search("messages", ["a"], plan_query("token5x"), limit=5)
+    assert [h["id"] for h in hits] == [ids[5]]
+    assert pending(path) == [] and len(fts_ids(path, "lorem")) == sum(1 for i in range(900) if i % 5)
+    check_index(path)
+    t.close()
+
+
+def test_a_backlog_is_indexed_in_steps_each_committed(tmp_path, unindexed, monkeypatch):
+    path = str(tmp_path / "lcm.db")
+    s = SQLiteStore(path)
+    s.ensure_session("a")
+    ids = s.append_messages("a", lazy(rows(1000)))
+    monkeypatch.setattr(sqlite_index, "STEP", 300)
+    steps = []
+    begin = s._begin
+
+    def counting_begin(c):
+        steps.append(pending(path))  # what is still listed when each transaction starts
+        begin(c)
+
+    assert sqlite_index.index_pending(s.conn(), counting_begin) == 1000
+    lo = ids[0]
+    assert steps == [[(lo, lo + 999)], [(lo + 300, lo + 999)], [(lo + 600, lo + 999)], [(lo + 900, lo + 999)], []]
+    check_index(path)
+    s.close()
+
+
+def test_rows_deleted_before_they_were_indexed_leave_the_index_consistent(tmp_path, unindexed):
+    path = str(tmp_path / "lcm.db")
+    s = SQLiteStore(path)
+    s.ensure_session("a")
+    ids = s.append_messages("a", lazy(rows(600)))
+    c = sqlite3.connect(path, isolation_level=None)
+    c.execute("PRAGMA foreign_keys=OFF")  # (a manual edit: the context still names them)
+    c.execute("DELETE FROM messages WHERE id BETWEEN ? AND ?", (ids[10], ids[19]))
+    c.close()
+    s.wait_indexed()
+    check_index(path)  # the delete trigger left the unindexed rows' (absent) entries alone
+    assert fts_ids(path, "token15x") == [] and fts_ids(path, "token20x") == [ids[20]]
+    c = sqlite3.connect(path, isolation_level=None)
+    c.execute("PRAGMA foreign_keys=OFF")
+    c.execute("DELETE FROM messages WHERE id BETWEEN ? AND ?", (ids[20], ids[29]))  # indexed now: taken out
+    c.close()
+    check_index(path)
+    assert fts_ids(path, "token20x") == []
+    s.close()
+
+
+def test_another_process_indexes_a_backlog_it_finds(tmp_path, unindexed):
+    path = str(tmp_path / "lcm.db")
+    a, b = SQLiteStore(path), SQLiteStore(path)
+    a.ensure_session("a")
+    ids = a.append_messages("a", lazy(rows(700)))
+    assert [h["id"] for h in b.search("messages", None, plan_query("token699x"), limit=3)] == [ids[-1]]
+    assert a.search("messages", None, plan_query("token0x"), limit=3)[0]["id"] == ids[0]
+    assert pending(path) == []
+    check_index(path)
+    a.close()
+    b.close()
+
+
+def test_a_process_killed_right_after_a_large_append_loses_nothing(tmp_path):
+    path = str(tmp_path / "lcm.db")
+    script = textwrap.dedent(f"""
+        import os, sys, uuid
+        sys.path.insert(0, {os.getcwd()!r})
+        from lossless_context.records import NewMessage
+        from lossless_context.store.sqlite import SQLiteStore
+        s = SQLiteStore({path!r})
+        s.ensure_session("a")
+        def gen():
+            for i in range(3000):
+                t = f"message {{i}} token{{i}}x"
+                yield NewMessage(raw={{"role": "user", "content": t}}, role="user", ident=uuid.uuid4().hex,
+                                 uid=None, text=t, tokens=5, created_at=float(i))
+        for k in range(3):
+            s.append_messages("a", gen())
+        os._exit(0)  # no close(), no waiting for the indexing job: wherever it was, it dies
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    c = sqlite3.connect(path)
+    n = c.execute("SELECT count(*) FROM messages").fetchone()[0]
+    c.close()
+    assert n == 9000
+    check_index_after = SQLiteStore(path)
+    # Whatever the job had done, the rest is listed; one search finishes it, exactly once.
+    hits = check_index_after.search("messages", ["a"], plan_query("token2999x"), limit=5)
+    assert len(hits) == 3
+    assert pending(path) == []
+    check_index(path)
+    assert len(fts_ids(path, "message")) == 9000
+    check_index_after.close()
