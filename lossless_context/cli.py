@@ -595,6 +595,8 @@ def status_table(console: Any, st: dict[str, Any]) -> None:
     t.add_row("summary nodes", _depths(st["summaries_by_depth"]))
     if st.get("staged_summaries"):
         t.add_row("staged (uncommitted)", f"{st['staged_summaries']:,}")
+    if st.get("unindexed_messages"):
+        t.add_row("not yet full-text indexed", f"{st['unindexed_messages']:,} (indexed by the next search)")
     t.add_row("compactions", f"{st['compactions']:,}")
     last = _ts(st.get("last_compaction_at"))
     if st.get("last_compaction_session"):

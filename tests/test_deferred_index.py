@@ -101,9 +101,14 @@ def test_a_backlog_left_by_a_dead_process_is_indexed_by_the_next_search(tmp_path
     assert pending(path) == [(ids[0], ids[-1])]
     assert fts_ids(path, "token5x") == []  # committed, listed, not yet indexed
     t = SQLiteStore(path)  # a later process
+    assert t.stats()["unindexed_messages"] == 900
+    out = subprocess.run([sys.executable, "-m", "lossless_context.cli", "--store", path, "status"],
+                         capture_output=True, text=True, timeout=60)
+    assert "not yet full-text indexed" in out.stdout and "900" in out.stdout, out.stdout + out.stderr
     hits = t.search("messages", ["a"], plan_query("token5x"), limit=5)
     assert [h["id"] for h in hits] == [ids[5]]
     assert pending(path) == [] and len(fts_ids(path, "lorem")) == sum(1 for i in range(900) if i % 5)
+    assert t.stats()["unindexed_messages"] == 0
     check_index(path)
     t.close()
 

@@ -703,6 +703,8 @@ class SQLiteStore(SQLiteSearch, Store):
             "staged_summaries": staged,
             "compactions": sess[1],
             "last_compaction_at": sess[2],
+            # (whole store) messages stored but not yet in the full-text index (sqlite_index.py)
+            "unindexed_messages": self._indexer.pending(),
         }
 
     @contextlib.contextmanager
