@@ -22,6 +22,7 @@ import sqlite3
 import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from typing import Callable
 
 log = logging.getLogger("lossless_context")
@@ -85,14 +86,13 @@ class Indexer:
         except Exception as exc:  # the ranges stay listed: the next job or search retries
             log.warning("lcm: deferred full-text indexing failed (will retry): %s", exc)
 
-    def drain(self) -> None:
+    def drain(self, timeout: float | None = None) -> None:
         """Wait for the jobs this process queued (they run on the writer thread; never call
         this on it, nor while the calling thread holds the write lock)."""
         with self._lock:
             jobs = self._jobs if self._pid == os.getpid() else []
-            self._jobs = []
-        for job in jobs:
-            job.result()  # (_run does not raise)
+            self._jobs = [j for j in jobs if not j.done()] if timeout is not None else []
+        futures_wait(jobs, timeout)  # (_run does not raise)
 
     def wait(self) -> None:
         """Return once every stored message is in the full-text index (or, if indexing
@@ -122,7 +122,7 @@ _live: "weakref.WeakSet[Indexer]" = weakref.WeakSet()
 
 def _before_fork() -> None:
     for indexer in list(_live):
-        indexer.drain()
+        indexer.drain(timeout=10.0)  # (bounded: the forking thread might hold the write lock)
 
 
 if hasattr(os, "register_at_fork"):
