@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import uuid
 
 import pytest
@@ -198,3 +199,40 @@ def test_a_process_killed_right_after_a_large_append_loses_nothing(tmp_path):
     check_index(path)
     assert len(fts_ids(path, "message")) == 9000
     check_index_after.close()
+
+
+def test_search_on_other_threads_never_misses_a_committed_row(tmp_path):
+    path = str(tmp_path / "lcm.db")
+    s = SQLiteStore(path)
+    s.ensure_session("a")
+    done = threading.Event()
+    errors: list[BaseException] = []
+    committed: list[int] = []  # the last row of each append, once it returned
+
+    def searcher() -> None:
+        try:
+            while not done.is_set():
+                if committed:
+                    k = committed[-1]
+                    hits = s.search("messages", ["a"], plan_query(f"token{k}x"), limit=3)
+                    assert len(hits) == 1, k
+                    s.stats()
+        except BaseException as exc:  # (reported by the main thread)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=searcher) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        for b in range(6):
+            s.append_messages("a", lazy(rows(700, b * 700)))
+            committed.append(b * 700 + 699)
+    finally:
+        done.set()
+        for t in threads:
+            t.join(60)
+    assert not errors, errors[0]
+    s.wait_indexed()
+    assert pending(path) == [] and len(fts_ids(path, "message")) == 4200
+    check_index(path)
+    s.close()
