@@ -109,6 +109,8 @@ def _sqlite(store: Any, repair: bool) -> DoctorReport:
         if bad and repair:
             with store.tx() as w:
                 w.execute(f"INSERT INTO {table}_fts({table}_fts) VALUES ('rebuild')")
+                if table == "messages":  # the rebuild indexed every row, listed or not
+                    w.execute("DELETE FROM lcm_index_pending")
             chk.repaired = True
 
     empty = _q(c, SQL_NO_SOURCES)

@@ -236,3 +236,40 @@ def test_search_on_other_threads_never_misses_a_committed_row(tmp_path):
     assert pending(path) == [] and len(fts_ids(path, "message")) == 4200
     check_index(path)
     s.close()
+
+
+def test_doctor_indexes_a_backlog_and_its_rebuild_clears_the_list(tmp_path, unindexed, monkeypatch):
+    from lossless_context.doctor import run_doctor
+
+    path = str(tmp_path / "lcm.db")
+    s = SQLiteStore(path)
+    s.ensure_session("a")
+    s.append_messages("a", lazy(rows(800)))
+    assert pending(path)
+    fts_check = "full-text index messages_fts in sync"
+
+    def fts_ok(rep) -> bool:
+        [check] = [k for k in rep.checks if k.name == fts_check]
+        return check.ok
+
+    rep = run_doctor(s)  # the backlog is not an index out of sync: it is indexed first
+    assert fts_ok(rep), rep.render_text()
+    assert pending(path) == [] and len(fts_ids(path, "message")) == 800
+    # A broken index AND a listed range (an append landing between doctor's wait and its
+    # repair): the rebuild indexes every row, so the list must go with it, or the listed
+    # rows would be indexed twice later.
+    ids = s.append_messages("a", lazy(rows(300, 800)))
+    c = sqlite3.connect(path, isolation_level=None)
+    c.execute("INSERT INTO messages_fts(messages_fts) VALUES ('delete-all')")
+    c.close()
+    monkeypatch.setattr(s, "wait_indexed", lambda: None)
+    rep = run_doctor(s, repair=True)
+    [check] = [k for k in rep.checks if k.name == fts_check]
+    assert not check.ok and check.repaired
+    assert pending(path) == []
+    monkeypatch.undo()
+    s.wait_indexed()
+    check_index(path)
+    assert [h["id"] for h in s.search("messages", ["a"], plan_query("token1099x"), limit=3)] == [ids[-1]]
+    assert len(fts_ids(path, "message")) == 1100
+    s.close()
