@@ -1082,3 +1082,31 @@ def test_postgres_matches_sqlite_on_random_operations(tmp_path, pg_fresh_dsn):
     finally:
         a.close()
         b.close()
+
+
+def test_sqlite_status_totals_read_an_index_not_every_row(tmp_path):
+    # A store made before migration 010 (its session index without tokens) is upgraded;
+    # the totals of stats() then come from a covering index scan, and are exact.
+    path = str(tmp_path / "old.db")
+    s = SQLiteStore(path)
+    s.ensure_session("a")
+    s.ensure_session("b")
+    for sid, n in (("a", 30), ("b", 12)):
+        s.append_messages(sid, [NewMessage(raw={"role": "user", "content": f"m{i}"}, role="user",
+                                           ident=uuid.uuid4().hex, uid=None, text=f"m{i}", tokens=i + 1,
+                                           created_at=1.0 + i) for i in range(n)])
+    c = s.conn()
+    c.execute("DROP INDEX messages_session_id")
+    c.execute("CREATE INDEX messages_session_id ON messages(session_id, id)")
+    c.execute("DELETE FROM lcm_migrations WHERE name='010_session_index_covers_tokens'")
+    s.close()
+    s = SQLiteStore(path)
+    assert "010_session_index_covers_tokens" in s.applied_migrations()
+    c = s.conn()
+    for where, args in (("", ()), (" WHERE session_id=?", ("a",))):
+        plan = " ".join(r[3] for r in c.execute(
+            f"EXPLAIN QUERY PLAN SELECT COUNT(*), COALESCE(SUM(tokens),0) FROM messages{where}", args))
+        assert "COVERING INDEX messages_session_id" in plan, plan
+    assert (s.stats()["messages"], s.stats()["message_tokens"]) == (42, sum(range(1, 31)) + sum(range(1, 13)))
+    assert (s.stats("b")["messages"], s.stats("b")["message_tokens"]) == (12, sum(range(1, 13)))
+    s.close()
