@@ -721,7 +721,7 @@ def test_search_under_summary(store):
 # -- maintenance -------------------------------------------------------------------------------------------
 
 STATS_KEYS = {"backend", "location", "bytes", "sessions", "messages", "message_tokens", "summaries_by_depth",
-              "staged_summaries", "compactions", "last_compaction_at"}
+              "staged_summaries", "compactions", "last_compaction_at", "unindexed_messages"}
 
 
 def test_stats(store):
@@ -735,6 +735,7 @@ def test_stats(store):
     assert st["backend"] == store.kind and st["sessions"] == 2 and st["messages"] == 4
     assert isinstance(st["message_tokens"], int) and st["bytes"] > 0
     assert st["compactions"] == 0 and st["last_compaction_at"] is None and st["summaries_by_depth"] == {}
+    assert st["unindexed_messages"] == 0  # (built rows are indexed in their own transaction)
     one = store.stats("t")
     assert (one["sessions"], one["messages"], one["message_tokens"]) == (1, 1, 5)
     store.stage_pass("s", "p", [leaf("L", ids, "x")], [("s", "L")], *_vlen(store, "s"))

@@ -608,6 +608,7 @@ class PostgresStore(PostgresSearch, PostgresConnections, Store):
                 "staged_summaries": staged,
                 "compactions": sess[1],
                 "last_compaction_at": sess[2],
+                "unindexed_messages": 0,  # (indexed in the transaction that stores them)
             }
 
         return self._read(run)
