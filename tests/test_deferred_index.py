@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import uuid
 
 import pytest
@@ -99,15 +100,17 @@ def test_a_backlog_left_by_a_dead_process_is_indexed_by_the_next_search(tmp_path
     s.ensure_session("a")
     ids = s.append_messages("a", lazy(rows(900)))
     s.close()
-    assert pending(path) == [(ids[0], ids[-1])]
-    assert fts_ids(path, "token5x") == []  # committed, listed, not yet indexed
+    # The writer thread may have indexed a first part while it waited for rows; the rest is listed.
+    [(lo, hi)] = pending(path)
+    assert ids[0] <= lo <= ids[-1] == hi
+    assert fts_ids(path, f"token{lo - ids[0]}x") == [] and fts_ids(path, "token899x") == []
     t = SQLiteStore(path)  # a later process
-    assert t.stats()["unindexed_messages"] == 900
+    assert t.stats()["unindexed_messages"] == hi - lo + 1
     out = subprocess.run([sys.executable, "-m", "lossless_context.cli", "--store", path, "status"],
                          capture_output=True, text=True, timeout=60)
-    assert "not yet full-text indexed" in out.stdout and "900" in out.stdout, out.stdout + out.stderr
-    hits = t.search("messages", ["a"], plan_query("token5x"), limit=5)
-    assert [h["id"] for h in hits] == [ids[5]]
+    assert "not yet full-text indexed" in out.stdout and f"{hi - lo + 1}" in out.stdout, out.stdout + out.stderr
+    hits = t.search("messages", ["a"], plan_query("token899x"), limit=5)
+    assert [h["id"] for h in hits] == [ids[-1]]
     assert pending(path) == [] and len(fts_ids(path, "lorem")) == sum(1 for i in range(900) if i % 5)
     assert t.stats()["unindexed_messages"] == 0
     check_index(path)
@@ -127,9 +130,11 @@ def test_a_backlog_is_indexed_in_steps_each_committed(tmp_path, unindexed, monke
         steps.append(pending(path))  # what is still listed when each transaction starts
         begin(c)
 
-    assert sqlite_index.index_pending(s.conn(), counting_begin) == 1000
-    lo = ids[0]
-    assert steps == [[(lo, lo + 999)], [(lo + 300, lo + 999)], [(lo + 600, lo + 999)], [(lo + 900, lo + 999)], []]
+    [(lo, hi)] = pending(path)
+    assert hi == ids[-1]
+    n = hi - lo + 1
+    assert sqlite_index.index_pending(s.conn(), counting_begin) == n
+    assert steps == [[(lo + k, hi)] for k in range(0, n, 300)] + [[]]
     check_index(path)
     s.close()
 
@@ -272,4 +277,31 @@ def test_doctor_indexes_a_backlog_and_its_rebuild_clears_the_list(tmp_path, unin
     check_index(path)
     assert [h["id"] for h in s.search("messages", ["a"], plan_query("token1099x"), limit=3)] == [ids[-1]]
     assert len(fts_ids(path, "message")) == 1100
+    s.close()
+
+
+def test_the_writer_indexes_while_it_waits_for_rows_and_lists_only_the_rest(tmp_path, unindexed):
+    from lossless_context.store import sqlite_append
+
+    path = str(tmp_path / "lcm.db")
+    s = SQLiteStore(path)
+    s.ensure_session("a")
+    batch = rows(1400)
+    first_chunks = sqlite_append.FIRST + sqlite_append.CHUNK
+
+    def slow():  # a producer that pauses after two chunks: the writer thread has nothing to insert
+        for k, r in enumerate(batch):
+            if k == first_chunks:
+                time.sleep(0.5)
+            yield r
+
+    ids = s.append_messages("a", slow())
+    # The rows inserted before the pause were indexed during it; what follows is listed
+    # (normally the last rows at least: the commit does not wait for indexing).
+    listed = pending(path)
+    assert all(hi == ids[-1] and lo > ids[0] + first_chunks - 1 for lo, hi in listed) and len(listed) <= 1, listed
+    assert fts_ids(path, "token0x") == [ids[0]] and fts_ids(path, f"token{first_chunks - 1}x") == [ids[first_chunks - 1]]
+    s.wait_indexed()
+    check_index(path)  # indexed in the transaction or after it, each row exactly once
+    assert len(fts_ids(path, "message")) == 1400
     s.close()

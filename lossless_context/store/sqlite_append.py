@@ -13,9 +13,12 @@ thread: there is nothing to overlap.
 Each chunk's rows go in bulk statements with their ids and session positions computed by
 SQL from two base values (``?1 + k``), so the writer thread does no per-row Python; the
 chunk's last row fires its FTS indexing in the same statement (migrations 007 and 008) —
-except in a pipelined append, whose rows are indexed after the commit (store/sqlite_index.py).
-The caller may build up to DEPTH chunks ahead of the writer thread: it then goes on while
-the writer still indexes what the previous append stored.
+except in a pipelined append. There the writer thread indexes the batch's rows only while
+it would otherwise wait for the caller's next chunk (IDLE_STEP rows at a time), and lists
+the rest for indexing after the commit (store/sqlite_index.py): the commit, and so the
+caller, never waits for indexing. The caller may build up to DEPTH chunks ahead of the
+writer thread: it then goes on while the writer still indexes what the previous append
+stored.
 """
 
 from __future__ import annotations
@@ -32,12 +35,14 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from ..messages import clean_text, has_cjk, safe_json
 from ..records import NewMessage
 from .base import resolve_new_refs
+from .sqlite_index import INDEX_RANGE
 
 CHUNK = 512  # rows per step (a pipelined step; FTS-indexed as one segment)
 FIRST = 64  # rows of the first step: the writer thread idles until they are built
 BLOCK = 128  # rows per insert statement (compiling one of 512 rows takes ~80 ms, of 128 ~5 ms)
 YIELD_EVERY = 16  # rows built between two chances for the writer thread to take the GIL
 DEPTH = 4  # chunks the caller may have queued for the writer thread (memory: ~2 MB each)
+IDLE_STEP = 256  # rows the writer thread indexes between two looks for the caller's next chunk
 _COLS = 10  # per-row parameters the caller prepares (everything but id, session, seq)
 _HEAD = "INSERT INTO messages(id, session_id, seq, uid, ident, role, raw, text, tokens, created_at," \
         " supersedes, large, exploration) VALUES "
@@ -98,7 +103,12 @@ class Batch:
                  defer_index: bool = False) -> None:
         self._conn, self._begin, self._write_context = conn, begin, write_context
         self.session_id, self.context, self.context_known = session_id, context, context_known
-        self.defer_index = defer_index  # list the rows in lcm_index_pending instead of indexing them
+        self.defer_index = defer_index  # index rows only while idle; list the rest in lcm_index_pending
+        # (deferred indexing) chunks the caller has submitted / the writer has started, and
+        # whether the caller has no more: the writer is idle while submitted == started.
+        self.submitted = self.started = 0
+        self.closing = False
+        self.indexed = 0  # rows of this batch up to this id are in the full-text index
         self.c: sqlite3.Connection | None = None
         self.absorbed: list[tuple[int, str]] = []
         self._seq = 0
@@ -120,6 +130,7 @@ class Batch:
             # The ids SQLite would pick itself (max + 1, no AUTOINCREMENT), fixed up front so
             # the rows can go in bulk statements; the write lock is held since BEGIN IMMEDIATE.
             self._next = self.first = c.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM messages").fetchone()[0]
+            self.indexed = self.first - 1
             # Gate the per-row insert triggers off and index each chunk in bulk instead
             # (migrations 007 and 008 say why).
             c.execute("INSERT INTO lcm_bulk_indexing(active) VALUES (1)")
@@ -131,6 +142,7 @@ class Batch:
     def insert(self, p: Prepared, started: threading.Event | None = None) -> None:
         c = self.c
         assert c is not None
+        self.started += 1
         first, seq = self._next, self._seq
         if not self.defer_index:
             # The row with id `hi` fires the FTS indexing of the whole chunk (migration 008).
@@ -145,6 +157,16 @@ class Batch:
             c.executemany("INSERT INTO messages_cjk(rowid, text) VALUES (?, ?)", [(first + k, t) for k, t in p.cjk])
         self.absorbed.extend((first + k, u) for k, u in p.absorbed)
         self._next, self._seq = first + p.n, seq + p.n
+        if self.defer_index:
+            self._index_while_idle(c)
+
+    def _index_while_idle(self, c: sqlite3.Connection) -> None:
+        """Index this batch's rows, a step at a time, until the caller's next chunk arrives
+        (or it has none: the commit must not wait for indexing)."""
+        while self.indexed < self._next - 1 and self.started == self.submitted and not self.closing:
+            hi = min(self._next - 1, self.indexed + IDLE_STEP)
+            c.execute(INDEX_RANGE, (self.indexed + 1, hi))
+            self.indexed = hi
 
     def finish(self) -> list[int]:
         """Write the new active context (after the rows: foreign keys are checked as it goes)
@@ -154,8 +176,8 @@ class Batch:
         try:
             c.execute("DELETE FROM lcm_bulk_indexing")
             c.execute("DELETE FROM lcm_bulk_range")
-            if self.defer_index and self._next > self.first:
-                c.execute("INSERT INTO lcm_index_pending(lo, hi) VALUES (?, ?)", (self.first, self._next - 1))
+            if self.defer_index and self._next - 1 > self.indexed:
+                c.execute("INSERT INTO lcm_index_pending(lo, hi) VALUES (?, ?)", (self.indexed + 1, self._next - 1))
             if self.absorbed:
                 c.executemany("INSERT OR IGNORE INTO message_absorbed(message_id, uid) VALUES (?, ?)", self.absorbed)
             c.execute("UPDATE sessions SET updated_at=? WHERE id=?", (time.time(), self.session_id))
@@ -229,12 +251,14 @@ def append(batch: Batch, rows: Iterable[NewMessage], writer: Callable[[], Thread
                 queued.popleft().result()
             idle = all(f.done() for f in queued)
             started = threading.Event()
+            batch.submitted += 1
             running = ex.submit(batch.insert, p, started)
             queued.append(running)
             if idle:  # let the writer thread take the GIL and start before building on
                 while not started.wait(0.05) and not running.done():
                     pass
             chunk = list(itertools.islice(it, CHUNK))  # built while the writer inserts
+        batch.closing = True
         # Ids are consecutive from the first (fixed under the write lock when the batch
         # began): the caller may use them while the writer inserts the last rows and commits.
         begun.result()
@@ -249,6 +273,7 @@ def append(batch: Batch, rows: Iterable[NewMessage], writer: Callable[[], Thread
         ex.submit(batch.finish).result()
         return ids
     except BaseException:
+        batch.closing = True
         for f in queued:  # (the writer thread's queue runs out before the rollback)
             try:
                 f.result()

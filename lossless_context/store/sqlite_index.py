@@ -30,7 +30,7 @@ log = logging.getLogger("lossless_context")
 STEP = 4096  # rows per indexing transaction: another writer waits at most one step
 
 _NEXT = "SELECT rowid, lo, hi FROM lcm_index_pending ORDER BY lo LIMIT 1"
-_INDEX = "INSERT INTO messages_fts(rowid, text) SELECT id, text FROM messages WHERE id BETWEEN ? AND ?"
+INDEX_RANGE = "INSERT INTO messages_fts(rowid, text) SELECT id, text FROM messages WHERE id BETWEEN ? AND ?"
 
 
 def index_pending(c: sqlite3.Connection, begin: Callable[[sqlite3.Connection], None]) -> int:
@@ -46,7 +46,7 @@ def index_pending(c: sqlite3.Connection, begin: Callable[[sqlite3.Connection], N
                 return done
             rid, lo, hi = row
             top = min(hi, lo + STEP - 1)
-            c.execute(_INDEX, (lo, top))  # (a row deleted meanwhile is simply not there)
+            c.execute(INDEX_RANGE, (lo, top))  # (a row deleted meanwhile is simply not there)
             if top >= hi:
                 c.execute("DELETE FROM lcm_index_pending WHERE rowid=?", (rid,))
             else:
