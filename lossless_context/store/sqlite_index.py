@@ -1,9 +1,10 @@
 """Full-text indexing of large appends after their commit (the deferred message index).
 
 FTS5 tokenising is most of what SQLite does for a large append. A pipelined append
-(store/sqlite_append.py) therefore inserts its rows without indexing them and lists their
-id range in ``lcm_index_pending`` in the same transaction (migration 009); after the
-commit the store's writer thread indexes the listed ranges, at most STEP rows per
+(store/sqlite_append.py) therefore indexes its rows only while its writer thread would
+otherwise wait for the caller, and lists the id range of the rest in ``lcm_index_pending``
+in the same transaction (migration 009); after the commit the store's writer thread
+indexes the listed ranges, at most STEP rows per
 transaction, each range leaving the list in the transaction that indexes it. The
 tokenising then overlaps with what the caller does next (the host's next turn, the rows
 of the next append) instead of delaying the compress() that stored the messages.
