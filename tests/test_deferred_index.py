@@ -69,6 +69,13 @@ def check_index(path: str) -> None:
         c.close()
 
 
+def opened(tmp_path) -> tuple[str, SQLiteStore]:
+    path = str(tmp_path / "lcm.db")
+    s = SQLiteStore(path)
+    s.ensure_session("a")
+    return path, s
+
+
 @pytest.fixture
 def unindexed(monkeypatch):
     """Appends whose indexing job never runs: what a process killed right after its commit
@@ -77,9 +84,7 @@ def unindexed(monkeypatch):
 
 
 def test_a_large_append_is_indexed_after_its_commit_and_search_waits_for_it(tmp_path):
-    path = str(tmp_path / "lcm.db")
-    s = SQLiteStore(path)
-    s.ensure_session("a")
+    path, s = opened(tmp_path)
     small = s.append_messages("a", rows(10))  # built rows: indexed in their own transaction
     assert pending(path) == [] and fts_ids(path, "token3x") == [small[3]]
     ids = s.append_messages("a", lazy(rows(1500, 10)))
@@ -95,9 +100,7 @@ def test_a_large_append_is_indexed_after_its_commit_and_search_waits_for_it(tmp_
 
 
 def test_a_backlog_left_by_a_dead_process_is_indexed_by_the_next_search(tmp_path, unindexed):
-    path = str(tmp_path / "lcm.db")
-    s = SQLiteStore(path)
-    s.ensure_session("a")
+    path, s = opened(tmp_path)
     ids = s.append_messages("a", lazy(rows(900)))
     s.close()
     # The writer thread may have indexed a first part while it waited for rows; the rest is listed.
@@ -118,9 +121,7 @@ def test_a_backlog_left_by_a_dead_process_is_indexed_by_the_next_search(tmp_path
 
 
 def test_a_backlog_is_indexed_in_steps_each_committed(tmp_path, unindexed, monkeypatch):
-    path = str(tmp_path / "lcm.db")
-    s = SQLiteStore(path)
-    s.ensure_session("a")
+    path, s = opened(tmp_path)
     ids = s.append_messages("a", lazy(rows(1000)))
     monkeypatch.setattr(sqlite_index, "STEP", 300)
     steps = []
@@ -140,9 +141,7 @@ def test_a_backlog_is_indexed_in_steps_each_committed(tmp_path, unindexed, monke
 
 
 def test_rows_deleted_before_they_were_indexed_leave_the_index_consistent(tmp_path, unindexed):
-    path = str(tmp_path / "lcm.db")
-    s = SQLiteStore(path)
-    s.ensure_session("a")
+    path, s = opened(tmp_path)
     ids = s.append_messages("a", lazy(rows(600)))
     c = sqlite3.connect(path, isolation_level=None)
     c.execute("PRAGMA foreign_keys=OFF")  # (a manual edit: the context still names them)
@@ -207,9 +206,7 @@ def test_a_process_killed_right_after_a_large_append_loses_nothing(tmp_path):
 
 
 def test_search_on_other_threads_never_misses_a_committed_row(tmp_path):
-    path = str(tmp_path / "lcm.db")
-    s = SQLiteStore(path)
-    s.ensure_session("a")
+    path, s = opened(tmp_path)
     done = threading.Event()
     errors: list[BaseException] = []
     committed: list[int] = []  # the last row of each append, once it returned
@@ -246,9 +243,7 @@ def test_search_on_other_threads_never_misses_a_committed_row(tmp_path):
 def test_doctor_indexes_a_backlog_and_its_rebuild_clears_the_list(tmp_path, unindexed, monkeypatch):
     from lossless_context.doctor import run_doctor
 
-    path = str(tmp_path / "lcm.db")
-    s = SQLiteStore(path)
-    s.ensure_session("a")
+    path, s = opened(tmp_path)
     s.append_messages("a", lazy(rows(800)))
     assert pending(path)
     fts_check = "full-text index messages_fts in sync"
@@ -283,9 +278,7 @@ def test_doctor_indexes_a_backlog_and_its_rebuild_clears_the_list(tmp_path, unin
 def test_the_writer_indexes_while_it_waits_for_rows_and_lists_only_the_rest(tmp_path, unindexed):
     from lossless_context.store import sqlite_append
 
-    path = str(tmp_path / "lcm.db")
-    s = SQLiteStore(path)
-    s.ensure_session("a")
+    path, s = opened(tmp_path)
     batch = rows(1400)
     first_chunks = sqlite_append.FIRST + sqlite_append.CHUNK
 
