@@ -37,7 +37,7 @@ from ..records import NewMessage
 from .base import resolve_new_refs
 from .sqlite_index import INDEX_RANGE
 
-CHUNK = 512  # rows per step (a pipelined step; FTS-indexed as one segment)
+CHUNK = 512  # rows per step (built on the calling thread while the writer inserts the previous one)
 FIRST = 64  # rows of the first step: the writer thread idles until they are built
 BLOCK = 128  # rows per insert statement (compiling one of 512 rows takes ~80 ms, of 128 ~5 ms)
 YIELD_EVERY = 16  # rows built between two chances for the writer thread to take the GIL

@@ -4,10 +4,10 @@ FTS5 tokenising is most of what SQLite does for a large append. A pipelined appe
 (store/sqlite_append.py) therefore indexes its rows only while its writer thread would
 otherwise wait for the caller, and lists the id range of the rest in ``lcm_index_pending``
 in the same transaction (migration 009); after the commit the store's writer thread
-indexes the listed ranges, at most STEP rows per
-transaction, each range leaving the list in the transaction that indexes it. The
-tokenising then overlaps with what the caller does next (the host's next turn, the rows
-of the next append) instead of delaying the compress() that stored the messages.
+indexes the listed ranges, at most STEP rows per transaction, each range leaving the list
+in the transaction that indexes it. The tokenising then overlaps with what the caller
+does next (the host's next turn, the rows of the next append) instead of delaying the
+compress() that stored the messages.
 
 Nothing is lost and search is never stale: the list is committed with the rows, so a
 crash between the two leaves a record of exactly what is still to index; and before a
