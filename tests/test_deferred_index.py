@@ -298,3 +298,92 @@ def test_the_writer_indexes_while_it_waits_for_rows_and_lists_only_the_rest(tmp_
     check_index(path)  # indexed in the transaction or after it, each row exactly once
     assert len(fts_ids(path, "message")) == 1400
     s.close()
+
+
+def _writer_proc(path: str, proc: int, batches: int, done) -> None:
+    s = SQLiteStore(path)
+    sid = f"w{proc}"
+    s.ensure_session(sid)
+    for b in range(batches):
+        n0 = b * 700
+        items = [NewMessage(raw={"role": "user", "content": f"w{proc}r{i}x message"}, role="user",
+                            ident=uuid.uuid4().hex, uid=None, text=f"w{proc}r{i}x message", tokens=4,
+                            created_at=T0 + i) for i in range(n0, n0 + 700)]
+        s.append_messages(sid, lazy(items))
+        done.put(f"w{proc}r{n0 + 699}x")  # searchable from now on, in any process
+    s.close()
+
+
+def _reader_proc(path: str, todo, out) -> None:
+    s = SQLiteStore(path)
+    found = []
+    while True:
+        token = todo.get(timeout=120)
+        if token is None:
+            break
+        found.append(len(s.search("messages", None, plan_query(token), limit=3)))
+    s.close()
+    out.put(found)
+
+
+def test_processes_appending_and_searching_at_once(tmp_path):
+    import multiprocessing
+
+    path, s = opened(tmp_path)
+    s.close()
+    ctx = multiprocessing.get_context("spawn")
+    todo, out = ctx.Queue(), ctx.Queue()
+    writers = [ctx.Process(target=_writer_proc, args=(path, p, 4, todo)) for p in range(2)]
+    reader = ctx.Process(target=_reader_proc, args=(path, todo, out))
+    for p in (*writers, reader):
+        p.start()
+    for p in writers:
+        p.join(180)
+        assert p.exitcode == 0
+    todo.put(None)
+    found = out.get(timeout=120)
+    reader.join(60)
+    assert reader.exitcode == 0
+    assert found == [1] * 8  # every append's last row found by the other process right after it
+    t = SQLiteStore(path)
+    t.wait_indexed()
+    assert pending(path) == [] and len(fts_ids(path, "message")) == 2 * 4 * 700
+    check_index(path)
+    t.close()
+
+
+def test_sigkill_while_appending_and_indexing_loses_nothing(tmp_path):
+    import random
+    import signal
+
+    path = str(tmp_path / "lcm.db")
+    script = textwrap.dedent(f"""
+        import sys, uuid, itertools
+        sys.path.insert(0, {os.getcwd()!r})
+        from lossless_context.records import NewMessage
+        from lossless_context.store.sqlite import SQLiteStore
+        s = SQLiteStore({path!r})
+        s.ensure_session("a")
+        print("ready", flush=True)
+        for k in itertools.count():
+            s.append_messages("a", (NewMessage(raw={{"role": "user", "content": f"message {{k}} {{i}}"}}, role="user",
+                                               ident=uuid.uuid4().hex, uid=None, text=f"message {{k}} {{i}}",
+                                               tokens=4, created_at=float(i)) for i in range(1500)))
+    """)
+    rng = random.Random(11)
+    for kill in range(8):
+        p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+        assert p.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0.05, 0.8))
+        p.send_signal(signal.SIGKILL)
+        p.wait(30)
+        c = sqlite3.connect(path)
+        assert c.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        n = c.execute("SELECT count(*) FROM messages").fetchone()[0]
+        c.close()
+        assert n % 1500 == 0  # whole appends or none
+        t = SQLiteStore(path)
+        t.wait_indexed()  # what the killed process had not indexed, listed, is indexed now
+        t.close()
+        assert pending(path) == [] and len(fts_ids(path, "message")) == n
+        check_index(path)
