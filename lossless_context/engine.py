@@ -584,6 +584,7 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
                 "lcm_store": st["location"], "lcm_backend": st["backend"], "lcm_messages": st["messages"],
                 "lcm_summaries_by_depth": st["summaries_by_depth"], "lcm_staged_summaries": st["staged_summaries"],
                 "lcm_sessions": st["sessions"], "lcm_store_compactions": st["compactions"],
+                "lcm_unindexed_messages": st.get("unindexed_messages", 0),
                 "lcm_presummaries": self.store.count_presummaries(),
             })
         except Exception as exc:

@@ -58,7 +58,7 @@ def test_status_clamps_sentinel_and_reset(home):
     st = e.get_status()
     assert st["last_prompt_tokens"] == 0 and st["usage_percent"] == 0
     for key in ("lcm_messages", "lcm_summaries_by_depth", "lcm_compactions", "lcm_summarizer_calls",
-                "lcm_summarizer_failures", "lcm_store"):
+                "lcm_summarizer_failures", "lcm_store", "lcm_unindexed_messages"):
         assert key in st
     e.last_prompt_tokens, e.last_completion_tokens, e.last_total_tokens, e.compression_count = 5, 6, 11, 2
     e.on_session_reset()
