@@ -387,3 +387,26 @@ def test_sigkill_while_appending_and_indexing_loses_nothing(tmp_path):
         t.close()
         assert pending(path) == [] and len(fts_ids(path, "message")) == n
         check_index(path)
+
+
+def test_a_resumed_session_is_searchable_by_the_agent_the_moment_compress_returns(tmp_path):
+    import json
+
+    from lossless_context import LCMEngine
+    from lossless_context.config import LCMConfig
+    from lossless_context.sessions import coding_session
+
+    e = LCMEngine(config=LCMConfig.load({"store": str(tmp_path / "lcm.db"), "summarizer": "extractive"},
+                                        read_file=False))
+    e.update_model("m", 64_000)
+    e.on_session_start("resumed")
+    sess = coding_session(4000, seed=7)
+    out = e.compress(list(sess.messages[:2500]))  # the whole history at once: one pipelined append
+    assert out and e.store.stats()["messages"] >= 2500
+    e.ingest(list(sess.messages))  # 1,500 more, stored without a compaction after them
+    assert sess.canaries and any(c.message_index >= 2500 for c in sess.canaries)
+    for c in sess.canaries:  # the agent's first lcm_grep, right away
+        res = json.loads(e.handle_tool_call("lcm_grep", {"query": c.value}))
+        assert any(h for g in res["groups"] for h in g["hits"]), c
+    assert e.get_status()["lcm_unindexed_messages"] == 0
+    e.store.close()
