@@ -410,3 +410,25 @@ def test_a_resumed_session_is_searchable_by_the_agent_the_moment_compress_return
         assert any(h for g in res["groups"] for h in g["hits"]), c
     assert e.get_status()["lcm_unindexed_messages"] == 0
     e.store.close()
+
+
+def test_a_search_does_not_stall_behind_another_writer_holding_the_lock(tmp_path, unindexed, monkeypatch):
+    path, s = opened(tmp_path)
+    ids = s.append_messages("a", lazy(rows(700)))
+    [(lo, hi)] = pending(path)
+    monkeypatch.setattr(sqlite_index, "SEARCH_LOCK_WAIT", 0.3)
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process in a long write transaction
+    t0 = time.monotonic()
+    hits = s.search("messages", ["a"], plan_query("token699x"), limit=3)
+    assert time.monotonic() - t0 < 5  # not the store's 60 s lock wait
+    assert hits == [] and pending(path) == [(lo, hi)]  # searched what is indexed; nothing lost
+    if lo > ids[0]:  # (rows the append indexed itself are found meanwhile)
+        assert [h["id"] for h in s.search("messages", ["a"], plan_query("token0x"), limit=3)] == [ids[0]]
+    other.execute("ROLLBACK")
+    other.close()
+    assert [h["id"] for h in s.search("messages", ["a"], plan_query("token699x"), limit=3)] == [ids[-1]]
+    assert pending(path) == []
+    assert s.conn().execute("PRAGMA busy_timeout").fetchone()[0] == 30_000  # restored
+    check_index(path)
+    s.close()

@@ -347,6 +347,9 @@ class SQLiteStore(SQLiteSearch, Store):
     def wait_indexed(self) -> None:
         self._indexer.wait()
 
+    def _index_before_search(self) -> None:
+        self._indexer.wait(lock_wait=sqlite_index.SEARCH_LOCK_WAIT)
+
     def _writer(self) -> ThreadPoolExecutor:
         """The thread (with its own connection and warm page cache) that runs large appends' SQL."""
         if self._writer_ex is None or self._writer_pid != os.getpid():  # threads do not survive fork

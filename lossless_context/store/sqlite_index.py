@@ -29,6 +29,7 @@ from typing import Callable
 log = logging.getLogger("lossless_context")
 
 STEP = 4096  # rows per indexing transaction: another writer waits at most one step
+SEARCH_LOCK_WAIT = 2.0  # seconds a search waits for the write lock to index another process's rows
 
 _NEXT = "SELECT rowid, lo, hi FROM lcm_index_pending ORDER BY lo LIMIT 1"
 INDEX_RANGE = "INSERT INTO messages_fts(rowid, text) SELECT id, text FROM messages WHERE id BETWEEN ? AND ?"
@@ -95,19 +96,34 @@ class Indexer:
             self._jobs = [j for j in jobs if not j.done()] if timeout is not None else []
         futures_wait(jobs, timeout)  # (_run does not raise)
 
-    def wait(self) -> None:
+    def wait(self, lock_wait: float | None = None) -> None:
         """Return once every stored message is in the full-text index (or, if indexing
-        fails, log it: search then may miss the newest messages, nothing is lost)."""
+        fails, log it: search then may miss the newest messages, nothing is lost).
+
+        Rows listed by another process need the write lock to be indexed here; with
+        `lock_wait` (seconds) this waits at most that long for it — a search must not stall
+        behind another process's long append, whose own writer indexes them soon anyway."""
         c = self._conn()
         if c.in_transaction:  # (the jobs would wait for this thread's write lock)
             return
         self.drain()
         if c.execute("SELECT 1 FROM lcm_index_pending LIMIT 1").fetchone() is None:
             return
+        if lock_wait is None:
+            begin = self._begin
+        else:
+            def begin(conn: sqlite3.Connection) -> None:
+                conn.execute("BEGIN IMMEDIATE")  # (the busy timeout below bounds its wait)
+            was = c.execute("PRAGMA busy_timeout").fetchone()[0]
+            c.execute(f"PRAGMA busy_timeout={int(lock_wait * 1000)}")
         try:
-            index_pending(c, self._begin)
+            index_pending(c, begin)
         except Exception as exc:
-            log.warning("lcm: full-text indexing of the newest messages failed: %s", exc)
+            log.warning("lcm: full-text indexing of the newest messages failed or waited too long "
+                        "(searching what is indexed): %s", exc)
+        finally:
+            if lock_wait is not None:
+                c.execute(f"PRAGMA busy_timeout={int(was)}")
 
     def pending(self) -> int:
         """Ids listed and not yet indexed."""

@@ -20,7 +20,7 @@ class SQLiteSearch:
     """term_counts, max_row_id and search of the SQLite store."""
 
     conn: Callable[[], sqlite3.Connection]  # SQLiteStore's: the calling thread's connection
-    wait_indexed: Callable[[], None]  # SQLiteStore's (store/sqlite_index.py)
+    _index_before_search: Callable[[], None]  # SQLiteStore's (store/sqlite_index.py)
 
     def search(
         self,
@@ -80,7 +80,7 @@ class SQLiteSearch:
             if not getattr(plan, "fts_match", None):
                 return []
             if is_msg:
-                self.wait_indexed()  # a large append's rows may still be being indexed
+                self._index_before_search()  # a large append's rows may still be being indexed
             # bm25() first counts every match of every phrase in the whole index, whatever the
             # LIMIT: "recent" (newest matches first, stopping at the limit) leaves it out.
             score = f"bm25({table}_fts)" if order == "rank" else "0.0"
@@ -145,7 +145,7 @@ class SQLiteSearch:
     def term_counts(self, target: str, plans: Sequence[Any], cap: int, newest: int | None = None) -> list[int]:
         table = "messages" if target == "messages" else "summaries"
         if table == "messages":
-            self.wait_indexed()
+            self._index_before_search()
         c = self.conn()
         window = ""
         args: tuple[Any, ...] = ()
