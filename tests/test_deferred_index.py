@@ -76,6 +76,19 @@ def opened(tmp_path) -> tuple[str, SQLiteStore]:
     return path, s
 
 
+def child_script(path: str, body: str) -> str:
+    """A Python program opening the store at `path` as session "a", then running `body`."""
+    head = textwrap.dedent(f"""
+        import itertools, os, sys, uuid
+        sys.path.insert(0, {os.getcwd()!r})
+        from lossless_context.records import NewMessage
+        from lossless_context.store.sqlite import SQLiteStore
+        s = SQLiteStore({path!r})
+        s.ensure_session("a")
+    """)
+    return head + textwrap.dedent(body)
+
+
 @pytest.fixture
 def unindexed(monkeypatch):
     """Appends whose indexing job never runs: what a process killed right after its commit
@@ -174,17 +187,11 @@ def test_another_process_indexes_a_backlog_it_finds(tmp_path, unindexed):
 
 def test_a_process_killed_right_after_a_large_append_loses_nothing(tmp_path):
     path = str(tmp_path / "lcm.db")
-    script = textwrap.dedent(f"""
-        import os, sys, uuid
-        sys.path.insert(0, {os.getcwd()!r})
-        from lossless_context.records import NewMessage
-        from lossless_context.store.sqlite import SQLiteStore
-        s = SQLiteStore({path!r})
-        s.ensure_session("a")
+    script = child_script(path, """
         def gen():
             for i in range(3000):
-                t = f"message {{i}} token{{i}}x"
-                yield NewMessage(raw={{"role": "user", "content": t}}, role="user", ident=uuid.uuid4().hex,
+                t = f"message {i} token{i}x"
+                yield NewMessage(raw={"role": "user", "content": t}, role="user", ident=uuid.uuid4().hex,
                                  uid=None, text=t, tokens=5, created_at=float(i))
         for k in range(3):
             s.append_messages("a", gen())
@@ -357,17 +364,11 @@ def test_sigkill_while_appending_and_indexing_loses_nothing(tmp_path):
     import signal
 
     path = str(tmp_path / "lcm.db")
-    script = textwrap.dedent(f"""
-        import sys, uuid, itertools
-        sys.path.insert(0, {os.getcwd()!r})
-        from lossless_context.records import NewMessage
-        from lossless_context.store.sqlite import SQLiteStore
-        s = SQLiteStore({path!r})
-        s.ensure_session("a")
+    script = child_script(path, """
         print("ready", flush=True)
         for k in itertools.count():
-            s.append_messages("a", (NewMessage(raw={{"role": "user", "content": f"message {{k}} {{i}}"}}, role="user",
-                                               ident=uuid.uuid4().hex, uid=None, text=f"message {{k}} {{i}}",
+            s.append_messages("a", (NewMessage(raw={"role": "user", "content": f"message {k} {i}"}, role="user",
+                                               ident=uuid.uuid4().hex, uid=None, text=f"message {k} {i}",
                                                tokens=4, created_at=float(i)) for i in range(1500)))
     """)
     rng = random.Random(11)
