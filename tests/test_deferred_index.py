@@ -424,6 +424,11 @@ def test_a_search_does_not_stall_behind_another_writer_holding_the_lock(tmp_path
     hits = s.search("messages", ["a"], plan_query("token699x"), limit=3)
     assert time.monotonic() - t0 < 5  # not the store's 60 s lock wait
     assert hits == [] and pending(path) == [(lo, hi)]  # searched what is indexed; nothing lost
+    t0 = time.monotonic()
+    for _ in range(5):  # the next searches (one lcm_grep runs several) do not wait again
+        assert s.search("messages", ["a"], plan_query("token698x"), limit=3) == []
+    assert time.monotonic() - t0 < 0.3
+    monkeypatch.setattr(s._indexer, "_busy_until", 0.0)  # (as BUSY_PAUSE seconds later)
     if lo > ids[0]:  # (rows the append indexed itself are found meanwhile)
         assert [h["id"] for h in s.search("messages", ["a"], plan_query("token0x"), limit=3)] == [ids[0]]
     other.execute("ROLLBACK")

@@ -21,6 +21,7 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
@@ -30,6 +31,7 @@ log = logging.getLogger("lossless_context")
 
 STEP = 4096  # rows per indexing transaction: another writer waits at most one step
 SEARCH_LOCK_WAIT = 2.0  # seconds a search waits for the write lock to index another process's rows
+BUSY_PAUSE = 10.0  # seconds after a search waited in vain during which searches do not wait again
 
 _NEXT = "SELECT rowid, lo, hi FROM lcm_index_pending ORDER BY lo LIMIT 1"
 INDEX_RANGE = "INSERT INTO messages_fts(rowid, text) SELECT id, text FROM messages WHERE id BETWEEN ? AND ?"
@@ -72,6 +74,7 @@ class Indexer:
         self._lock = threading.Lock()
         self._jobs: list[Future] = []
         self._pid = os.getpid()
+        self._busy_until = 0.0  # (monotonic) searches do not wait for the lock before this
         _live.add(self)
 
     def soon(self) -> None:
@@ -111,6 +114,8 @@ class Indexer:
             return
         if lock_wait is None:
             begin = self._begin
+        elif time.monotonic() < self._busy_until:
+            return  # (a search just waited in vain: the next ones of this grep do not)
         else:
             def begin(conn: sqlite3.Connection) -> None:
                 conn.execute("BEGIN IMMEDIATE")  # (the busy timeout below bounds its wait)
@@ -119,6 +124,8 @@ class Indexer:
         try:
             index_pending(c, begin)
         except Exception as exc:
+            if lock_wait is not None:
+                self._busy_until = time.monotonic() + BUSY_PAUSE
             log.warning("lcm: full-text indexing of the newest messages failed or waited too long "
                         "(searching what is indexed): %s", exc)
         finally:
