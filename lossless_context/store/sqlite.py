@@ -165,7 +165,7 @@ class SQLiteStore(SQLiteSearch, Store):
     def tx(self) -> Iterator[sqlite3.Connection]:
         """A write transaction; BEGIN IMMEDIATE takes the single writer slot up front."""
         c = self.conn()
-        self._after_index_jobs(c)
+        self._indexer.before_write(c)  # (deferred indexing: store/sqlite_index.py)
         self._begin(c)
         try:
             yield c
@@ -174,12 +174,6 @@ class SQLiteStore(SQLiteSearch, Store):
             raise
         else:
             c.execute("COMMIT")
-
-    def _after_index_jobs(self, c: sqlite3.Connection) -> None:
-        """Before taking the write lock on this thread: wait for this process's deferred
-        indexing (store/sqlite_index.py) directly rather than by polling the lock."""
-        if not c.in_transaction:  # (a job would wait for the lock this thread holds)
-            self._indexer.drain()
 
     @staticmethod
     def _begin(c: sqlite3.Connection) -> None:
@@ -334,7 +328,7 @@ class SQLiteStore(SQLiteSearch, Store):
         batch = sqlite_append.Batch(self.conn, self._begin, self._write_context, session_id, context, context_known,
                                     defer_index=not built)
         if built:
-            self._after_index_jobs(self.conn())
+            self._indexer.before_write(self.conn())
             ids = sqlite_append.append(batch, rows, None, on_ids)
         else:
             with self._writer_lock:  # one pipelined append at a time per writer connection

@@ -99,6 +99,12 @@ class Indexer:
             self._jobs = [j for j in jobs if not j.done()] if timeout is not None else []
         futures_wait(jobs, timeout)  # (_run does not raise)
 
+    def before_write(self, c: sqlite3.Connection) -> None:
+        """Before a thread takes the write lock on `c`: wait for this process's jobs directly
+        rather than by polling the lock (not while `c` holds it: a job would wait for it)."""
+        if not c.in_transaction:
+            self.drain()
+
     def wait(self, lock_wait: float | None = None) -> None:
         """Return once every stored message is in the full-text index (or, if indexing
         fails, log it: search then may miss the newest messages, nothing is lost).
