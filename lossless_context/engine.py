@@ -506,8 +506,13 @@ class LCMEngine(NewHostHooks, HostSignals, base_class()):  # type: ignore[misc]
                 overhead = self._overhead if oh is None else oh
                 self._overhead = overhead
                 budget = self._budget(overhead)
+                # A session past the host's hygiene message limit is force-compressed by a
+                # gateway: it must shrink (its message count) even when its tokens are few.
+                shrink = force or len(messages) >= max(1, cfg.host.hygiene_hard_message_limit)
                 if ours <= budget.target:
-                    if not force:
+                    if not shrink:
+                        # Nothing to shrink however large the host's figure: wait for growth.
+                        self._no_progress_at = self._host_figure(current_tokens, ours + overhead)
                         self._note(f"{ours} tokens already within target {budget.target}")
                         return messages
                     budget.fresh_tail = self._forced_tail(budget, ours)
@@ -537,9 +542,9 @@ class LCMEngine(NewHostHooks, HostSignals, base_class()):  # type: ignore[misc]
             self._discard_stage(res.pass_id)
             res = PassResult(messages, reason="cancelled by the host", calls=res.calls,
                              tokens_before=res.tokens_before, tokens_after=res.tokens_before)
-        self._record(sid, res, pb, time.monotonic() - t0)
+        self._record(sid, res, pb, time.monotonic() - t0, overhead)
         if not res.progressed:
-            self._no_progress_at = ours + overhead
+            self._no_progress_at = self._host_figure(current_tokens, ours + overhead)
             self._note(res.reason)
             return messages
         self._no_progress_at = None
@@ -551,8 +556,14 @@ class LCMEngine(NewHostHooks, HostSignals, base_class()):  # type: ignore[misc]
         self._last_summary_fallback_used = bool(res.failures)
         return res.output
 
-    def _record(self, sid: str, res: PassResult, pb: Any, seconds: float) -> None:
-        self.record_pass({
+    def _host_figure(self, current_tokens: Any, fallback: int) -> int:
+        """The host's token figure for the no-progress guard, bounded by the window."""
+        if plausible_overhead(current_tokens, 0, 0) is None:
+            return fallback
+        return int(min(current_tokens, self.context_length)) if self.context_length else int(current_tokens)
+
+    def _record(self, sid: str, res: PassResult, pb: Any, seconds: float, overhead: int) -> None:
+        self.record_pass({"overhead": overhead,
             "session_id": sid, "pass_id": res.pass_id, "tokens_before": res.tokens_before,
             "tokens_after": res.tokens_after if res.progressed else res.tokens_before,
             "calls": res.calls, "failures": res.failures, "new_nodes": res.new_nodes,

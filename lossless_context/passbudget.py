@@ -22,6 +22,8 @@ from typing import Any
 from .config import HostCompression
 
 SAFETY = 0.5  # share of a host budget a pass plans to use
+# A hygiene pass is huge (5,000 messages): its deterministic rest can itself take seconds.
+HYGIENE_SAFETY = 1 / 3
 MIN_CALL_SECONDS = 1.0  # below this, a model call is not worth starting
 OVERHEAD_SHARE = 0.25  # at most this share of the window is "outside the messages"
 
@@ -54,12 +56,13 @@ def pass_budget(host: HostCompression, *, time_budget: float, summary_timeout: f
     summary_timeout = max(0.1, float(summary_timeout))
     if silence <= 0:
         return PassBudget(time_budget, summary_timeout, 0.0, hygiene)
+    share = HYGIENE_SAFETY if hygiene else SAFETY
     if progress_visible:
-        seconds = min(time_budget, SAFETY * ceiling)
-        call = min(summary_timeout, SAFETY * silence)
+        seconds = min(time_budget, share * ceiling)
+        call = min(summary_timeout, share * silence)
         limit = ceiling
     else:
-        seconds = min(time_budget, SAFETY * silence)
+        seconds = min(time_budget, share * silence)
         call = min(summary_timeout, seconds)
         limit = silence
     return PassBudget(seconds, max(0.1, call), limit, hygiene)
