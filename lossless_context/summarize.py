@@ -14,8 +14,6 @@ import logging
 import re
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -168,6 +166,9 @@ class OpenAISummarizer(ModelSummarizer):
 
     def _complete(self, messages: list[dict[str, str]], max_tokens: int,
                   timeout: float | None = None) -> str | None:
+        import urllib.error  # here, not at import: http/ssl cost a plugin load ~0.1 s
+        import urllib.request
+
         body = json.dumps({"model": self.model, "messages": messages, "max_tokens": max_tokens,
                            "temperature": 0.2, "stream": False}).encode()
         headers = {"Content-Type": "application/json"}
