@@ -267,6 +267,19 @@ def install(hermes_home: Path | None, mode: str) -> None:
         click.echo(f"  {c}")
     click.echo(f"lcm {'installed' if res.changed else 'already installed'} in {home} ({mode} mode)"
                + ("" if res.changed else ": nothing to do"))
+    _echo_name_clash(home)
+
+
+def _echo_name_clash(home: Path) -> None:
+    """Another plugin answering to `lcm` decides which engine the host loads: say so."""
+    from .nameclash import resolve
+
+    try:
+        lines = resolve(home).lines()
+    except Exception as exc:  # reporting must never break install or doctor
+        lines = [f"engine 'lcm': cannot tell which plugin the host will load ({exc})"]
+    for line in lines:
+        click.echo(line, err=True)
 
 
 @lcm.command()
@@ -508,6 +521,9 @@ def doctor(app: App, repair: bool, as_json: bool) -> None:
     store = app.open_store()
     rep = run_doctor(store, repair=repair)
     click.echo(json.dumps(rep.as_dict(), indent=2) if as_json else rep.render_text())
+    from .config import hermes_home as default_home
+
+    _echo_name_clash(default_home())
     if not rep.ok:
         failed = [c.name for c in rep.checks if not (c.ok or c.repaired)]
         click.echo(f"lcm: the store is unhealthy ({'; '.join(failed)})", err=True)

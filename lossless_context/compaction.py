@@ -80,7 +80,7 @@ class _Node:
 class Compactor:
     def __init__(self, store: Store, escalator: Escalator, *,
                  cancelled: Callable[[], bool] | None = None, time_budget: float = 240.0,
-                 fast: bool = False, owner: str | None = None) -> None:
+                 fast: bool = False, owner: str | None = None, call_timeout: float | None = None) -> None:
         self.store = store
         self.owner = owner  # the engine that will commit the staged pass (owners.py)
         self.fast = fast  # background mode: no model calls on the critical path
@@ -89,6 +89,7 @@ class Compactor:
         self.esc = escalator
         self.cancelled = cancelled
         self.deadline = time.monotonic() + time_budget
+        self.call_timeout = call_timeout  # cap on one model call (the host's silence budget)
         self.new: list[NewSummary] = []
         self.calls = 0
         self.failures = 0
@@ -282,7 +283,8 @@ class Compactor:
             return deterministic_summary(SummaryRequest(sources, target, kind, focus, memory),
                                          self.esc.do_redact), "deterministic", "extractive"
         res = self.esc.summarize(SummaryRequest(sources, target, kind, focus, memory),
-                                 cancelled=self.cancelled, deadline=self.deadline)
+                                 cancelled=self.cancelled, deadline=self.deadline,
+                                 call_timeout=self.call_timeout)
         self.calls += res.calls
         self.failures += res.failures
         self.levels[res.level] = self.levels.get(res.level, 0) + 1

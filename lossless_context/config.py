@@ -61,6 +61,8 @@ class LCMConfig:
     hard_threshold: float = 0.9  # above this fraction of the window compress() blocks on the model
     background_concurrency: int = 2
     warnings: list[str] = field(default_factory=list, compare=False, repr=False)
+    # The host's own `compression:` timeouts (read, never written): a pass must end inside them.
+    host: "HostCompression" = field(default_factory=lambda: HostCompression(), compare=False, repr=False)
 
     # -- loading -------------------------------------------------------------
 
@@ -79,6 +81,7 @@ class LCMConfig:
         if read_file:
             block = _read_yaml_block(home or hermes_home(), cfg.warnings)
             cfg._apply(block, "config.yaml lcm.")
+            cfg.host = HostCompression.from_block(_read_yaml_block(home or hermes_home(), [], "compression"))
         env_vals = {}
         for f in _fields():
             key = "LCM_" + f.name.upper()
@@ -135,7 +138,48 @@ class LCMConfig:
 
 
 def _fields() -> list[dataclasses.Field]:
-    return [f for f in dataclasses.fields(LCMConfig) if f.name != "warnings"]
+    return [f for f in dataclasses.fields(LCMConfig) if f.name not in ("warnings", "host")]
+
+
+@dataclass(frozen=True)
+class HostCompression:
+    """The timeouts of the host's `compression:` block that bound our passes (defaults as main's).
+
+    `context_timeout_seconds` is a *silence* budget (<= 0: the host runs no timeout);
+    the ceilings cap a pass even while it reports progress; gateway hygiene force-compresses
+    a session at `hygiene_hard_message_limit` messages under its own, shorter budget.
+    """
+
+    context_timeout_seconds: float = 120.0
+    context_total_ceiling_seconds: float = 600.0
+    hygiene_timeout_seconds: float = 30.0
+    hygiene_total_ceiling_seconds: float = 600.0
+    hygiene_hard_message_limit: int = 5000
+
+    @classmethod
+    def from_block(cls, block: Mapping[str, Any]) -> "HostCompression":
+        d = cls()
+        vals: dict[str, Any] = {}
+        for name in ("context_timeout_seconds", "context_total_ceiling_seconds", "hygiene_timeout_seconds",
+                     "hygiene_total_ceiling_seconds", "hygiene_hard_message_limit"):
+            raw = block.get(name) if isinstance(block, Mapping) else None
+            if raw is None or isinstance(raw, bool):
+                continue
+            try:
+                v = float(raw)
+            except (TypeError, ValueError):
+                continue  # the host ignores a bad value too and keeps its default
+            if v != v or v in (float("inf"), float("-inf")):
+                continue
+            # As the host: the idle budget may be <= 0 (disabled); the others must be positive.
+            if name != "context_timeout_seconds" and v <= 0:
+                continue
+            vals[name] = int(v) if name == "hygiene_hard_message_limit" else v
+        h = dataclasses.replace(d, **vals)
+        # The host clamps each ceiling to at least one idle window.
+        return dataclasses.replace(
+            h, context_total_ceiling_seconds=max(h.context_total_ceiling_seconds, h.context_timeout_seconds),
+            hygiene_total_ceiling_seconds=max(h.hygiene_total_ceiling_seconds, h.hygiene_timeout_seconds))
 
 
 def _range(lo: float, hi: float) -> Callable[[float], str | None]:
@@ -204,7 +248,7 @@ def _coerce(name: str, typ: Any, raw: Any) -> tuple[bool, Any, str]:
     return True, value, ""
 
 
-def _read_yaml_block(home: Path, warnings: list[str]) -> Mapping[str, Any]:
+def _read_yaml_block(home: Path, warnings: list[str], key: str = "lcm") -> Mapping[str, Any]:
     path = home / "config.yaml"
     if not path.is_file():
         return {}
@@ -215,11 +259,11 @@ def _read_yaml_block(home: Path, warnings: list[str]) -> Mapping[str, Any]:
     except Exception as exc:  # a broken config must not stop the engine
         warnings.append(f"cannot read {path}: {exc}")
         return {}
-    block = data.get("lcm") if isinstance(data, dict) else None
+    block = data.get(key) if isinstance(data, dict) else None
     if block is None:
         return {}
     if not isinstance(block, dict):
-        warnings.append(f"`lcm:` in {path} must be a mapping; ignored")
+        warnings.append(f"`{key}:` in {path} must be a mapping; ignored")
         return {}
     return block
 

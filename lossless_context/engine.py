@@ -23,7 +23,9 @@ from .compaction import Budget, Compactor, PassResult
 from .config import LCMConfig, model_threshold
 from .ingest import align
 from .messages import role_of, summary_node_ids, tool_call_ids
+from .hosthooks import HostSignals
 from .newhooks import NewHostHooks
+from .passbudget import pass_budget, plausible_overhead
 from .store import Store, open_store
 from .summarize import Escalator, HostSummarizer, ModelSummarizer, OpenAISummarizer, guard_for
 from .tokens import estimate_messages_tokens, estimate_message_tokens
@@ -44,13 +46,11 @@ def _session_lock(location: str, session_id: str) -> threading.RLock:
         return lk
 
 
-class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
+class LCMEngine(NewHostHooks, HostSignals, base_class()):  # type: ignore[misc]
     """Lossless Context Management: verbatim store + summary DAG + recall tools."""
 
-    threshold_percent: float = 0.75
     protect_first_n: int = 3
     protect_last_n: int = 6
-    summary_target_ratio: float = 0.2
 
     def __init__(self, context_length: int = 0, *, config: LCMConfig | None = None,
                  **overrides: Any) -> None:
@@ -68,7 +68,7 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
         self.context_length = int(context_length or 0)
         frac = overrides.get("threshold", config.threshold if config else None)
         if isinstance(frac, (int, float)) and 0 < frac < 1:
-            self.threshold_percent = float(frac)
+            self._set_threshold_percent(float(frac))
         self.threshold_tokens = int(self.context_length * self.threshold_percent)
         self.model_thresholds: dict[str, Any] = {}
 
@@ -133,8 +133,11 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
         new._init_runtime_state()
         for attr in ("last_prompt_tokens", "last_completion_tokens", "last_total_tokens",
                      "threshold_tokens", "context_length", "compression_count",
-                     "threshold_percent", "protect_first_n", "protect_last_n", "summary_target_ratio"):
+                     "protect_first_n", "protect_last_n", "last_real_prompt_tokens"):
             setattr(new, attr, getattr(self, attr))
+        for key in ("_threshold_percent", "_threshold_explicit", "_summary_target_ratio"):
+            if key in self.__dict__:  # explicit settings survive the copy, and stay explicit
+                new.__dict__[key] = self.__dict__[key]
         new.model_thresholds = copy.deepcopy(getattr(self, "model_thresholds", {}))
         new._runtime = dict(self._runtime)
         new._model, new._provider = self._model, self._provider
@@ -156,10 +159,13 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
         self._runtime = {"model": model, "provider": provider, "base_url": base_url,
                          "api_key": api_key, "api_mode": api_mode}
         self.context_length = int(context_length or 0)
-        frac = model_threshold(getattr(self, "model_thresholds", None), self._model, self._provider)
+        # An explicitly set threshold_percent > compression.model_thresholds > our config.
+        frac = self.explicit_threshold_percent()
+        if frac is None:
+            frac = model_threshold(getattr(self, "model_thresholds", None), self._model, self._provider)
         if frac is None:
             frac = self.config.threshold
-        self.threshold_percent = frac
+        self._set_threshold_percent(frac)
         self.threshold_tokens = int(self.context_length * frac)
         self._escalator = None  # the host summariser follows the new runtime
 
@@ -178,6 +184,8 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
         if p is not None:
             self.last_prompt_tokens = p
             self.awaiting_real_usage_after_compression = False
+            if p > 0:
+                self.last_real_prompt_tokens = p
         if c is not None:
             self.last_completion_tokens = c
         if t is not None:
@@ -386,6 +394,7 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
         self._conversation_id = None  # the next session names its own conversation (or none)
         self._no_progress_at = None
         self._overhead = 0
+        self.last_real_prompt_tokens = 0
         self._pending.clear()
 
     # -- ingestion -----------------------------------------------------------------------------------
@@ -463,7 +472,8 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
         started = time.perf_counter()
         try:
             result = self._compress(messages, current_tokens, focus_topic, bool(force),
-                                    memory_context if isinstance(memory_context, str) else "", kwargs)
+                                    memory_context if isinstance(memory_context, str) else "", kwargs,
+                                    time.monotonic())  # the pass budget counts from here (ingest included)
         except Exception as exc:
             log.exception("lcm: compress failed; returning the conversation unchanged")
             with self._stats_lock:
@@ -475,7 +485,7 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
         return result
 
     def _compress(self, messages: List[Any], current_tokens: Optional[int], focus: Optional[str],
-                  force: bool, memory: str, kwargs: dict[str, Any]) -> List[Dict[str, Any]]:
+                  force: bool, memory: str, kwargs: dict[str, Any], t0: float) -> List[Dict[str, Any]]:
         sid = self._sid(kwargs)
         system = messages[0] if messages and role_of(messages[0]) == "system" else None
         cfg = self.config
@@ -490,20 +500,33 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
                     return messages
                 slots, version, base_len = self._ingest_locked(sid, messages, for_pass=True)
                 ours = estimate_messages_tokens(messages)
-                if isinstance(current_tokens, (int, float)) and current_tokens > ours:
-                    self._overhead = int(current_tokens) - ours
-                budget = self._budget(self._overhead)
+                # The host's figure is a hint: a bounded overhead, re-derived on every call.
+                oh = plausible_overhead(current_tokens, ours, self.context_length or
+                                        int(self.threshold_tokens / max(self.threshold_percent, 0.05)))
+                overhead = self._overhead if oh is None else oh
+                self._overhead = overhead
+                budget = self._budget(overhead)
+                # A session past the host's hygiene message limit is force-compressed by a
+                # gateway: it must shrink (its message count) even when its tokens are few.
+                shrink = force or len(messages) >= max(1, cfg.host.hygiene_hard_message_limit)
                 if ours <= budget.target:
-                    if not force:
+                    if not shrink:
+                        # Nothing to shrink however large the host's figure: wait for growth.
+                        self._no_progress_at = self._host_figure(current_tokens, ours + overhead)
                         self._note(f"{ours} tokens already within target {budget.target}")
                         return messages
                     budget.fresh_tail = self._forced_tail(budget, ours)
                 esc = self._get_escalator()
-                host_tokens = int(current_tokens) if isinstance(current_tokens, (int, float)) else ours + self._overhead
+                host_tokens = ours + overhead
                 fast = (cfg.background_compaction and esc.model is not None and not force
                         and host_tokens < cfg.hard_threshold * (self.context_length or host_tokens + 1))
+                pb = pass_budget(cfg.host, time_budget=cfg.compaction_time_budget,
+                                 summary_timeout=cfg.summary_timeout,
+                                 progress_visible=isinstance(esc.model, HostSummarizer),
+                                 message_count=len(messages))
+                left = pb.seconds - (time.monotonic() - t0)
                 comp = Compactor(self.store, esc, owner=self._owner, cancelled=self._cancel_check(),
-                                 time_budget=cfg.compaction_time_budget, fast=fast)
+                                 time_budget=max(0.0, left), fast=fast, call_timeout=pb.call_timeout)
                 res: PassResult = comp.run(sid, system, slots, budget, focus=focus or None,
                                            memory_context=memory, force=force, base_version=version,
                                            base_len=base_len, tokens_before=ours)
@@ -513,8 +536,15 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
             self._stats["summarizer_calls"] += res.calls
             self._stats["summarizer_failures"] += res.failures
             self._stats["last_reason"] = res.reason
+        cancel = self._cancel_check()
+        if res.progressed and cancel is not None and _truthy(cancel):
+            # The host gave up on this pass: its result would be discarded, so stage nothing.
+            self._discard_stage(res.pass_id)
+            res = PassResult(messages, reason="cancelled by the host", calls=res.calls,
+                             tokens_before=res.tokens_before, tokens_after=res.tokens_before)
+        self._record(sid, res, pb, time.monotonic() - t0, overhead)
         if not res.progressed:
-            self._no_progress_at = int(current_tokens or ours + self._overhead)
+            self._no_progress_at = self._host_figure(current_tokens, ours + overhead)
             self._note(res.reason)
             return messages
         self._no_progress_at = None
@@ -524,9 +554,31 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
         self.compression_count += 1
         self._last_compression_made_progress = True
         self._last_summary_fallback_used = bool(res.failures)
-        log.info("lcm: pass %s for %s: %d → %d tokens, %d new nodes, %d summariser calls",
-                 res.pass_id, sid, res.tokens_before, res.tokens_after, res.new_nodes, res.calls)
         return res.output
+
+    def _host_figure(self, current_tokens: Any, fallback: int) -> int:
+        """The host's token figure for the no-progress guard, bounded by the window."""
+        if plausible_overhead(current_tokens, 0, 0) is None:
+            return fallback
+        return int(min(current_tokens, self.context_length)) if self.context_length else int(current_tokens)
+
+    def _record(self, sid: str, res: PassResult, pb: Any, seconds: float, overhead: int) -> None:
+        self.record_pass({"overhead": overhead,
+            "session_id": sid, "pass_id": res.pass_id, "tokens_before": res.tokens_before,
+            "tokens_after": res.tokens_after if res.progressed else res.tokens_before,
+            "calls": res.calls, "failures": res.failures, "new_nodes": res.new_nodes,
+            "levels": dict(res.levels), "seconds": round(seconds, 3),
+            "budget_seconds": round(pb.seconds, 3), "host_limit_seconds": pb.host_limit,
+            "hygiene": pb.hygiene, "outcome": "staged" if res.progressed else res.reason,
+            "at": time.time()})
+
+    def _discard_stage(self, pass_id: str | None) -> None:
+        if not pass_id:
+            return
+        try:
+            self.store.discard_pass(pass_id)
+        except Exception as exc:
+            log.debug("lcm: cannot discard the abandoned pass %s: %s", pass_id, exc)
 
     # -- background compaction -----------------------------------------------------------------
 
@@ -574,6 +626,9 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
         with self._stats_lock:
             status.update({f"lcm_{k}": v for k, v in self._stats.items()})
         status["lcm_session_id"] = self._session_id
+        passes = self.last_passes()
+        status["lcm_last_pass"] = passes[-1] if passes else None
+        status["lcm_recent_passes"] = passes[-5:]
         worker = _worker_or_none(self)
         if worker is not None:
             status.update({"lcm_background_backlog": worker.backlog, "lcm_background_jobs": worker.jobs_done,
@@ -602,6 +657,13 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
         from .tools import dispatch
 
         return dispatch(self, name, args, **kwargs)
+
+
+def _truthy(fn: Callable[[], bool]) -> bool:
+    try:
+        return bool(fn())
+    except Exception:
+        return False
 
 
 def _worker_or_none(engine: "LCMEngine") -> BackgroundWorker | None:

@@ -62,7 +62,7 @@ def run_command(engine: Any, raw_args: str) -> str:
             f"summariser calls {st.get('lcm_summarizer_calls', 0)}, failures {st.get('lcm_summarizer_failures', 0)}\n"
             f"context {st.get('last_prompt_tokens', 0)}/{st.get('context_length', 0)} tokens, "
             f"threshold {st.get('threshold_tokens', 0)}"
-        )
+        ) + _status_extra(st)
     if sub == "doctor":
         from .doctor import run_doctor
 
@@ -79,6 +79,23 @@ def run_command(engine: Any, raw_args: str) -> str:
         data = json.loads(engine.handle_tool_call(f"lcm_{sub}", {"id": rest.split()[0]}))
         return json.dumps(data, ensure_ascii=False, indent=2)[:8000]
     return f"usage: /lcm {COMMAND_HELP}"
+
+
+def _status_extra(st: dict[str, Any]) -> str:
+    """The last pass's result, and which engine the host loads for `lcm` when another claims it."""
+    out = ""
+    p = st.get("lcm_last_pass")
+    if isinstance(p, dict):
+        out += (f"\nlast pass: {p.get('tokens_before')} → {p.get('tokens_after')} tokens, "
+                f"{p.get('calls')} summariser calls, {p.get('seconds')} s ({p.get('outcome')})")
+    try:
+        from .config import hermes_home
+        from .nameclash import resolve
+
+        lines = resolve(hermes_home()).lines()
+    except Exception:
+        lines = []
+    return out + "".join("\n" + line for line in lines)
 
 
 def format_grep(data: dict[str, Any]) -> str:

@@ -1,4 +1,4 @@
-"""Hooks of newer Hermes hosts (select_context, on_turn_complete, should_compress_info).
+"""Hooks of newer Hermes hosts (select_context, on_turn_complete; compaction state: hosthooks.py).
 
 Never required: the released host does not call them. When called they must be cheap
 (select_context runs before every provider call) and correct: a replacement keeps the
@@ -155,13 +155,6 @@ class NewHostHooks:
                 self.maybe_presummarise(messages, session_id=sid)  # type: ignore[attr-defined]
         except Exception as exc:
             log.warning("lcm: on_turn_complete ingestion failed (the host keeps its copy): %s", exc)
-
-    def should_compress_info(self, prompt_tokens: Optional[int] = None) -> tuple[bool, str]:
-        ok = self.should_compress(prompt_tokens)  # type: ignore[attr-defined]
-        tokens = prompt_tokens if prompt_tokens is not None else self.last_prompt_tokens  # type: ignore[attr-defined]
-        if ok:
-            return True, f"{tokens} tokens ≥ threshold {self.threshold_tokens}"  # type: ignore[attr-defined]
-        return False, f"{tokens} tokens below threshold {self.threshold_tokens} or no progress possible"  # type: ignore[attr-defined]
 
     def prune_tool_results_only(self, messages: List[Dict[str, Any]], current_tokens: Optional[int] = None):
         # Lossless engines never prune in place: everything stays, summaries do the shrinking.

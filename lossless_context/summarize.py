@@ -14,8 +14,6 @@ import logging
 import re
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -25,6 +23,8 @@ from .redact import redact, redact_builtin
 from .tokens import estimate_text_tokens
 
 log = logging.getLogger("lossless_context.summarize")
+
+MIN_CALL_SECONDS = 1.0  # a model call is not started with less time than this left
 
 
 class SummarizerError(RuntimeError):
@@ -137,15 +137,20 @@ class ModelSummarizer:
         self.timeout = timeout
         self.redact_text = redact_text
 
-    def summarize(self, req: SummaryRequest, level: str) -> str:
+    def summarize(self, req: SummaryRequest, level: str, timeout: float | None = None) -> str:
+        """One call; `timeout` (seconds) may only shorten the summariser's own timeout."""
         messages = build_messages(req, level, self.redact_text)
         target = req.target_tokens if level == "normal" else max(32, req.target_tokens // 2)
-        reply = self._complete(messages, max_tokens=max(64, int(target * 1.5)))
+        reply = self._complete(messages, max_tokens=max(64, int(target * 1.5)), timeout=timeout)
         source_tokens = sum(estimate_text_tokens(s.text) for s in req.sources)
         return validate_reply(reply, source_tokens, target)
 
-    def _complete(self, messages: list[dict[str, str]], max_tokens: int) -> str | None:
+    def _complete(self, messages: list[dict[str, str]], max_tokens: int,
+                  timeout: float | None = None) -> str | None:
         raise SummarizerError("no model configured")
+
+    def _timeout(self, timeout: float | None) -> float:
+        return self.timeout if timeout is None else max(0.1, min(self.timeout, timeout))
 
 
 class OpenAISummarizer(ModelSummarizer):
@@ -159,7 +164,11 @@ class OpenAISummarizer(ModelSummarizer):
         self.api_key = api_key
         self.name = f"openai:{self.model}"
 
-    def _complete(self, messages: list[dict[str, str]], max_tokens: int) -> str | None:
+    def _complete(self, messages: list[dict[str, str]], max_tokens: int,
+                  timeout: float | None = None) -> str | None:
+        import urllib.error  # here, not at import: http/ssl cost a plugin load ~0.1 s
+        import urllib.request
+
         body = json.dumps({"model": self.model, "messages": messages, "max_tokens": max_tokens,
                            "temperature": 0.2, "stream": False}).encode()
         headers = {"Content-Type": "application/json"}
@@ -167,7 +176,7 @@ class OpenAISummarizer(ModelSummarizer):
             headers["Authorization"] = f"Bearer {self.api_key}"
         req = urllib.request.Request(f"{self.base_url}/chat/completions", data=body, headers=headers)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with urllib.request.urlopen(req, timeout=self._timeout(timeout)) as resp:
                 data = json.loads(resp.read().decode("utf-8", "replace"))
         except urllib.error.HTTPError as exc:
             raise SummarizerError(f"HTTP {exc.code}") from exc
@@ -193,14 +202,17 @@ class HostSummarizer(ModelSummarizer):
         super().__init__(timeout, redact_text)
         self._runtime = runtime
 
-    def _complete(self, messages: list[dict[str, str]], max_tokens: int) -> str | None:
+    def _complete(self, messages: list[dict[str, str]], max_tokens: int,
+                  timeout: float | None = None) -> str | None:
+        # Called on the pass's own thread: a newer host's progress hook (thread-local)
+        # sees the streamed reply, so a slow but talking model is not cut off.
         try:
             from agent.auxiliary_client import call_llm  # type: ignore
         except Exception as exc:
             raise SummarizerError(f"host auxiliary client unavailable: {exc}") from exc
         try:
             resp = call_llm(task="compression", main_runtime=self._runtime(), messages=messages,
-                            max_tokens=max_tokens, timeout=self.timeout)
+                            max_tokens=max_tokens, timeout=self._timeout(timeout))
         except Exception as exc:  # the host's client raises many kinds; all mean "escalate"
             raise SummarizerError(f"host call failed: {type(exc).__name__}: {exc}") from exc
         try:
@@ -252,6 +264,10 @@ class CallGuard:
     def is_open(self) -> bool:
         return time.monotonic() < self._open_until
 
+    def cooldown_remaining(self) -> float:
+        """Seconds the breaker stays open (0 when closed)."""
+        return max(0.0, self._open_until - time.monotonic())
+
 
 _GUARDS: dict[str, CallGuard] = {}
 _GUARDS_LOCK = threading.Lock()
@@ -274,7 +290,9 @@ class Escalator:
         self.do_redact = do_redact
 
     def summarize(self, req: SummaryRequest, cancelled: Callable[[], bool] | None = None,
-                  deadline: float | None = None) -> SummaryResult:
+                  deadline: float | None = None, call_timeout: float | None = None) -> SummaryResult:
+        """`deadline` (monotonic): no call starts after it and none may run past it;
+        `call_timeout` caps each call further."""
         calls = failures = 0
         errors: list[str] = []
         if self.model is not None:
@@ -282,9 +300,13 @@ class Escalator:
                 if cancelled is not None and _safe_call(cancelled):
                     errors.append("cancelled by host")
                     break
-                if deadline is not None and time.monotonic() > deadline:
-                    errors.append("compaction time budget spent")
-                    break
+                timeout = call_timeout
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left < MIN_CALL_SECONDS:
+                        errors.append("compaction time budget spent")
+                        break
+                    timeout = left if timeout is None else min(timeout, left)
                 if self.guard is not None:
                     ok, why = self.guard.allow()
                     if not ok:
@@ -292,7 +314,7 @@ class Escalator:
                         break
                 calls += 1
                 try:
-                    text = self.model.summarize(req, level)
+                    text = self.model.summarize(req, level, timeout=timeout)
                 except SummarizerError as exc:
                     failures += 1
                     errors.append(f"{level}: {exc}")

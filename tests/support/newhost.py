@@ -110,3 +110,193 @@ class NewHost:
                                      old_session_id=self.session_id, platform="gateway",
                                      conversation_id=f"conv-{self.session_id}")
         return True
+
+
+# --------------------------------------------------------------------------------------------
+# Upstream main (0.20+) on top of the contract above: what HOST_CONTRACT.md §10 describes.
+# --------------------------------------------------------------------------------------------
+
+import concurrent.futures  # noqa: E402
+import time  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+
+MARKER = "Compacting context"
+HOST_STATUS = f"🗜️ {MARKER} — summarizing earlier conversation so I can continue..."
+_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="sim-compress")
+_progress = threading.local()  # like the host's aux client: the progress hook is per thread
+
+
+class Fence:
+    """The host's commit fence: cancelled after a timeout; progress ticks extend the wait."""
+
+    def __init__(self) -> None:
+        self._cancelled = threading.Event()
+        self.last_progress = time.monotonic()
+        self.ticks = 0
+
+    def touch_progress(self) -> None:
+        self.last_progress = time.monotonic()
+        self.ticks += 1
+
+    def since_progress(self) -> float:
+        return time.monotonic() - self.last_progress
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    @property
+    def is_cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+
+def status_message(engine: Any, *, phase: str, default_message: str, **context: Any) -> str | None:
+    """The host's resolution of the automatic-compaction status line."""
+    if not getattr(engine, "emit_automatic_compaction_status", True):
+        return None
+    fmt = getattr(engine, "get_automatic_compaction_status_message", None)
+    msg = fmt(phase=phase, default_message=default_message, **context) if callable(fmt) else default_message
+    if msg is None:
+        return None
+    return str(msg).strip() or None
+
+
+@contextmanager
+def host_aux_client(base_url: str):
+    """Stand in for the host's `agent.auxiliary_client.call_llm` (the host side of the simulator):
+    a call dispatched and a reply received count as progress of the pass on this thread."""
+    import json
+    import urllib.request
+
+    import agent.auxiliary_client as aux  # the real module of the installed host
+
+    def call_llm(task: str = "", main_runtime: Any = None, messages: Any = None, max_tokens: int = 0,
+                 timeout: float = 120.0, **kw: Any) -> Any:
+        hook = getattr(_progress, "hook", None)
+        if hook:
+            hook()
+        body = json.dumps({"model": "aux", "messages": messages, "max_tokens": max_tokens}).encode()
+        req = urllib.request.Request(f"{base_url}/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            data = json.loads(resp.read())
+        if hook:
+            hook()
+
+        class _Msg:
+            content = data["choices"][0]["message"].get("content")
+
+        class _Choice:
+            message = _Msg()
+
+        class _Resp:
+            choices = [_Choice()]
+
+        return _Resp()
+
+    saved = aux.call_llm
+    aux.call_llm = call_llm
+    try:
+        yield
+    finally:
+        aux.call_llm = saved
+
+
+@dataclass
+class MainHost(NewHost):
+    """Upstream main: pooled worker, silence budget with progress, commit fence, discarded late
+    work, status lines, preflight deferral and cool-down, idle compaction and gateway hygiene."""
+
+    idle_timeout: float = 120.0  # compression.context_timeout_seconds
+    ceiling: float = 600.0  # compression.context_total_ceiling_seconds
+    hygiene_limit: int = 5000  # compression.hygiene_hard_message_limit
+    hygiene_timeout: float = 30.0  # compression.hygiene_timeout_seconds
+    statuses: list[tuple[str, str | None]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    late: list[Any] = field(default_factory=list)  # futures of passes the host gave up on
+    waited: list[float] = field(default_factory=list)
+
+    def run_pass(self, phase: str = "compress", *, force: bool = False, silence: float | None = None) -> bool:
+        """One automatic (or forced) pass exactly as main runs it; True when committed."""
+        approx = self.estimate()
+        if not force:
+            self.statuses.append((phase, status_message(self.engine, phase=phase, default_message=HOST_STATUS,
+                                                        approx_tokens=approx, message_count=len(self.history),
+                                                        model="test-model", focus_topic=None)))
+        fence = Fence()
+        self.engine._compression_cancelled_check = lambda: fence.is_cancelled
+        private = copy.deepcopy(self.history)
+        budget = self.idle_timeout if silence is None else silence
+
+        def work() -> Any:
+            _progress.hook = fence.touch_progress
+            try:
+                return self.engine.compress(private, current_tokens=approx, force=force,
+                                            session_id=self.session_id)
+            finally:
+                _progress.hook = None
+
+        fut = _POOL.submit(work)
+        started = time.monotonic()
+        while True:
+            slice_ = max(budget - fence.since_progress(), 0.005)
+            try:
+                out = fut.result(timeout=min(slice_, max(self.ceiling - (time.monotonic() - started), 0.005)))
+                break
+            except concurrent.futures.TimeoutError:
+                if fence.since_progress() < budget and time.monotonic() - started < self.ceiling:
+                    continue
+                fence.cancel()  # late work is discarded: nothing of this pass may be published
+                self.abandoned += 1
+                self.late.append(fut)
+                self.waited.append(time.monotonic() - started)
+                return False
+        self.waited.append(time.monotonic() - started)
+        self.engine._compression_cancelled_check = None
+        if fence.is_cancelled or not out or out == self.history:
+            return False
+        self.engine.on_session_end(self.session_id, copy.deepcopy(self.history))
+        self.history = [m for m in out if m.get("role") != "system"]
+        self.commits += 1
+        self.engine.on_session_start(self.session_id, boundary_reason="compression",
+                                     old_session_id=self.session_id, platform="gateway",
+                                     conversation_id=f"conv-{self.session_id}")
+        self.engine.last_prompt_tokens = -1
+        self.engine.awaiting_real_usage_after_compression = True
+        return True
+
+    def preflight(self, rough: int | None = None) -> bool:
+        """Turn start: deferral to real usage, the cool-down, then should_compress / its reason."""
+        tokens = self.estimate() if rough is None else rough
+        defer = getattr(self.engine, "should_defer_preflight_to_real_usage", lambda _t: False)(tokens)
+        cooldown = getattr(self.engine, "get_active_compression_failure_cooldown", lambda: None)()
+        if defer:
+            return False
+        if cooldown:
+            if tokens >= self.engine.threshold_tokens:
+                self.warnings.append(f"cooldown:{cooldown.get('remaining_seconds', 0):.0f}")
+            return False
+        if self.engine.should_compress(tokens):
+            return self.run_pass("preflight")
+        reason = self.engine.should_compress_info(tokens)[1]
+        if reason:  # main reads any reason as "over the threshold but compression is blocked"
+            self.warnings.append(reason)
+        return False
+
+    def reply(self, prompt_tokens: int) -> None:
+        self.engine.update_from_response({"prompt_tokens": prompt_tokens, "completion_tokens": 10,
+                                          "total_tokens": prompt_tokens + 10})
+
+    def idle_resume(self) -> bool:
+        """A session resumed after the idle gap: compact when above threshold × summary_target_ratio."""
+        tokens = self.estimate()
+        floor = int(self.engine.threshold_tokens * self.engine.summary_target_ratio)
+        cooldown = getattr(self.engine, "get_active_compression_failure_cooldown", lambda: None)()
+        if tokens <= floor or cooldown:
+            return False
+        return self.run_pass("idle")
+
+    def hygiene(self) -> bool:
+        """Gateway hygiene: a forced pass at the message limit under its own silence budget."""
+        if len(self.history) < self.hygiene_limit:
+            return False
+        return self.run_pass("hygiene", silence=self.hygiene_timeout)

@@ -1,0 +1,336 @@
+"""Upstream main (0.20+) as a host: its budgets and hooks (HOST_CONTRACT.md §10, issue #18).
+
+Runs against the real released host's `ContextEngine` (0.19.0) and our simulator of main's
+behaviour (`tests/support/newhost.MainHost`): pooled worker thread, a silence budget that
+progress extends, a commit fence, discarded late work, status lines, preflight deferral and
+cool-down, idle compaction and gateway hygiene.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import threading
+
+import pytest
+
+from lossless_context import LCMEngine
+from lossless_context.assemble import problems
+from lossless_context.config import HostCompression, LCMConfig
+from lossless_context.passbudget import pass_budget, plausible_overhead
+from lossless_context.sessions import coding_session, turn_ranges
+from lossless_context.tokens import estimate_messages_tokens
+from tests.support.fake_openai import Fail, FailureSequence, FakeOpenAI, SummariserResponder
+from tests.support.newhost import MARKER, MainHost, host_aux_client, status_message
+
+
+def _engine(path, host: HostCompression | None = None, **kw):
+    cfg = LCMConfig.load({"store": str(path), "summarizer": "extractive", **kw}, read_file=False)
+    if host is not None:
+        cfg.host = host
+    return LCMEngine(config=cfg)
+
+
+def _turns(msgs):
+    return [msgs[a:b] for a, b in turn_ranges(msgs)]
+
+
+class Gate:
+    """A summariser endpoint that answers only once released: silent until then."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.base = SummariserResponder(max_chars=600)
+        self.calls = 0
+
+    def __call__(self, req):
+        self.calls += 1
+        self.release.wait(120)
+        return self.base(req)
+
+
+# -- the budget rules ---------------------------------------------------------------------------
+
+
+def test_pass_budget_follows_the_host_timeouts():
+    host = HostCompression()  # main's defaults: 120 s silence, 600 s ceiling, hygiene 30 s at 5,000
+    silent = pass_budget(host, time_budget=240, summary_timeout=60, progress_visible=False, message_count=100)
+    assert silent.seconds == 60 and silent.call_timeout == 60 and silent.host_limit == 120
+    talking = pass_budget(host, time_budget=240, summary_timeout=90, progress_visible=True, message_count=100)
+    assert talking.seconds == 240 and talking.call_timeout == 60 and talking.host_limit == 600
+    hyg = pass_budget(host, time_budget=240, summary_timeout=60, progress_visible=False, message_count=5000)
+    assert hyg.hygiene and hyg.seconds == pytest.approx(10.0) and hyg.call_timeout <= hyg.seconds
+    off = pass_budget(HostCompression(context_timeout_seconds=0), time_budget=240, summary_timeout=60,
+                      progress_visible=False, message_count=10)
+    assert off.seconds == 240 and off.host_limit == 0
+
+
+def test_host_compression_block_is_read_like_the_host_reads_it(tmp_path):
+    (tmp_path / "config.yaml").write_text(
+        "compression:\n  context_timeout_seconds: 40\n  context_total_ceiling_seconds: 10\n"
+        "  hygiene_timeout_seconds: -3\n  hygiene_hard_message_limit: '2000'\n"
+        "  hygiene_total_ceiling_seconds: nonsense\nlcm:\n  summarizer: extractive\n")
+    cfg = LCMConfig.load(home=tmp_path, environ={})
+    h = cfg.host
+    assert h.context_timeout_seconds == 40
+    assert h.context_total_ceiling_seconds == 40  # clamped to one idle window, as the host does
+    assert h.hygiene_timeout_seconds == 30  # a non-positive value is ignored: default
+    assert h.hygiene_hard_message_limit == 2000
+    assert h.hygiene_total_ceiling_seconds == 600
+    assert HostCompression.from_block({"context_timeout_seconds": 0}).context_timeout_seconds == 0
+    assert LCMConfig.load(home=tmp_path / "none", environ={}).host == HostCompression()
+
+
+@pytest.mark.parametrize("figure", [10**9, -5, 1e12, 3.7e4, float("nan"), float("inf"), None, "many", True])
+def test_plausible_overhead_is_bounded(figure):
+    oh = plausible_overhead(figure, 30_000, 64_000)
+    if figure in (10**9, 1e12):
+        assert oh == 16_000  # a quarter of the window at most
+    elif figure == 3.7e4:
+        assert oh == 7_000
+    else:
+        assert oh is None  # unusable: keep what was known
+
+
+def _first_pass_tokens(path, current_tokens):
+    e = _engine(path)
+    e.update_model(model="m", context_length=64_000)
+    e.on_session_start("b")
+    msgs = coding_session(700, seed=5).messages
+    out = e.compress(copy.deepcopy(msgs), current_tokens=current_tokens)
+    assert problems(out) == []
+    return e, msgs, estimate_messages_tokens(out)
+
+
+@pytest.mark.parametrize("figure", [10**9, -7, 2.5e11, float("nan"), float("-inf"), None, "12", False])
+def test_absurd_current_tokens_cannot_over_compress(tmp_path, figure):
+    _, msgs, control = _first_pass_tokens(tmp_path / "control.db", None)
+    ours = estimate_messages_tokens(msgs)
+    _, _, capped = _first_pass_tokens(tmp_path / "cap.db", ours + 16_000)
+    e, _, got = _first_pass_tokens(tmp_path / "x.db", figure)
+    if isinstance(figure, (int, float)) and not isinstance(figure, bool) and math.isfinite(figure) and figure > 0:
+        assert got == capped  # an absurd figure acts as the cap, nothing more
+    else:
+        assert got == control  # an unusable figure is ignored
+    assert got > 2_000, "the pass did not fall to the floor target"
+    first = e.get_status()["lcm_last_pass"]
+    assert first["overhead"] in (0, 16_000)
+    # the next pass re-derives the overhead from its own, plausible figure
+    e.on_session_start("b", boundary_reason="compression", old_session_id="b")
+    committed = e.select_context([{"role": "system", "content": "s"}] + msgs) or msgs
+    nxt = [m for m in committed if m.get("role") != "system"] + coding_session(1400, seed=5).messages[700:]
+    out2 = e.compress(nxt, current_tokens=estimate_messages_tokens(nxt) + 500)
+    assert problems(out2) == []
+    assert e.get_status()["lcm_last_pass"]["overhead"] == 500
+
+
+# -- threshold_percent ---------------------------------------------------------------------------
+
+
+def test_update_model_threshold_precedence(tmp_path):
+    e = _engine(tmp_path / "t.db", threshold=0.7)
+    e.update_model(model="big-model", context_length=100_000)
+    assert e.threshold_tokens == 70_000  # configured
+    e.model_thresholds = {"big": 0.6}
+    e.update_model(model="big-model", context_length=100_000)
+    assert e.threshold_tokens == 60_000  # model_thresholds over the config
+    e.threshold_percent = 0.5  # the host (or a caller) sets it: explicit
+    e.update_model(model="big-model", context_length=200_000)
+    assert e.threshold_tokens == 100_000 and e.threshold_percent == 0.5
+    clone = copy.deepcopy(e)
+    clone.update_model(model="big-model", context_length=80_000)
+    assert clone.threshold_tokens == 40_000, "an explicit setting survives the per-agent copy"
+    f = _engine(tmp_path / "u.db")
+    f.threshold_percent = 7  # unusable: falls back to the map, then the config
+    f.update_model(model="x", context_length=100_000)
+    assert f.threshold_tokens == 75_000
+
+
+def test_host_base_update_model_contract(tmp_path):
+    """The host's contract tests: set threshold_percent, call update_model, read threshold_tokens."""
+    from agent.context_engine import ContextEngine
+
+    e = _engine(tmp_path / "c.db")
+    assert isinstance(e, ContextEngine)
+    for pct, ctx in ((0.5, 200_000), (0.85, 128_000), (0.2, 1_000_000)):
+        e.threshold_percent = pct
+        e.update_model(model="any", context_length=ctx)
+        assert e.threshold_tokens == int(ctx * pct)
+        assert e.context_length == ctx
+
+
+# -- should_compress_info, cool-down, preflight deferral ----------------------------------------
+
+
+def test_should_compress_info_reason_only_when_blocked(tmp_path):
+    e = _engine(tmp_path / "i.db")
+    e.update_model(model="m", context_length=64_000)
+    assert e.should_compress_info(3_416) == (False, None)  # the false "blocked" warning of #23
+    assert e.should_compress_info(None) == (False, None)
+    assert e.should_compress_info(-1) == (False, None)
+    assert e.should_compress_info(60_000) == (True, None)
+    # a pass that could not shrink anything: over the threshold, waiting for growth
+    e.on_session_start("i")
+    small = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    e.compress(small, current_tokens=60_000)
+    assert e.should_compress_info(60_500) == (False, "ineffective")
+    assert e.should_compress_info(1_000) == (False, None)
+
+
+def test_breaker_cooldown_is_surfaced_only_while_deferring_is_safe(tmp_path):
+    seq = FailureSequence([Fail.server_error()], cycle=True)
+    with FakeOpenAI(responder=seq) as srv:
+        e = _engine(tmp_path / "b.db", summarizer="openai", summary_base_url=srv.base_url,
+                    breaker_failures=2, breaker_cooldown_seconds=600)
+        e.update_model(model="m", context_length=64_000)
+        e.on_session_start("b")
+        assert e.get_active_compression_failure_cooldown() is None
+        out = e.compress(coding_session(500, seed=8).messages)
+        assert problems(out) == []
+        assert e.get_status()["lcm_last_pass"]["levels"].get("deterministic")
+        e.last_prompt_tokens = 50_000
+        cd = e.get_active_compression_failure_cooldown()
+        assert cd and 0 < cd["remaining_seconds"] <= 600
+        assert e.get_active_compression_failure_cooldown(refresh=True)
+        ok, reason = e.should_compress_info(50_000)
+        assert not ok and reason.startswith("cooldown:")
+        assert e.should_compress_info(10_000) == (False, None)
+        # near the window a deterministic pass beats waiting: no cool-down, compress now
+        e.last_prompt_tokens = 60_000
+        assert e.get_active_compression_failure_cooldown() is None
+        assert e.should_compress_info(60_000) == (True, None)
+
+
+def test_defer_preflight_to_real_usage(tmp_path):
+    e = _engine(tmp_path / "d.db")
+    e.update_model(model="m", context_length=64_000)  # threshold 48,000
+    assert e.last_real_prompt_tokens == 0
+    assert e.should_defer_preflight_to_real_usage(50_000) is False  # no real figure yet
+    e.update_from_response({"prompt_tokens": 45_000, "completion_tokens": 5})
+    assert e.last_real_prompt_tokens == 45_000
+    assert e.should_defer_preflight_to_real_usage(47_000) is False  # below the threshold anyway
+    assert e.should_defer_preflight_to_real_usage(48_500) is True  # estimation noise
+    assert e.should_defer_preflight_to_real_usage(60_000) is False  # real growth
+    e.update_from_response({})
+    e.update_from_response({"prompt_tokens": None})
+    assert e.last_real_prompt_tokens == 45_000
+    e.awaiting_real_usage_after_compression = True
+    assert e.should_defer_preflight_to_real_usage(60_000) is True
+    e.on_session_reset()
+    assert e.last_real_prompt_tokens == 0
+    assert e.pending_compression_operation([]) is None
+
+
+def test_status_line_keeps_the_marker(tmp_path):
+    e = _engine(tmp_path / "s.db")
+    for phase in ("compress", "preflight", "idle", "pre_api"):
+        line = status_message(e, phase=phase, default_message="x", approx_tokens=51234, message_count=9,
+                              model="m", focus_topic=None)
+        assert MARKER in line and "LCM" in line and "51,234" in line and "\n" not in line
+    e.emit_automatic_compaction_status = False
+    assert status_message(e, phase="compress", default_message="x") is None
+
+
+# -- main's pass: pooled worker, silence budget, fence, late work ---------------------------------
+
+
+def test_silent_summariser_pass_ends_inside_the_silence_budget(tmp_path):
+    gate = Gate()
+    with FakeOpenAI(responder=gate) as srv:
+        host_cfg = HostCompression(context_timeout_seconds=8, context_total_ceiling_seconds=60)
+        e = _engine(tmp_path / "g.db", host_cfg, summarizer="openai", summary_base_url=srv.base_url,
+                    summary_timeout=60)
+        host = MainHost(e, "gw-silent", idle_timeout=8, ceiling=60)
+        host.start()
+        for turn in _turns(coding_session(700, seed=11).messages):
+            host.history.extend(turn)
+        try:
+            assert host.run_pass("compress") is True, "the host did not cut the pass off"
+        finally:
+            gate.release.set()
+        last = e.get_status()["lcm_last_pass"]
+        assert gate.calls >= 1 and last["calls"] >= 1  # it tried the model ...
+        assert last["budget_seconds"] == 4.0 and last["seconds"] < 8  # ... and stopped at its deadline
+        assert last["levels"].get("deterministic")
+        assert host.commits == 1 and host.abandoned == 0
+        assert problems([{"role": "system", "content": "s"}] + host.history) == []
+
+
+def test_host_model_progress_extends_the_wait(tmp_path):
+    seq = FailureSequence([Fail.slow(0.7, None)], base=SummariserResponder(max_chars=500), cycle=True)
+    with FakeOpenAI(responder=seq) as srv, host_aux_client(srv.base_url):
+        host_cfg = HostCompression(context_timeout_seconds=2, context_total_ceiling_seconds=120)
+        e = _engine(tmp_path / "h.db", host_cfg, summarizer="host", leaf_chunk_tokens=3000, summary_timeout=30)
+        host = MainHost(e, "gw-talk", idle_timeout=2, ceiling=120)
+        host.start()
+        for turn in _turns(coding_session(700, seed=12).messages):
+            host.history.extend(turn)
+        assert host.run_pass("compress") is True
+        last = e.get_status()["lcm_last_pass"]
+        assert last["calls"] >= 4 and last["levels"].get("normal")
+        assert host.waited[-1] > host.idle_timeout, "the pass outlived the silence budget on progress alone"
+        assert host.commits == 1
+
+
+def test_late_work_is_discarded(tmp_path):
+    seq = FailureSequence([Fail.slow(2.0)], base=SummariserResponder(max_chars=800), cycle=True)
+    with FakeOpenAI(responder=seq) as srv:
+        e = _engine(tmp_path / "l.db", summarizer="openai", summary_base_url=srv.base_url, summary_timeout=10)
+        host = MainHost(e, "gw-late", idle_timeout=0.3)  # the engine believes main's default, 120 s
+        host.start()
+        for turn in _turns(coding_session(600, seed=9).messages):
+            host.history.extend(turn)
+        assert host.run_pass("compress") is False and host.abandoned == 1
+        host.late[0].result(timeout=120)  # let the abandoned worker finish
+    st = e.store.stats()
+    assert st["summaries_by_depth"] == {} and st["staged_summaries"] == 0
+    assert e.get_status()["lcm_last_pass"]["outcome"] == "cancelled by the host"
+    assert e.compression_count == 0
+
+
+# -- idle compaction and gateway hygiene -----------------------------------------------------------
+
+
+def test_idle_compaction_uses_summary_target_ratio(tmp_path):
+    e = _engine(tmp_path / "idle.db", target_ratio=0.5)
+    assert e.summary_target_ratio == 0.5
+    host = MainHost(e, "gw-idle")
+    host.start()  # threshold 48,000 → idle floor 24,000
+    for turn in _turns(coding_session(60, seed=3).messages):
+        host.history.extend(turn)
+    small = host.estimate()
+    assert small < 24_000 and host.idle_resume() is False and not host.statuses
+    for turn in _turns(coding_session(400, seed=3).messages)[len(_turns(coding_session(60, seed=3).messages)):]:
+        host.history.extend(turn)
+    before = host.estimate()
+    assert 24_000 < before
+    assert host.idle_resume() is True, "an idle pass above the floor actually compacts"
+    assert host.estimate() < before
+    assert host.statuses[-1][0] == "idle" and MARKER in host.statuses[-1][1]
+
+
+def test_gateway_hygiene_pass_at_5000_messages_fits_30_seconds(tmp_path):
+    gate = Gate()
+    with FakeOpenAI(responder=gate) as srv:
+        e = _engine(tmp_path / "hyg.db", summarizer="openai", summary_base_url=srv.base_url, summary_timeout=60)
+        e.update_model(model="test-model", context_length=200_000)
+        host = MainHost(e, "gw-hyg", hygiene_timeout=30, ceiling=600)
+        e.on_session_start("gw-hyg", platform="telegram")
+        host.history = coding_session(5000, seed=21).messages
+        try:
+            assert host.hygiene() is True, "the gateway cut the hygiene pass off"
+        finally:
+            gate.release.set()
+    last = e.get_status()["lcm_last_pass"]
+    assert last["hygiene"] and last["budget_seconds"] == pytest.approx(10.0)
+    assert len(host.history) < 1000 and host.abandoned == 0
+    assert problems([{"role": "system", "content": "s"}] + host.history) == []
+
+
+def test_no_false_blocked_warning_on_a_new_session(tmp_path):
+    e = _engine(tmp_path / "w.db")
+    host = MainHost(e, "gw-warn")
+    host.start()
+    host.turn({"role": "user", "content": "hello"})
+    host.reply(3_416)
+    assert host.preflight() is False and host.warnings == []
