@@ -63,7 +63,8 @@ class App:
             raise UserError(f"{p} is a directory; give the store file (e.g. {p / 'lcm.db'})")
         if not p.exists():
             if must_exist:
-                raise UserError(f"no store at {p} (run `lcm demo --store {p}` or use Hermes with the lcm engine first)")
+                raise UserError(f"no store at {p} yet: it is created when Hermes first runs with the lcm engine "
+                                f"(`lcm demo` shows the engine at work in a store of its own)")
             return
         try:
             with open(p, "rb") as fh:
@@ -107,7 +108,7 @@ class App:
 
     @staticmethod
     def resolve_session(store: Any, session: str | None) -> str:
-        from .viewer import latest_session
+        from .viewer import latest_session  # (the user's latest real session: forks.py)
 
         if session:
             if store.get_session(session) is None:
@@ -352,6 +353,21 @@ def grep(app: App, query: str, session: str | None, all_sessions: bool, mode: st
         args["session_scope"] = "all"
     data = _tool(engine, "lcm_grep", args)
     click.echo(json.dumps(data, indent=2, ensure_ascii=False) if as_json else grep_text(data))
+
+
+@lcm.command()
+@click.argument("session", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print the items as JSON.")
+@pass_app
+def context(app: App, session: str | None, as_json: bool) -> None:
+    """What the model sees now: a session's active context with ids and token counts."""
+    from .context_view import context_rows, render_rows
+
+    store = app.open_store()
+    sid = app.resolve_session(store, session)
+    rows = context_rows(store, sid)
+    click.echo(json.dumps({"session": sid, "items": rows}, indent=2, ensure_ascii=False) if as_json
+               else render_rows(sid, rows))
 
 
 @lcm.command()

@@ -19,6 +19,7 @@ from .messages import flatten_content, safe_json
 from . import textsearch
 from .query import compile_regex, plan_query, score_hit, snippet
 from .tokens import estimate_text_tokens
+from .store_guard import StoreUnavailable
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import LCMEngine
@@ -121,6 +122,8 @@ def dispatch(engine: "LCMEngine", name: str, args: Any, **kwargs: Any) -> str:
         if isinstance(live, list) and live:
             try:
                 engine.ingest(live)  # the live list: search sees the current turn too
+            except StoreUnavailable:
+                raise
             except Exception as exc:
                 log.warning("lcm: live ingestion before %s failed: %s", name, exc)
         ctx = _Ctx(engine, args)
@@ -129,6 +132,8 @@ def dispatch(engine: "LCMEngine", name: str, args: Any, **kwargs: Any) -> str:
         return json.dumps(result, ensure_ascii=False, default=str)
     except ToolError as exc:
         return json.dumps({"error": str(exc)})
+    except StoreUnavailable as exc:  # the breaker's reason, with the store's location
+        return json.dumps({"error": f"{exc}; the history cannot be searched until it is back"})
     except Exception as exc:  # a tool must answer JSON whatever happens
         log.exception("lcm: tool %s failed", name)
         return json.dumps({"error": f"internal error in {name}: {type(exc).__name__}"})
