@@ -16,7 +16,7 @@ import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional
 
-from . import forks, owners
+from . import forget, forks, owners
 from ._base import base_class
 from .assemble import Slot
 from .background import BackgroundWorker, presummarise, upgrade_nodes
@@ -357,6 +357,8 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
             if parent:
                 try:
                     self._ensure(session_id, parent_id=parent)
+                    # a new /branch: bounded at the fork, starting from the parent's context
+                    forks.seed_branch(self.store, session_id, parent)
                 except Exception as exc:
                     log.debug("lcm: cannot record the parent of %s: %s", session_id, exc)
 
@@ -478,6 +480,9 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
             version = self.store.context_version(sid)
         elif res.changed or [(e.kind, e.ref) for e in entries] != [(e.kind, e.ref) for e in ctx]:
             version = self.store.set_context(sid, entries)
+        if not for_pass:
+            # The host's full list: what it rolled back (undo, retry) leaves search (forget.py).
+            forget.retract_rolled_back(self.store, ctx, entries, res.new_ids)
         if not for_pass and res.resume is not None:
             res.resume.version = version
             with self._aligned_lock:

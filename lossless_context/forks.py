@@ -56,3 +56,42 @@ def latest_real_session(sessions: Sequence[dict[str, Any]]) -> str | None:
     with_messages = [s for s in real if (s.get("messages") or 0) > 0]
     pool = with_messages or real or list(sessions)
     return max(pool, key=key)["id"] if pool else None
+
+
+BRANCH = "branch"  # the boundary_reason of a host /branch copy
+
+
+def seed_branch(store: Any, session_id: str, parent_id: str) -> bool:
+    """A new host branch of `parent_id`: it starts from the parent's active context (so the
+    copied history aligns with the parent's rows and is not stored again) and sees the
+    parent's history only up to now (its fork point). False when `session_id` already has
+    a history of its own (a resumed session, a rotation child): nothing is changed then."""
+    _v, own = store.get_context(session_id)
+    if own or store.session_message_ids(session_id):
+        return False
+    store.ensure_session(session_id, parent_id=parent_id, boundary_reason=BRANCH)
+    store.set_fork_point(session_id)
+    _v, ctx = store.get_context(parent_id)
+    if ctx:
+        store.set_context(session_id, ctx)
+    return True
+
+
+def lineage_bounds(store: Any, session_id: str) -> dict[str, tuple[int, int]]:
+    """Ancestors of `session_id` seen through a fork point: session → (newest message id,
+    newest summary id) visible. Sessions not listed are seen whole."""
+    out: dict[str, tuple[int, int]] = {}
+    bound: tuple[int, int] | None = None
+    sid: str | None = session_id
+    seen: set[str] = set()
+    while sid and sid not in seen and len(seen) < 256:
+        seen.add(sid)
+        fp = store.fork_point(sid)
+        if fp is not None:
+            bound = fp if bound is None else (min(bound[0], fp[0]), min(bound[1], fp[1]))
+        row = store.get_session(sid)
+        parent = row.get("parent_id") if row else None
+        if parent and bound is not None:
+            out[parent] = bound
+        sid = parent
+    return out

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .messages import flatten_content, safe_json
-from . import textsearch
+from . import forget, forks, textsearch
 from .query import compile_regex, plan_query, score_hit, snippet
 from .tokens import estimate_text_tokens
 from .store_guard import StoreUnavailable
@@ -211,21 +211,32 @@ class _Ctx:
         if want_all and not engine.config.cross_session_search:
             raise ToolError("session_scope=all is disabled (set lcm.cross_session_search: true)")
         self.scope: list[str] | None = None if want_all else self.store.lineage(sid)
+        # A branch sees its parent only up to the fork (forks.py).
+        self.bounds = {} if want_all else forks.lineage_bounds(self.store, sid)
 
     # -- scope checks -------------------------------------------------------------------
 
-    def _in_scope(self, session_id: str) -> bool:
-        return self.scope is None or session_id in self.scope
+    def _in_scope(self, session_id: str, kind: str = "", ref: int = 0) -> bool:
+        if self.scope is not None and session_id not in self.scope:
+            return False
+        bound = self.bounds.get(session_id)
+        return bound is None or not kind or ref <= (bound[0] if kind == "m" else bound[1])
+
+    def _visible(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Search rows the caller may see: inside a branch's fork point, not rolled back."""
+        if self.bounds:
+            rows = [r for r in rows if self._in_scope(r.get("session_id", ""), r["kind"], r["id"])]
+        return forget.visible(self.store, rows)
 
     def _summary(self, sid: int):
         rec = self.store.get_summaries([sid]).get(sid)
-        if rec is None or not self._in_scope(rec.session_id):
+        if rec is None or not self._in_scope(rec.session_id, "s", sid):
             raise ToolError(f"unknown id s{sid}")
         return rec
 
     def _message(self, mid: int):
         rec = self.store.get_messages([mid]).get(mid)
-        if rec is None or not self._in_scope(rec.session_id):
+        if rec is None or not self._in_scope(rec.session_id, "m", mid):
             raise ToolError(f"unknown id m{mid}")
         return rec
 
@@ -294,6 +305,7 @@ class _Ctx:
             cands.sort(key=lambda r: (-(r.get("created_at") or 0), r["kind"], -r["id"]))
             page = cands[offset: offset + limit]
             more = len(cands) > offset + limit
+        page = self._visible(page)
         groups: dict[str, dict[str, Any]] = {}
         order: list[str] = []
         msg_ids = [r["id"] for r in page if r["kind"] == "m"]

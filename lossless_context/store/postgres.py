@@ -44,6 +44,7 @@ from ..records import (
 from .base import Store, StoreError, resolve_keys, resolve_new_refs, with_appended
 from .pgtext import pg_text as _t
 from .postgres_conn import _RETRIES, PostgresConnections
+from .postgres_records import PostgresRecords
 from .postgres_search import PostgresSearch
 
 log = logging.getLogger("lossless_context.store")
@@ -73,7 +74,7 @@ def _sum(row: tuple) -> SummaryRecord:
     return SummaryRecord(*row)
 
 
-class PostgresStore(PostgresSearch, PostgresConnections, Store):
+class PostgresStore(PostgresRecords, PostgresSearch, PostgresConnections, Store):
     kind = "postgresql"
 
     @staticmethod

@@ -34,6 +34,7 @@ from .base import Store, StoreError, resolve_keys, with_appended
 from . import sqlite_append, sqlite_index, sqlite_wal
 from .sqlite_migrations import MIGRATIONS
 from .sqlite_wal import AUTOCHECKPOINT_PAGES, PAGE_SIZE
+from .sqlite_records import SQLiteRecords
 from .sqlite_search import SQLiteSearch
 
 log = logging.getLogger("lossless_context.store")
@@ -76,7 +77,7 @@ def _private_dir(path: Path, ours: bool) -> None:
             pass
 
 
-class SQLiteStore(SQLiteSearch, Store):
+class SQLiteStore(SQLiteRecords, SQLiteSearch, Store):
     kind = "sqlite"
 
     def __init__(self, location: str) -> None:
