@@ -356,21 +356,6 @@ def grep(app: App, query: str, session: str | None, all_sessions: bool, mode: st
 
 
 @lcm.command()
-@click.argument("session", required=False)
-@click.option("--json", "as_json", is_flag=True, help="Print the items as JSON.")
-@pass_app
-def context(app: App, session: str | None, as_json: bool) -> None:
-    """What the model sees now: a session's active context with ids and token counts."""
-    from .context_view import context_rows, render_rows
-
-    store = app.open_store()
-    sid = app.resolve_session(store, session)
-    rows = context_rows(store, sid)
-    click.echo(json.dumps({"session": sid, "items": rows}, indent=2, ensure_ascii=False) if as_json
-               else render_rows(sid, rows))
-
-
-@lcm.command()
 @click.argument("node_id", metavar="ID")
 @click.option("--session", default=None, help="Session whose lineage the id belongs to (default: the latest).")
 @click.option("--json", "as_json", is_flag=True, help="Print the tool's raw JSON.")
@@ -789,6 +774,12 @@ def main(argv: list[str] | None = None) -> None:
             _fail(str(e) or type(e).__name__, 1)
         _fail(f"internal error: {type(e).__name__}: {e} (set LCM_DEBUG=1 for a traceback)", 2)
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+# `lcm context` and `lcm forget` live in cli_session_cmds.py (kept apart for size).
+from .cli_session_cmds import add_commands  # noqa: E402
+
+add_commands(lcm, pass_app, UserError)
 
 
 if __name__ == "__main__":
