@@ -598,6 +598,12 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
             self._no_progress_at = int(current_tokens or ours + self._overhead)
             self._note(res.reason)
             return messages
+        if res.output == messages:
+            # (a manual /compress with nothing to do): no compaction, and no stage left behind
+            if res.pass_id:
+                self.store.discard_pass(res.pass_id)
+            self._note("the pass changed nothing")
+            return messages
         self._no_progress_at = None
         self._pending[sid] = res.pass_id or ""
         if res.upgrade_ids:

@@ -98,6 +98,8 @@ def rolled_back(old: Sequence[ContextEntry], new: Sequence[ContextEntry]) -> lis
     for i, e in enumerate(old):
         if (e.kind, e.ref) in new_refs:
             last_kept = i
+    if last_kept < 0:
+        return []  # nothing in common: another list (a new caller), not a rollback of this one
     tail = old[last_kept + 1:]
     return [e.ref for e in tail if e.kind == "m" and ("m", e.ref) not in new_refs]
 

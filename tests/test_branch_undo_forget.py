@@ -121,6 +121,7 @@ def test_rolled_back_is_only_a_lost_tail():
     assert rolled_back(ents(1, 2, 3), ents(1, 2, 3, 5)) == []
     assert rolled_back(ents(1, 2, 3), ents(1, 3)) == []  # a message dropped in the middle: not an undo
     assert rolled_back(ents(1, 2, 3), ents(1, 2, 7)) == [3]  # a retry: the reply was replaced
+    assert rolled_back(ents(1, 2), ents(3, 4)) == []  # nothing in common: another list, not an undo
 
 
 def test_forget_removes_a_session_and_repairs_a_branch_that_shared_it(location):

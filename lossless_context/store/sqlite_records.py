@@ -96,15 +96,17 @@ class SQLiteRecords:
             for sid, items in contexts.items():
                 if sid not in sessions:
                     self._write_context(c, sid, items)
-            m, s, x = "SELECT id FROM lcm_forget_m", "SELECT id FROM lcm_forget_s", "SELECT id FROM lcm_forget_x"
+            m = "SELECT id FROM lcm_forget_m"
+            sq = "SELECT id FROM lcm_forget_s"
+            x = "SELECT id FROM lcm_forget_x"
             # (any reference left over, e.g. from a session the caller did not repair)
             c.execute(f"DELETE FROM context_items WHERE session_id IN ({x}) OR message_id IN ({m})"
-                      f" OR summary_id IN ({s})")
+                      f" OR summary_id IN ({sq})")
             c.execute(f"DELETE FROM staged_passes WHERE session_id IN ({x})")
             c.execute(f"DELETE FROM presummaries WHERE session_id IN ({x})")
-            c.execute(f"DELETE FROM summary_parents WHERE parent_id IN ({s}) OR child_id IN ({s})")
-            c.execute(f"DELETE FROM summary_messages WHERE summary_id IN ({s}) OR message_id IN ({m})")
-            n_s = c.execute(f"DELETE FROM summaries WHERE id IN ({s})").rowcount
+            c.execute(f"DELETE FROM summary_parents WHERE parent_id IN ({sq}) OR child_id IN ({sq})")
+            c.execute(f"DELETE FROM summary_messages WHERE summary_id IN ({sq}) OR message_id IN ({m})")
+            n_s = c.execute(f"DELETE FROM summaries WHERE id IN ({sq})").rowcount
             c.execute(f"DELETE FROM message_aliases WHERE message_id IN ({m})")
             c.execute(f"DELETE FROM message_absorbed WHERE message_id IN ({m})")
             c.execute(f"DELETE FROM message_retractions WHERE message_id IN ({m})")
