@@ -189,7 +189,7 @@ def _postgres(store: Any, repair: bool, rep: DoctorReport) -> DoctorReport:
 
         def reattach(w: Any) -> None:
             for sid, mids in sorted(by_session.items()):
-                type(store)._lock_sessions(w, sid)
+                type(getattr(store, "inner", store))._lock_sessions(w, sid)  # (an engine's store is guarded)
                 top = w.execute("SELECT COALESCE(MAX(pos), -1) FROM context_items WHERE session_id=%s",
                                 (sid,)).fetchone()[0]
                 with w.cursor() as cur:

@@ -545,6 +545,16 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
                 self._stats["last_pass_ms"] = (time.perf_counter() - started) * 1000
         return result
 
+    def _summary_levels(self, output: List[Any]) -> int:
+        ids: set[int] = set()
+        for m in output:
+            ids.update(summary_node_ids(m))
+        try:
+            recs = self.store.get_summaries(sorted(ids), include_staged=True) if ids else {}
+        except Exception:
+            return 1
+        return max((r.depth for r in recs.values()), default=0) + 1 if recs else 1
+
     def _trim_without_store(self, messages: List[Any]) -> List[Any]:
         try:
             out = trim_without_store(messages, self._budget(self._overhead).target, self.protect_first_n)
@@ -608,7 +618,10 @@ class LCMEngine(NewHostHooks, base_class()):  # type: ignore[misc]
         self._pending[sid] = res.pass_id or ""
         if res.upgrade_ids:
             self._submit_upgrade(sid, res.upgrade_ids, budget)
-        self.compression_count += 1
+        # The host warns "compressed N times — accuracy may degrade" from N >= 2. Nothing is
+        # lost here, but what the model reads of the oldest turns went through N summary
+        # levels: N = the deepest summary level in the context we return (1: leaf summaries).
+        self.compression_count = self._summary_levels(res.output)
         self._last_compression_made_progress = True
         self._last_summary_fallback_used = bool(res.failures)
         log.info("lcm: pass %s for %s: %d → %d tokens, %d new nodes, %d summariser calls",

@@ -153,5 +153,7 @@ def test_forget_removes_a_session_and_repairs_a_branch_that_shared_it(location):
     rows = {s["id"]: s for s in p.store.list_sessions()}
     assert rows["B"]["parent_id"] is None
     # the branch keeps working
-    b.on_session_end("B", [{"role": "user", "content": "after the forget"}])
+    b.on_session_end("B", [{"role": "user", "content": "KEEPME-77 lives in the branch"},
+                           {"role": "assistant", "content": "ok"}, {"role": "user", "content": "after the forget"}])
+    assert _grep(b, "after the forget")
     assert run_doctor(p.store).ok

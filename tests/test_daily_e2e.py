@@ -34,7 +34,12 @@ def test_slash_commands_see_the_live_session(tmp_path):
         sid = run.result["session_id"]
         status, grep, context = (t.get("command_output") for t in run.turns[-3:])
         assert f"session {sid}" in status, status
-        assert "compactions 0 (this agent)" not in status and "context 0/0" not in status, status
+        assert "compactions 0 (this process)" not in status and "context 0/0" not in status, status
+        # the host's "Session compressed N times — accuracy may degrade" reads compression_count:
+        # the summary levels the model reads, not the number of lossless passes
+        passes = [c for c in run.engine_calls if c["depth"] == 0 and c["method"] == "compress"]
+        levels = run.turns[len(_turns()) - 1]["compression_count"]
+        assert len(passes) >= 3 and 1 <= levels < len(passes), (len(passes), levels)
         assert "summariser calls 0," not in status, status  # the host's model summarised
         assert CANARY in grep, grep
         assert f"active context of {sid}" in context and " s" in context, context

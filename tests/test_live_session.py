@@ -83,7 +83,8 @@ def test_status_grep_describe_act_on_the_live_copy(plugin):
     live.on_session_start("user-session", boundary_reason="compression", old_session_id="user-session")
     status = handler("status")
     assert "session user-session" in status
-    assert "compactions 1 (this agent)" in status and "context 0/0" not in status
+    assert "compactions 1 (this process)" in status and "context 0/0" not in status
+    assert "summary levels in the context 1" in status  # what the host's "compressed N times" reads
     # the background review fork (R19: built without the host's session database)
     fork = _agent(registered, "review-fork-1", None)
     assert "session user-session" in handler("status")
