@@ -302,10 +302,13 @@ def status(app: App, as_json: bool) -> None:
                default=None)
     st["last_compaction_session"] = last["id"] if last else None
     st["summaries_by_depth"] = {str(k): v for k, v in sorted(st["summaries_by_depth"].items())}
+    st["config_warnings"] = list(app.config().warnings)
     if as_json:
         click.echo(json.dumps(st, indent=2, default=str))
     else:
         status_table(_console(), st)
+        for w in st["config_warnings"]:
+            click.echo(f"config: {w}")
 
 
 @lcm.command()
@@ -509,6 +512,8 @@ def doctor(app: App, repair: bool, as_json: bool) -> None:
     store = app.open_store()
     rep = run_doctor(store, repair=repair)
     click.echo(json.dumps(rep.as_dict(), indent=2) if as_json else rep.render_text())
+    for w in app.config().warnings:  # (shown, not failed: the engine runs on the default)
+        click.echo(f"config: {w}", err=as_json)
     if not rep.ok:
         failed = [c.name for c in rep.checks if not (c.ok or c.repaired)]
         click.echo(f"lcm: the store is unhealthy ({'; '.join(failed)})", err=True)

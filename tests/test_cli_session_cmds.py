@@ -65,3 +65,14 @@ def test_forget_removes_the_session_and_its_text(tmp_path):
     assert c.execute("SELECT COUNT(*) FROM summaries WHERE text LIKE '%SECRETWORD%'").fetchone()[0] == 0
     r = run_lcm("--store", loc, "forget", "nope", "--yes", home=home)
     assert r.returncode != 0 and "unknown session" in r.stderr
+
+
+def test_config_errors_are_shown_by_status_and_doctor(tmp_path):
+    _e, loc = _store(tmp_path)
+    home = tmp_path / "h2"
+    home.mkdir()
+    (home / "config.yaml").write_text("lcm:\n  fresh_tail_tokens: lots\n")
+    st = ok(run_lcm("--store", loc, "status", home=home)).stdout
+    assert "config:" in st and "fresh_tail_tokens" in st and "lots" in st
+    doc = ok(run_lcm("--store", loc, "doctor", home=home)).stdout
+    assert "config:" in doc and "fresh_tail_tokens" in doc
