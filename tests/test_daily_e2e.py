@@ -37,9 +37,17 @@ def test_slash_commands_see_the_live_session(tmp_path):
         assert "compactions 0 (this process)" not in status and "context 0/0" not in status, status
         # the host's "Session compressed N times — accuracy may degrade" reads compression_count:
         # the summary levels the model reads, not the number of lossless passes
-        passes = [c for c in run.engine_calls if c["depth"] == 0 and c["method"] == "compress"]
+        import sqlite3
+
+        from lossless_context.messages import summary_node_ids
+
         levels = run.turns[len(_turns()) - 1]["compression_count"]
-        assert len(passes) >= 3 and 1 <= levels < len(passes), (len(passes), levels)
+        shown = {n for m in run.messages for n in summary_node_ids(m)}
+        assert shown
+        c = sqlite3.connect(run.hermes_home / "lcm" / "lcm.db")
+        depth = max(c.execute(f"SELECT depth FROM summaries WHERE id IN ({','.join('?' * len(shown))})",
+                              sorted(shown)).fetchall())[0]
+        assert levels == depth + 1, (levels, depth)
         assert "summariser calls 0," not in status, status  # the host's model summarised
         assert CANARY in grep, grep
         assert f"active context of {sid}" in context and " s" in context, context
