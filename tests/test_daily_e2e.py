@@ -87,3 +87,19 @@ def test_a_store_under_a_regular_file_does_not_let_the_context_grow(tmp_path):
         assert "unavailable" in status and str(blocker) in status, status
         agent_log = (run.hermes_home / "logs" / "agent.log").read_text()
         assert agent_log.count("the session goes on without it") == 1
+
+
+def test_undo_takes_the_message_out_of_search(tmp_path):
+    chat = ScriptedResponder({"look it up": ToolCall("lcm_grep", {"query": "OOPS-SECRET-123"}, "call_undo_1"),
+                              "check again": ToolCall("lcm_grep", {"query": "OOPS-SECRET-123"}, "call_undo_2")},
+                             then=ChatResponder(reply_chars=300))
+    with FakeOpenAI(responder=Router(chat=chat, summariser=SummariserResponder())) as srv:
+        turns = ["hello there", "my password is OOPS-SECRET-123", "look it up", {"command": "/undo"},
+                 {"command": "/undo"}, "check again"]
+        run = run_hermes(srv, turns, engine="lcm", workdir=tmp_path, extra_config={"lcm": {"summarizer": "extractive"}})
+        assert run.ok, run.describe()
+        first, second = [json.loads(m["content"]) for m in chat.tool_results]
+        assert first["hits"] >= 1  # said, and found (the question in flight itself is not a hit)
+        assert second["hits"] == 0, second  # undone: no longer found
+        # the host's own history lost the turn too (the later tool call names it as its query)
+        assert not any("OOPS-SECRET-123" in str(m.get("content")) for m in run.messages if m["role"] == "user")
