@@ -222,6 +222,7 @@ class GuardedStore:
             return out
 
         call.__name__ = name
+        self.__dict__[name] = call  # built once per method: later calls skip __getattr__
         return call
 
 

@@ -93,11 +93,7 @@ def test_breaker_fails_fast_during_the_cool_down_and_probes_after_it(tmp_path):
     opener = _Opener()
     g = GuardedStore(loc, opener, cooldown=30)
     g.breaker = Breaker(loc, 30, clock=lambda: now[0])
-    # the open succeeds (lazy), the first real call fails and opens the breaker
-    with pytest.raises(StoreUnavailable) as first:
-        g.lineage("s")
-    assert "NotADirectoryError" in str(first.value) or "FileExistsError" in str(first.value)
-    inner = g.inner
+    inner = g.inner  # the open is lazy: it succeeds
     calls = []
     orig = inner.lineage
 
@@ -106,6 +102,12 @@ def test_breaker_fails_fast_during_the_cool_down_and_probes_after_it(tmp_path):
         return orig(*a, **k)
 
     inner.lineage = counting  # type: ignore[method-assign]
+    # the first real call fails and opens the breaker
+    with pytest.raises(StoreUnavailable) as first:
+        g.lineage("s")
+    assert "NotADirectoryError" in str(first.value) or "FileExistsError" in str(first.value)
+    assert len(calls) == 1
+    calls.clear()
     for _ in range(10):
         with pytest.raises(StoreUnavailable):
             g.lineage("s")
