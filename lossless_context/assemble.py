@@ -71,8 +71,9 @@ def render_summary(nodes: Sequence[SummaryRecord], covered: int, role: str) -> d
     lines = [
         f'{SUMMARY_OPEN}{ids}">',
         f"[Lossless context: {covered} earlier messages{span} are condensed below; nothing was "
-        "deleted. lcm_grep(query) searches the full history; lcm_describe(id) and lcm_expand(id) "
-        "open any id below (s… = summary, m… = original message) verbatim.]",
+        "deleted. While the lcm tools are offered, lcm_grep(query) searches the full history and "
+        "lcm_describe(id) / lcm_expand(id) open any id below (s… = summary, m… = original message) "
+        "verbatim.]",
     ]
     for n in nodes:
         lines.append("")

@@ -63,7 +63,8 @@ class App:
             raise UserError(f"{p} is a directory; give the store file (e.g. {p / 'lcm.db'})")
         if not p.exists():
             if must_exist:
-                raise UserError(f"no store at {p} (run `lcm demo --store {p}` or use Hermes with the lcm engine first)")
+                raise UserError(f"no store at {p} yet: it is created when Hermes first runs with the lcm engine "
+                                f"(`lcm demo` shows the engine at work in a store of its own)")
             return
         try:
             with open(p, "rb") as fh:
@@ -107,7 +108,7 @@ class App:
 
     @staticmethod
     def resolve_session(store: Any, session: str | None) -> str:
-        from .viewer import latest_session
+        from .viewer import latest_session  # (the user's latest real session: forks.py)
 
         if session:
             if store.get_session(session) is None:
@@ -314,10 +315,13 @@ def status(app: App, as_json: bool) -> None:
                default=None)
     st["last_compaction_session"] = last["id"] if last else None
     st["summaries_by_depth"] = {str(k): v for k, v in sorted(st["summaries_by_depth"].items())}
+    st["config_warnings"] = list(app.config().warnings)
     if as_json:
         click.echo(json.dumps(st, indent=2, default=str))
     else:
         status_table(_console(), st)
+        for w in st["config_warnings"]:
+            click.echo(f"config: {w}")
 
 
 @lcm.command()
@@ -521,6 +525,8 @@ def doctor(app: App, repair: bool, as_json: bool) -> None:
     store = app.open_store()
     rep = run_doctor(store, repair=repair)
     click.echo(json.dumps(rep.as_dict(), indent=2) if as_json else rep.render_text())
+    for w in app.config().warnings:  # (shown, not failed: the engine runs on the default)
+        click.echo(f"config: {w}", err=as_json)
     from .config import hermes_home as default_home
 
     _echo_name_clash(default_home())
@@ -789,6 +795,12 @@ def main(argv: list[str] | None = None) -> None:
             _fail(str(e) or type(e).__name__, 1)
         _fail(f"internal error: {type(e).__name__}: {e} (set LCM_DEBUG=1 for a traceback)", 2)
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+# `lcm context` and `lcm forget` live in cli_session_cmds.py (kept apart for size).
+from .cli_session_cmds import add_commands  # noqa: E402
+
+add_commands(lcm, pass_app, UserError)
 
 
 if __name__ == "__main__":

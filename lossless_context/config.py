@@ -56,6 +56,7 @@ class LCMConfig:
     breaker_cooldown_seconds: float = 300.0
     compaction_time_budget: float = 240.0  # seconds a pass may spend on model calls
     lock_timeout: float = 30.0
+    store_retry_seconds: float = 30.0  # after a store failure, calls fail fast this long (store_guard.py)
     background_compaction: bool = False
     soft_threshold: float = 0.6
     hard_threshold: float = 0.9  # above this fraction of the window compress() blocks on the model
@@ -206,6 +207,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "breaker_cooldown_seconds": _range(0, 1_000_000),
     "compaction_time_budget": _range(0.1, 100_000),
     "lock_timeout": _range(0, 3600),
+    "store_retry_seconds": _range(0, 86_400),
     "background_concurrency": _range(1, 64),
 }
 

@@ -36,6 +36,7 @@ SQL_UNREACHABLE = """
     SELECT m.id, m.session_id FROM messages m
     WHERE NOT EXISTS (SELECT 1 FROM context_items ci WHERE ci.message_id = m.id)
       AND NOT EXISTS (SELECT 1 FROM summary_messages sm WHERE sm.message_id = m.id)
+      AND NOT EXISTS (SELECT 1 FROM message_retractions r WHERE r.message_id = m.id)
     ORDER BY m.id LIMIT 100000"""
 SQL_MULTI_LEAF = """
     SELECT sm.message_id FROM summary_messages sm JOIN summaries s ON s.id = sm.summary_id
@@ -188,7 +189,7 @@ def _postgres(store: Any, repair: bool, rep: DoctorReport) -> DoctorReport:
 
         def reattach(w: Any) -> None:
             for sid, mids in sorted(by_session.items()):
-                type(store)._lock_sessions(w, sid)
+                type(getattr(store, "inner", store))._lock_sessions(w, sid)  # (an engine's store is guarded)
                 top = w.execute("SELECT COALESCE(MAX(pos), -1) FROM context_items WHERE session_id=%s",
                                 (sid,)).fetchone()[0]
                 with w.cursor() as cur:

@@ -12,10 +12,11 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional
 
-from . import owners
+from . import forget, forks, owners
 from ._base import base_class
 from .assemble import Slot
 from .background import BackgroundWorker, presummarise, upgrade_nodes
@@ -27,6 +28,7 @@ from .hosthooks import HostSignals
 from .newhooks import NewHostHooks
 from .passbudget import pass_budget, plausible_overhead
 from .store import Store, open_store
+from .store_guard import GuardedStore, StoreUnavailable, trim_without_store
 from .summarize import Escalator, HostSummarizer, ModelSummarizer, OpenAISummarizer, guard_for
 from .tokens import estimate_messages_tokens, estimate_message_tokens
 
@@ -59,7 +61,7 @@ class LCMEngine(NewHostHooks, HostSignals, base_class()):  # type: ignore[misc]
         self._overrides = dict(overrides)
         # Shared by every copy made for an agent: lets the registered engine (the one a
         # plugin slash command holds) find the session the agents are working on.
-        self._family: dict[str, Any] = {"last_session": None}
+        self._family: dict[str, Any] = {"last_session": None, "live": None, "bound_with_db": False}
         self._init_runtime_state()
         self.last_prompt_tokens = 0
         self.last_completion_tokens = 0
@@ -94,9 +96,13 @@ class LCMEngine(NewHostHooks, HostSignals, base_class()):  # type: ignore[misc]
         self._owner = owners.register(self)  # names this engine in the passes it stages
         self._select_cache: dict[str, Any] = {}
         self._select_lock = threading.Lock()
-        self._stats = {"compactions": 0, "summarizer_calls": 0, "summarizer_failures": 0,
-                       "last_pass_ms": 0.0, "last_reason": ""}
-        self._stats_lock = threading.Lock()
+        # Shared by every copy of the registered engine: /lcm status shows the figures of
+        # the agents the user talks to, not of the never-driven registered object.
+        fam = self._family
+        self._stats = fam.setdefault("stats", {"compactions": 0, "summarizer_calls": 0, "summarizer_failures": 0,
+                                               "last_pass_ms": 0.0, "last_reason": ""})
+        self._stats_lock = fam.setdefault("stats_lock", threading.Lock())
+        self._fork = False  # a host background fork (forks.py): never the live session
         self._last_compress_aborted = False
         self._last_summary_error: str | None = None
         self._last_compression_made_progress = False
@@ -120,8 +126,10 @@ class LCMEngine(NewHostHooks, HostSignals, base_class()):  # type: ignore[misc]
         if self._store is None:
             with self._store_lock:
                 if self._store is None:
-                    self._store = open_store(self.config.store_location())
-        return self._store
+                    # Every call goes through the location's circuit breaker (store_guard.py).
+                    self._store = GuardedStore(self.config.store_location(), open_store,
+                                               self.config.store_retry_seconds)
+        return self._store  # type: ignore[return-value]
 
     # -- copies: each agent gets a fresh engine sharing the durable store --------------
 
@@ -291,7 +299,48 @@ class LCMEngine(NewHostHooks, HostSignals, base_class()):  # type: ignore[misc]
 
     def _set_session(self, session_id: str) -> None:
         self._session_id = session_id
-        self._family["last_session"] = session_id
+        if not self._fork:
+            self._family["last_session"] = session_id
+
+    # -- the live session (the one the user is in; forks.py) ------------------------------
+
+    def _mark_live(self, session_id: str | None = None) -> None:
+        if not self._fork:
+            self._family["live"] = (weakref.ref(self), session_id or self._session_id)
+
+    def current_session(self) -> str:
+        """The session this engine acts on now (the tools' and /lcm's scope)."""
+        return self._sid()
+
+    def live_engine(self) -> "LCMEngine":
+        """The copy of this engine the user's agent drives (this one when none did yet)."""
+        live = self._family.get("live")
+        eng = live[0]() if live else None
+        return eng if eng is not None else self
+
+    def _route(self, sid: str, messages: List[Any]) -> str:
+        """The session a list is stored under: a background fork's own, linked session."""
+        if not self._fork and forks.is_review_list(messages):
+            self._become_fork()
+        if self._fork:
+            own = self._session_id
+            live = self._family.get("live")
+            if own and (not live or live[1] != own):
+                return own
+            return sid
+        self._mark_live(sid)
+        return sid
+
+    def _become_fork(self) -> None:
+        self._fork = True
+        live = self._family.get("live")
+        parent = live[1] if live else self._family.get("last_session")
+        own = self._session_id
+        if own and own != parent:
+            try:
+                self._ensure(own, parent_id=parent, boundary_reason=forks.BACKGROUND)
+            except Exception as exc:
+                log.debug("lcm: cannot link the background fork %s: %s", own, exc)
 
     def _ensure(self, session_id: str, **kw: Any) -> None:
         if session_id in self._known_sessions and not kw:
@@ -302,14 +351,22 @@ class LCMEngine(NewHostHooks, HostSignals, base_class()):  # type: ignore[misc]
     def bind_session_state(self, session_db: Any = None, session_id: str | None = None, *args: Any,
                            **kwargs: Any) -> None:
         self._session_db = session_db
+        if session_db is not None:
+            self._family["bound_with_db"] = True
+        elif self._family.get("bound_with_db") and self._family.get("live"):
+            self._fork = True  # R19's review fork: built with persistence off (forks.py)
         if isinstance(session_id, str) and session_id:
             self._set_session(session_id)
+            if session_db is not None:
+                self._mark_live(session_id)
             # /branch and /resume rebind without on_session_start: the host's own session row
             # names the parent, which keeps the branch's lineage (and its search scope) intact.
             parent = self._host_parent(session_id)
             if parent:
                 try:
                     self._ensure(session_id, parent_id=parent)
+                    # a new /branch: bounded at the fork, starting from the parent's context
+                    forks.seed_branch(self.store, session_id, parent)
                 except Exception as exc:
                     log.debug("lcm: cannot record the parent of %s: %s", session_id, exc)
 
@@ -342,6 +399,12 @@ class LCMEngine(NewHostHooks, HostSignals, base_class()):  # type: ignore[misc]
         platform = kwargs.get("platform") if isinstance(kwargs.get("platform"), str) else None
         model = kwargs.get("model") if isinstance(kwargs.get("model"), str) else None
         self._set_session(session_id)
+        if self._fork:
+            live = self._family.get("live")
+            parent = parent or (live[1] if live and live[1] != session_id else None)
+            reason = forks.BACKGROUND
+        elif not self._family.get("live") or reason == "compression":
+            self._mark_live(session_id)
         self._ensure(session_id, parent_id=parent, conversation_id=self._conversation_id,
                      platform=platform, model=model, boundary_reason=reason if parent else None)
         if reason == "compression":
@@ -401,7 +464,7 @@ class LCMEngine(NewHostHooks, HostSignals, base_class()):  # type: ignore[misc]
 
     def ingest(self, messages: List[Any], session_id: str | None = None) -> list[Slot]:
         """Store whatever is new in `messages` and return the aligned slots."""
-        sid = session_id or self._sid()
+        sid = self._route(session_id or self._sid(), messages)
         with _session_lock(self.store.location, sid):
             return self._ingest_locked(sid, messages)[0]
 
@@ -426,6 +489,9 @@ class LCMEngine(NewHostHooks, HostSignals, base_class()):  # type: ignore[misc]
             version = self.store.context_version(sid)
         elif res.changed or [(e.kind, e.ref) for e in entries] != [(e.kind, e.ref) for e in ctx]:
             version = self.store.set_context(sid, entries)
+        if not for_pass:
+            # The host's full list: what it rolled back (undo, retry) leaves search (forget.py).
+            forget.retract_rolled_back(self.store, ctx, entries, res.new_ids)
         if not for_pass and res.resume is not None:
             res.resume.version = version
             with self._aligned_lock:
@@ -474,6 +540,11 @@ class LCMEngine(NewHostHooks, HostSignals, base_class()):  # type: ignore[misc]
             result = self._compress(messages, current_tokens, focus_topic, bool(force),
                                     memory_context if isinstance(memory_context, str) else "", kwargs,
                                     time.monotonic())  # the pass budget counts from here (ingest included)
+        except StoreUnavailable as exc:
+            # The session survives without its store: keep it within the window (store_guard.py).
+            with self._stats_lock:
+                self._stats["last_reason"] = f"store unavailable: {exc.reason}"
+            return self._trim_without_store(messages)
         except Exception as exc:
             log.exception("lcm: compress failed; returning the conversation unchanged")
             with self._stats_lock:
@@ -484,9 +555,29 @@ class LCMEngine(NewHostHooks, HostSignals, base_class()):  # type: ignore[misc]
                 self._stats["last_pass_ms"] = (time.perf_counter() - started) * 1000
         return result
 
+    def _summary_levels(self, output: List[Any]) -> int:
+        ids: set[int] = set()
+        for m in output:
+            ids.update(summary_node_ids(m))
+        try:
+            recs = self.store.get_summaries(sorted(ids), include_staged=True) if ids else {}
+        except Exception:
+            return 1
+        return max((r.depth for r in recs.values()), default=0) + 1 if recs else 1
+
+    def _trim_without_store(self, messages: List[Any]) -> List[Any]:
+        try:
+            out = trim_without_store(messages, self._budget(self._overhead).target, self.protect_first_n)
+        except Exception:
+            log.exception("lcm: trimming without the store failed; returning the conversation unchanged")
+            return messages
+        if len(out) < len(messages):
+            self._last_compression_made_progress = True
+        return out
+
     def _compress(self, messages: List[Any], current_tokens: Optional[int], focus: Optional[str],
                   force: bool, memory: str, kwargs: dict[str, Any], t0: float) -> List[Dict[str, Any]]:
-        sid = self._sid(kwargs)
+        sid = self._route(self._sid(kwargs), messages)
         system = messages[0] if messages and role_of(messages[0]) == "system" else None
         cfg = self.config
         lock = _session_lock(self.store.location, sid)
@@ -547,11 +638,20 @@ class LCMEngine(NewHostHooks, HostSignals, base_class()):  # type: ignore[misc]
             self._no_progress_at = self._host_figure(current_tokens, ours + overhead)
             self._note(res.reason)
             return messages
+        if res.output == messages:
+            # (a manual /compress with nothing to do): no compaction, and no stage left behind
+            if res.pass_id:
+                self.store.discard_pass(res.pass_id)
+            self._note("the pass changed nothing")
+            return messages
         self._no_progress_at = None
         self._pending[sid] = res.pass_id or ""
         if res.upgrade_ids:
             self._submit_upgrade(sid, res.upgrade_ids, budget)
-        self.compression_count += 1
+        # The host warns "compressed N times — accuracy may degrade" from N >= 2. Nothing is
+        # lost here, but what the model reads of the oldest turns went through N summary
+        # levels: N = the deepest summary level in the context we return (1: leaf summaries).
+        self.compression_count = self._summary_levels(res.output)
         self._last_compression_made_progress = True
         self._last_summary_fallback_used = bool(res.failures)
         return res.output
@@ -629,6 +729,10 @@ class LCMEngine(NewHostHooks, HostSignals, base_class()):  # type: ignore[misc]
         passes = self.last_passes()
         status["lcm_last_pass"] = passes[-1] if passes else None
         status["lcm_recent_passes"] = passes[-5:]
+        try:
+            status["lcm_config_warnings"] = list(self.config.warnings)
+        except Exception:
+            pass
         worker = _worker_or_none(self)
         if worker is not None:
             status.update({"lcm_background_backlog": worker.backlog, "lcm_background_jobs": worker.jobs_done,
@@ -656,6 +760,8 @@ class LCMEngine(NewHostHooks, HostSignals, base_class()):  # type: ignore[misc]
     def handle_tool_call(self, name: str, args: Dict[str, Any], **kwargs: Any) -> str:
         from .tools import dispatch
 
+        if not self._fork:
+            self._mark_live()
         return dispatch(self, name, args, **kwargs)
 
 

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 log = logging.getLogger("lossless_context")
 
-COMMAND_HELP = "status | doctor | grep <query> | describe <id> | expand <id>"
+COMMAND_HELP = "status | context | doctor | grep <query> | describe <id> | expand <id>"
 
 
 def register(ctx: Any) -> None:
@@ -36,7 +36,10 @@ def register(ctx: Any) -> None:
 def make_command_handler(engine: Any) -> Callable[[str], str]:
     def handler(raw_args: str = "") -> str:
         try:
-            return run_command(engine, raw_args or "")
+            # The host deep-copies the registered engine per agent and drives only the copies:
+            # act on the copy the user's agent drives (the live session), never a review fork.
+            live = engine.live_engine() if hasattr(engine, "live_engine") else engine
+            return run_command(live, raw_args or "")
         except Exception as exc:
             return f"lcm: {type(exc).__name__}: {exc}"
 
@@ -54,15 +57,25 @@ def run_command(engine: Any, raw_args: str) -> str:
         st = engine.get_status()
         depth = st.get("lcm_summaries_by_depth") or {}
         nodes = ", ".join(f"d{d}: {n}" for d, n in sorted(depth.items())) or "none"
+        if st.get("lcm_store_error"):
+            return (f"LCM engine — {st['lcm_store_error']}\n"
+                    f"session {st.get('lcm_session_id') or '-'}: the context is kept within the window by dropping "
+                    f"the oldest turns (the host's own history keeps them); nothing new is stored until the store "
+                    f"is back\n" + _config_lines(st))
         return (
             f"LCM engine — store {st.get('lcm_store')} ({st.get('lcm_backend')})\n"
             f"session {st.get('lcm_session_id') or '-'}; messages stored {st.get('lcm_messages', 0)}; "
             f"summary nodes {nodes}\n"
-            f"compactions {st.get('compression_count', 0)} (this agent), {st.get('lcm_store_compactions', 0)} (store); "
+            f"compactions {st.get('lcm_compactions', 0)} (this process), {st.get('lcm_store_compactions', 0)} (store); "
+            f"summary levels in the context {st.get('compression_count', 0)}; "
             f"summariser calls {st.get('lcm_summarizer_calls', 0)}, failures {st.get('lcm_summarizer_failures', 0)}\n"
             f"context {st.get('last_prompt_tokens', 0)}/{st.get('context_length', 0)} tokens, "
             f"threshold {st.get('threshold_tokens', 0)}"
-        ) + _status_extra(st)
+        ) + _status_extra(st) + ("\n" + _config_lines(st) if st.get("lcm_config_warnings") else "")
+    if sub == "context":
+        from .context_view import render_context
+
+        return render_context(engine)
     if sub == "doctor":
         from .doctor import run_doctor
 
@@ -96,6 +109,10 @@ def _status_extra(st: dict[str, Any]) -> str:
     except Exception:
         lines = []
     return out + "".join("\n" + line for line in lines)
+
+
+def _config_lines(st: dict[str, Any]) -> str:
+    return "\n".join(f"config: {w}" for w in st.get("lcm_config_warnings") or [])
 
 
 def format_grep(data: dict[str, Any]) -> str:

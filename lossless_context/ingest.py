@@ -15,6 +15,7 @@ import itertools
 import logging
 import operator
 import time
+from datetime import datetime
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
@@ -142,9 +143,17 @@ class IngestResult:
 
 
 def _msg_created_at(msg: Any) -> float:
+    """When the message was said: the host's `timestamp` (epoch seconds, or an ISO string as
+    the released host writes for some rows), else now."""
     ts = msg.get("timestamp") if isinstance(msg, dict) else None
-    if isinstance(ts, (int, float)) and 0 < ts < 1e11:
+    if isinstance(ts, (int, float)) and not isinstance(ts, bool) and 0 < ts < 1e11:
         return float(ts)
+    if isinstance(ts, str) and 10 <= len(ts) <= 40:
+        try:
+            dt = datetime.fromisoformat(ts.replace("Z", "+00:00"))
+            return dt.timestamp() if 0 < dt.timestamp() < 1e11 else time.time()
+        except ValueError:
+            pass
     return time.time()
 
 

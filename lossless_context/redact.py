@@ -138,8 +138,11 @@ _ESC_DQ = r"\\\"([^\"\\\n]{0,1024})\\\""
 _SQ = r"'([^'\n]{0,1024})'"
 # key = value / key=value / key => "value" (shell, .env, code, URL params), and
 # key=\"value\" inside a JSON string (a tool call's arguments).
+# An unquoted value ends at "&" only where a next URL parameter ("&name=") begins: a
+# password like Tr0ub4dor&3 is one value.
 _ASSIGN_VALUE_RE = re.compile(
-    rf"[ \t]{{0,4}}=(?![=~])>?[ \t]{{0,4}}(?:{_DQ}|{_ESC_DQ}|{_SQ}|([^\s&\"'<>`,;)\]}}]{{1,1024}}))"
+    rf"[ \t]{{0,4}}=(?![=~])>?[ \t]{{0,4}}(?:{_DQ}|{_ESC_DQ}|{_SQ}|"
+    rf"((?:[^\s&\"'<>`,;)\]}}]|&(?![A-Za-z_][\w.\-]{{0,64}}=)){{1,1024}}))"
 )
 # "key": "value", 'key' => 'value', \"key\": \"value\" (after the key quote).
 _QUOTED_VALUE_RE = re.compile(rf"[ \t]*(?::|=>?)[ \t]*(?:{_DQ}|{_ESC_DQ}|{_SQ})")
@@ -501,7 +504,28 @@ def _redact_builtin(text: str) -> str:
             text = _MANGLED_USERINFO_RE.sub("://" + _marker("url_token") + "@", text)
     if "=" in text or ":" in text or "-" in text:
         text = _redact_keyed(text)
+    if "aws" in text.lower():
+        text = _redact_aws_secret_prose(text)
     return text
+
+
+# An AWS secret access key (40 base64 characters) named in prose rather than by its
+# variable name ("the aws_secret credential: wJalr…"): "aws" shortly before, and the
+# shape of the key itself (mixed case and digits, nothing longer around it).
+_AWS_SECRET_RE = re.compile(r"(?<![A-Za-z0-9/+=])([A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])")
+_AWS_WORD_RE = re.compile(r"aws", re.IGNORECASE)
+
+
+def _redact_aws_secret_prose(text: str) -> str:
+    def sub(m: re.Match[str]) -> str:
+        v = m.group(1)
+        if not (any(c.islower() for c in v) and any(c.isupper() for c in v) and any(c.isdigit() for c in v)):
+            return v
+        if not _AWS_WORD_RE.search(text, max(0, m.start() - 80), m.start()):
+            return v
+        return _marker("aws_secret_key")
+
+    return _AWS_SECRET_RE.sub(sub, text)
 
 
 def redact_builtin(text: str) -> str:

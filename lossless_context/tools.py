@@ -16,9 +16,10 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .messages import flatten_content, safe_json
-from . import textsearch
+from . import forget, forks, textsearch
 from .query import compile_regex, plan_query, score_hit, snippet
 from .tokens import estimate_text_tokens
+from .store_guard import StoreUnavailable
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import LCMEngine
@@ -104,6 +105,19 @@ class ToolError(ValueError):
     """A user-facing error: returned as {"error": ...}."""
 
 
+def _current_turn(live: list[Any], slots: Sequence[Any]) -> set[int]:
+    """Stored ids of the turn in flight: the last user message and what followed it (the
+    assistant message holding this tool call). `slots` align one to one with the list
+    without its leading system message."""
+    body = live[1:] if live and isinstance(live[0], dict) and live[0].get("role") == "system" else live
+    if len(slots) != len(body):
+        return set()
+    last_user = max((i for i, m in enumerate(body) if isinstance(m, dict) and m.get("role") == "user"), default=None)
+    if last_user is None:
+        return set()
+    return {s.refs[0] for s in slots[last_user:] if getattr(s, "kind", "") == "m" and s.refs and s.refs[0] > 0}
+
+
 def dispatch(engine: "LCMEngine", name: str, args: Any, **kwargs: Any) -> str:
     try:
         if name not in TOOL_NAMES:
@@ -118,20 +132,35 @@ def dispatch(engine: "LCMEngine", name: str, args: Any, **kwargs: Any) -> str:
         if not isinstance(args, dict):
             raise ToolError("arguments must be a JSON object")
         live = kwargs.get("messages")
+        current: set[int] = set()
         if isinstance(live, list) and live:
             try:
-                engine.ingest(live)  # the live list: search sees the current turn too
+                slots = engine.ingest(live)  # the live list: search sees the current turn too
+                current = _current_turn(live, slots)
+            except StoreUnavailable:
+                raise
             except Exception as exc:
                 log.warning("lcm: live ingestion before %s failed: %s", name, exc)
         ctx = _Ctx(engine, args)
+        ctx.current = current
         result = {"lcm_grep": ctx.grep, "lcm_describe": ctx.describe, "lcm_expand": ctx.expand,
                   "lcm_expand_query": ctx.expand_query}[name]()
         return json.dumps(result, ensure_ascii=False, default=str)
     except ToolError as exc:
         return json.dumps({"error": str(exc)})
+    except StoreUnavailable as exc:  # the breaker's reason, with the store's location
+        return json.dumps({"error": f"{exc}; the history cannot be searched until it is back"})
     except Exception as exc:  # a tool must answer JSON whatever happens
         log.exception("lcm: tool %s failed", name)
         return json.dumps({"error": f"internal error in {name}: {type(exc).__name__}"})
+
+
+def _shown(raw: Any) -> Any:
+    """A stored message as the model may see it: without the host's private keys
+    (`_db_persisted`, `_tool_call_uid`, ...), which the host never sends to a provider."""
+    if isinstance(raw, dict) and any(isinstance(k, str) and k.startswith("_") for k in raw):
+        return {k: v for k, v in raw.items() if not (isinstance(k, str) and k.startswith("_"))}
+    return raw
 
 
 def _iso(ts: float | None) -> str | None:
@@ -206,21 +235,35 @@ class _Ctx:
         if want_all and not engine.config.cross_session_search:
             raise ToolError("session_scope=all is disabled (set lcm.cross_session_search: true)")
         self.scope: list[str] | None = None if want_all else self.store.lineage(sid)
+        # A branch sees its parent only up to the fork (forks.py).
+        self.bounds = {} if want_all else forks.lineage_bounds(self.store, sid)
+        self.current: set[int] = set()  # the turn in flight: the question and this very tool call
 
     # -- scope checks -------------------------------------------------------------------
 
-    def _in_scope(self, session_id: str) -> bool:
-        return self.scope is None or session_id in self.scope
+    def _in_scope(self, session_id: str, kind: str = "", ref: int = 0) -> bool:
+        if self.scope is not None and session_id not in self.scope:
+            return False
+        bound = self.bounds.get(session_id)
+        return bound is None or not kind or ref <= (bound[0] if kind == "m" else bound[1])
+
+    def _visible(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Search rows the caller may see: inside a branch's fork point, not rolled back."""
+        if self.bounds:
+            rows = [r for r in rows if self._in_scope(r.get("session_id", ""), r["kind"], r["id"])]
+        if self.current:  # the question being answered is not a hit for itself
+            rows = [r for r in rows if not (r["kind"] == "m" and r["id"] in self.current)]
+        return forget.visible(self.store, rows)
 
     def _summary(self, sid: int):
         rec = self.store.get_summaries([sid]).get(sid)
-        if rec is None or not self._in_scope(rec.session_id):
+        if rec is None or not self._in_scope(rec.session_id, "s", sid):
             raise ToolError(f"unknown id s{sid}")
         return rec
 
     def _message(self, mid: int):
         rec = self.store.get_messages([mid]).get(mid)
-        if rec is None or not self._in_scope(rec.session_id):
+        if rec is None or not self._in_scope(rec.session_id, "m", mid):
             raise ToolError(f"unknown id m{mid}")
         return rec
 
@@ -289,6 +332,7 @@ class _Ctx:
             cands.sort(key=lambda r: (-(r.get("created_at") or 0), r["kind"], -r["id"]))
             page = cands[offset: offset + limit]
             more = len(cands) > offset + limit
+        page = self._visible(page)
         groups: dict[str, dict[str, Any]] = {}
         order: list[str] = []
         msg_ids = [r["id"] for r in page if r["kind"] == "m"]
@@ -406,7 +450,7 @@ class _Ctx:
                             "preview": m.text[:400]}
                     cost = 150
                 else:
-                    item = {"id": f"m{r}", "role": m.role, "time": _iso(m.created_at), "message": m.raw}
+                    item = {"id": f"m{r}", "role": m.role, "time": _iso(m.created_at), "message": _shown(m.raw)}
             if out_children and used + cost > budget:
                 break
             out_children.append(item)
@@ -421,7 +465,7 @@ class _Ctx:
         }
 
     def _expand_message(self, rec, budget: int, cur: dict) -> dict[str, Any]:
-        raw = rec.raw if isinstance(rec.raw, dict) else {"content": rec.raw}
+        raw = _shown(rec.raw) if isinstance(rec.raw, dict) else {"content": rec.raw}
         content = raw.get("content")
         paged_field = "content" if isinstance(content, str) else "message_json"
         text = content if isinstance(content, str) else safe_json(raw)
@@ -470,7 +514,7 @@ class _Ctx:
         else:
             q = a.get("query") if isinstance(a.get("query"), str) and a.get("query").strip() else prompt
             sub = _Ctx(self.engine, {"query": q, "limit": 20, "scope": "both"})
-            sub.scope = self.scope
+            sub.scope, sub.current = self.scope, self.current
             for g in sub.grep()["groups"]:
                 for h in g["hits"]:
                     ids.append(parse_id(h["id"]))

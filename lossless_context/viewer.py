@@ -28,10 +28,10 @@ _TITLE_TOKEN = "__LCM_TITLE__"
 
 
 def latest_session(store: Store) -> str | None:
-    sessions = store.list_sessions()
-    if not sessions:
-        return None
-    return max(sessions, key=lambda s: (s.get("updated_at") or 0, s.get("created_at") or 0, s["id"]))["id"]
+    """The user's latest real session (never a host background fork; see forks.py)."""
+    from .forks import latest_real_session
+
+    return latest_real_session(store.list_sessions())
 
 
 def collect(store: Store, session_id: str) -> dict[str, Any]:

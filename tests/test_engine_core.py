@@ -86,7 +86,8 @@ def test_deepcopy_and_clone_share_no_budget_state(tmp_path, home):
         c.compression_count = 7
         assert e.threshold_tokens != 1 and e.last_prompt_tokens != 999 and e.compression_count == 0
         assert c.store is not e.store and c.store.location == e.store.location
-        assert c._stats is not e._stats
+        # the store-wide figures /lcm status shows are shared by every copy (issue #23 item 1)
+        assert c.get_status()["lcm_summarizer_calls"] == e.get_status()["lcm_summarizer_calls"]
 
 
 def test_usage_updates_and_sentinels(home):

@@ -306,3 +306,18 @@ def test_five_megabytes_adversarial_is_linear(name: str, text: str) -> None:
 def test_clipped_marker_is_not_expanded_again() -> None:
     for text in ("token=[REDAC\u2026", "password: [REDACTED:pass\u2026", "api_key=[REDACTED:api\u2026 x"):
         assert redact_builtin(text) == text
+
+
+def test_issue23_secrets_probe_misses():
+    """The two misses of issue #23's secrets probe: an AWS secret key named in prose, and a
+    password containing "&" (which must not end the value unless a next URL parameter follows)."""
+    from lossless_context.redact import redact
+
+    aws = redact("the aws_secret credential: wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY")
+    assert "wJalr" not in aws and "EXAMPLEKEY" not in aws and "[REDACTED:aws_secret_key]" in aws
+    pw = redact("DB_PASSWORD=Tr0ub4dor&3")
+    assert pw == "DB_PASSWORD=[REDACTED:password]"
+    url = redact("GET /login?password=hunter2&user=bob")
+    assert url == "GET /login?password=[REDACTED:password]&user=bob"
+    # a git sha near the word aws is not a secret key (no upper case)
+    assert redact("aws deploy at 0123456789abcdef0123456789abcdef01234567") .endswith("01234567")

@@ -180,7 +180,8 @@ def test_sessions_and_lineage(store):
     listed = {s["id"]: s for s in store.list_sessions()}
     assert {"root", "child", "grandchild", "sibling", "unrelated", "self", "orphan", "ghost"} <= set(listed)
     assert set(listed["root"]) == {"id", "parent_id", "conversation_id", "created_at", "updated_at",
-                                   "compactions", "last_compaction_at", "messages", "summaries"}
+                                   "compactions", "last_compaction_at", "messages", "summaries",
+                                   "boundary_reason"}  # (background forks are told apart by it: forks.py)
 
 
 def test_lineage_cycle_terminates(store):

@@ -234,6 +234,47 @@ class Store(abc.ABC):
         large append after its commit; its own :meth:`search` and :meth:`term_counts` wait
         for that themselves (this is for callers that time or inspect the index)."""
 
+    # -- rolled-back messages, fork points, forgetting (forget.py, forks.py) -----
+    @abc.abstractmethod
+    def retract_messages(self, message_ids: Sequence[int]) -> int:
+        """Hide messages the host rolled back (undo, retry) from search; kept, restorable."""
+
+    @abc.abstractmethod
+    def restore_messages(self, message_ids: Sequence[int]) -> int:
+        """Un-hide retracted messages (the host sent them again)."""
+
+    @abc.abstractmethod
+    def retracted(self, message_ids: Sequence[int]) -> set[int]:
+        """Which of these messages are retracted."""
+
+    @abc.abstractmethod
+    def set_fork_point(self, session_id: str) -> None:
+        """Record (once) that ``session_id`` branched off now: its ancestors' rows stored
+        later are not its history."""
+
+    @abc.abstractmethod
+    def fork_point(self, session_id: str) -> tuple[int, int] | None:
+        """(newest message id, newest summary id) the branch may see of its ancestors."""
+
+    @abc.abstractmethod
+    def session_message_ids(self, session_id: str) -> list[int]: ...
+
+    @abc.abstractmethod
+    def session_summary_ids(self, session_id: str) -> list[int]:
+        """Every summary of a session, staged ones included."""
+
+    @abc.abstractmethod
+    def summaries_over(self, message_ids: Sequence[int], summary_ids: Sequence[int]) -> set[int]:
+        """Summaries (any session, any state) with one of these messages or summaries as a child."""
+
+    @abc.abstractmethod
+    def forget_records(self, session_ids: Sequence[str], message_ids: Sequence[int], summary_ids: Sequence[int],
+                       contexts: dict[str, list[tuple[str, int]]]) -> dict[str, int]:
+        """In one transaction: write the repaired active ``contexts`` of other sessions, then
+        delete these sessions, messages and summaries with every row that refers to them
+        (edges, context items, aliases, staged passes, index rows); children of a deleted
+        session hang from its parent afterwards. Returns the counts deleted."""
+
     # -- maintenance ----------------------------------------------------------
     @abc.abstractmethod
     def stats(self, session_id: str | None = None) -> dict[str, Any]: ...

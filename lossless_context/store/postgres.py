@@ -44,6 +44,7 @@ from ..records import (
 from .base import Store, StoreError, resolve_keys, resolve_new_refs, with_appended
 from .pgtext import pg_text as _t
 from .postgres_conn import _RETRIES, PostgresConnections
+from .postgres_records import PostgresRecords
 from .postgres_search import PostgresSearch
 
 log = logging.getLogger("lossless_context.store")
@@ -73,7 +74,7 @@ def _sum(row: tuple) -> SummaryRecord:
     return SummaryRecord(*row)
 
 
-class PostgresStore(PostgresSearch, PostgresConnections, Store):
+class PostgresStore(PostgresRecords, PostgresSearch, PostgresConnections, Store):
     kind = "postgresql"
 
     @staticmethod
@@ -143,11 +144,11 @@ class PostgresStore(PostgresSearch, PostgresConnections, Store):
             "SELECT s.id, s.parent_id, s.conversation_id, s.created_at, s.updated_at, s.compactions,"
             " s.last_compaction_at,"
             " (SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id),"
-            " (SELECT COUNT(*) FROM summaries x WHERE x.session_id = s.id AND x.state='published')"
-            " FROM sessions s ORDER BY s.created_at, s.id"
+            " (SELECT COUNT(*) FROM summaries x WHERE x.session_id = s.id AND x.state='published'),"
+            " s.boundary_reason FROM sessions s ORDER BY s.created_at, s.id"
         ).fetchall())
         keys = ("id", "parent_id", "conversation_id", "created_at", "updated_at", "compactions",
-                "last_compaction_at", "messages", "summaries")
+                "last_compaction_at", "messages", "summaries", "boundary_reason")
         return [dict(zip(keys, r)) for r in rows]
 
     def lineage(self, session_id: str) -> list[str]:

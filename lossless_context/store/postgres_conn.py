@@ -38,8 +38,12 @@ T = TypeVar("T")
 
 POOL_MIN, POOL_MAX = 1, 4
 LOCK_POOL_MAX = 16
-CONNECT_TIMEOUT = 15.0  # seconds to reach the server at first use
-POOL_TIMEOUT = 15.0  # seconds to wait for a free (or re-established) pooled connection
+# Hot-path limits: the engine runs inside the host's turn loop, and the store circuit
+# breaker (store_guard.py) makes every call fail fast for a cool-down after one timeout.
+CONNECT_TIMEOUT = 5.0  # seconds to reach the server
+POOL_TIMEOUT = 5.0  # seconds to wait for a free (or re-established) pooled connection
+STATEMENT_TIMEOUT_MS = 60_000  # one statement; a server that accepts and never answers
+_SESSION_OPTIONS = f"-c statement_timeout={STATEMENT_TIMEOUT_MS}"
 _RETRIES = 6
 
 
@@ -105,7 +109,7 @@ class PostgresConnections:
             return self._pool, self._lock_pool
 
     def _connect_once(self) -> Any:
-        kwargs: dict[str, Any] = {"autocommit": True}
+        kwargs: dict[str, Any] = self._conn_kwargs()
         try:
             if "connect_timeout" not in psycopg.conninfo.conninfo_to_dict(self._dsn):
                 kwargs["connect_timeout"] = int(CONNECT_TIMEOUT)
@@ -116,11 +120,25 @@ class PostgresConnections:
         except psycopg.Error as exc:
             raise StoreError(f"cannot open store {self.location}: {str(exc).strip()}") from exc
 
+    def _conn_kwargs(self) -> dict[str, Any]:
+        """Connection parameters for every connection: autocommit, and the connect and
+        statement timeouts unless the DSN sets its own."""
+        kwargs: dict[str, Any] = {"autocommit": True}
+        try:
+            given = psycopg.conninfo.conninfo_to_dict(self._dsn)
+        except psycopg.ProgrammingError:
+            return kwargs
+        if "connect_timeout" not in given:
+            kwargs["connect_timeout"] = int(CONNECT_TIMEOUT)
+        if "options" not in given:
+            kwargs["options"] = _SESSION_OPTIONS
+        return kwargs
+
     def _new_pool(self, min_size: int, max_size: int, name: str) -> Any:
         # Opened without waiting: the server was just reached; the pool fills in the background.
         pool = ConnectionPool(
             self._dsn, min_size=min_size, max_size=max_size, open=False, name=name,
-            kwargs={"autocommit": True}, check=ConnectionPool.check_connection,
+            kwargs=self._conn_kwargs(), check=ConnectionPool.check_connection,
             timeout=POOL_TIMEOUT, num_workers=1,
         )
         pool.open(wait=False)
@@ -145,6 +163,8 @@ class PostgresConnections:
 
     def _write(self, fn: Callable[[Any], T]) -> T:
         """Run `fn(conn)` in one transaction; deadlocks and serialisation failures retry."""
+        if pg_errors is None:  # psycopg missing: the install hint, not an AttributeError below
+            self._pools()
         for attempt in range(_RETRIES):
             try:
                 with self._connection() as conn:

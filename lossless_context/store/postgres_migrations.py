@@ -213,6 +213,22 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX messages_session_id ON messages(session_id, id);
         """,
     ),
+    (
+        "006_message_retractions",
+        r"""
+        CREATE TABLE message_retractions (
+            message_id BIGINT PRIMARY KEY REFERENCES messages(id),
+            retracted_at DOUBLE PRECISION NOT NULL
+        );
+        """,
+    ),
+    (
+        "007_session_fork_point",
+        r"""
+        ALTER TABLE sessions ADD COLUMN fork_message_id BIGINT;
+        ALTER TABLE sessions ADD COLUMN fork_summary_id BIGINT;
+        """,
+    ),
 ]
 
 # Migrations the store can live without (run in a savepoint; retried at the next start).

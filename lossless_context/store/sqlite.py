@@ -34,6 +34,7 @@ from .base import Store, StoreError, resolve_keys, with_appended
 from . import sqlite_append, sqlite_index, sqlite_wal
 from .sqlite_migrations import MIGRATIONS
 from .sqlite_wal import AUTOCHECKPOINT_PAGES, PAGE_SIZE
+from .sqlite_records import SQLiteRecords
 from .sqlite_search import SQLiteSearch
 
 log = logging.getLogger("lossless_context.store")
@@ -76,7 +77,7 @@ def _private_dir(path: Path, ours: bool) -> None:
             pass
 
 
-class SQLiteStore(SQLiteSearch, Store):
+class SQLiteStore(SQLiteRecords, SQLiteSearch, Store):
     kind = "sqlite"
 
     def __init__(self, location: str) -> None:
@@ -287,11 +288,11 @@ class SQLiteStore(SQLiteSearch, Store):
             "SELECT s.id, s.parent_id, s.conversation_id, s.created_at, s.updated_at, s.compactions,"
             " s.last_compaction_at,"
             " (SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id),"
-            " (SELECT COUNT(*) FROM summaries x WHERE x.session_id = s.id AND x.state='published')"
-            " FROM sessions s ORDER BY s.created_at, s.id"
+            " (SELECT COUNT(*) FROM summaries x WHERE x.session_id = s.id AND x.state='published'),"
+            " s.boundary_reason FROM sessions s ORDER BY s.created_at, s.id"
         ).fetchall()
         keys = ("id", "parent_id", "conversation_id", "created_at", "updated_at", "compactions",
-                "last_compaction_at", "messages", "summaries")
+                "last_compaction_at", "messages", "summaries", "boundary_reason")
         return [dict(zip(keys, r)) for r in rows]
 
     def lineage(self, session_id: str) -> list[str]:

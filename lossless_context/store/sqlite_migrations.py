@@ -258,4 +258,24 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX messages_session_id ON messages(session_id, id, tokens);
         """,
     ),
+    (
+        # A message the host rolled back (undo, retry) is kept, hidden: search skips it, the
+        # active context no longer holds it, and it is restored if the host sends it again.
+        "011_message_retractions",
+        """
+        CREATE TABLE message_retractions (
+            message_id INTEGER PRIMARY KEY REFERENCES messages(id),
+            retracted_at REAL NOT NULL
+        );
+        """,
+    ),
+    (
+        # A branch sees its ancestors only up to the fork: the newest message and summary ids
+        # of the whole store when the branch was made (NULL: not a branch, unbounded).
+        "012_session_fork_point",
+        """
+        ALTER TABLE sessions ADD COLUMN fork_message_id INTEGER;
+        ALTER TABLE sessions ADD COLUMN fork_summary_id INTEGER;
+        """,
+    ),
 ]

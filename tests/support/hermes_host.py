@@ -778,6 +778,8 @@ def _run_command(agent: Any, command: str, history: List[Dict[str, Any]]) -> Dic
         return _manual_compress(agent, history, arg)
     if name in ("new", "reset"):
         return _new_session(agent, history)
+    if name == "undo":
+        return _undo(history)
     from hermes_cli.plugins import get_plugin_command_handler, resolve_plugin_command_result
 
     handler = get_plugin_command_handler(name)
@@ -785,6 +787,16 @@ def _run_command(agent: Any, command: str, history: List[Dict[str, Any]]) -> Dic
         return {"command_error": f"unknown command /{name}"}
     out = resolve_plugin_command_result(handler(arg))
     return {"command_output": out}
+
+
+def _undo(history: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """``/undo``: the engine-visible part of cli.py:undo_last (7417): the history is cut before
+    the last user message; no engine hook is called."""
+    users = [i for i, m in enumerate(history) if m.get("role") == "user"]
+    if not users:
+        return {"command_output": "no user message to undo", "_history": history}
+    cut = users[-1]
+    return {"command_output": {"removed": len(history) - cut}, "_history": history[:cut]}
 
 
 def _new_session(agent: Any, history: List[Dict[str, Any]]) -> Dict[str, Any]:

@@ -1,0 +1,125 @@
+"""Retracted messages, fork points and forgetting, for the SQLite store (a mixin of
+:class:`~.sqlite.SQLiteStore`; the interface is documented on :class:`~.base.Store`)."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from typing import Any, Callable, Iterator, Sequence
+
+_CHUNK = 500
+
+
+def _chunks(ids: Sequence[int]) -> Iterator[list[int]]:
+    ids = [int(i) for i in ids]
+    for k in range(0, len(ids), _CHUNK):
+        yield ids[k:k + _CHUNK]
+
+
+class SQLiteRecords:
+    conn: Callable[[], sqlite3.Connection]
+    tx: Callable[[], Any]
+    _write_context: Callable[..., None]
+
+    def retract_messages(self, message_ids: Sequence[int]) -> int:
+        if not message_ids:
+            return 0
+        now = time.time()
+        with self.tx() as c:
+            before = c.total_changes
+            c.executemany("INSERT OR IGNORE INTO message_retractions(message_id, retracted_at) VALUES (?, ?)",
+                          [(int(i), now) for i in message_ids])
+            return c.total_changes - before
+
+    def restore_messages(self, message_ids: Sequence[int]) -> int:
+        if not message_ids:
+            return 0
+        with self.tx() as c:
+            n = 0
+            for part in _chunks(message_ids):
+                n += c.execute(f"DELETE FROM message_retractions WHERE message_id IN ({','.join('?' * len(part))})",
+                               part).rowcount
+            return n
+
+    def retracted(self, message_ids: Sequence[int]) -> set[int]:
+        out: set[int] = set()
+        c = self.conn()
+        for part in _chunks(message_ids):
+            out.update(r[0] for r in c.execute(
+                f"SELECT message_id FROM message_retractions WHERE message_id IN ({','.join('?' * len(part))})", part))
+        return out
+
+    def set_fork_point(self, session_id: str) -> None:
+        with self.tx() as c:
+            c.execute("UPDATE sessions SET fork_message_id=(SELECT COALESCE(MAX(id), 0) FROM messages),"
+                      " fork_summary_id=(SELECT COALESCE(MAX(id), 0) FROM summaries)"
+                      " WHERE id=? AND fork_message_id IS NULL", (session_id,))
+
+    def fork_point(self, session_id: str) -> tuple[int, int] | None:
+        row = self.conn().execute("SELECT fork_message_id, fork_summary_id FROM sessions WHERE id=?",
+                                  (session_id,)).fetchone()
+        return (int(row[0]), int(row[1] or 0)) if row and row[0] is not None else None
+
+    def session_message_ids(self, session_id: str) -> list[int]:
+        return [r[0] for r in self.conn().execute("SELECT id FROM messages WHERE session_id=? ORDER BY id",
+                                                  (session_id,))]
+
+    def session_summary_ids(self, session_id: str) -> list[int]:
+        return [r[0] for r in self.conn().execute("SELECT id FROM summaries WHERE session_id=? ORDER BY id",
+                                                  (session_id,))]
+
+    def summaries_over(self, message_ids: Sequence[int], summary_ids: Sequence[int]) -> set[int]:
+        out: set[int] = set()
+        c = self.conn()
+        for part in _chunks(message_ids):
+            out.update(r[0] for r in c.execute(
+                f"SELECT DISTINCT summary_id FROM summary_messages WHERE message_id IN ({','.join('?' * len(part))})",
+                part))
+        for part in _chunks(summary_ids):
+            out.update(r[0] for r in c.execute(
+                f"SELECT DISTINCT parent_id FROM summary_parents WHERE child_id IN ({','.join('?' * len(part))})",
+                part))
+        return out
+
+    def forget_records(self, session_ids: Sequence[str], message_ids: Sequence[int], summary_ids: Sequence[int],
+                       contexts: dict[str, list[tuple[str, int]]]) -> dict[str, int]:
+        sessions = [str(s) for s in session_ids]
+        with self.tx() as c:
+            c.execute("CREATE TEMP TABLE IF NOT EXISTS lcm_forget_m (id INTEGER PRIMARY KEY)")
+            c.execute("CREATE TEMP TABLE IF NOT EXISTS lcm_forget_s (id INTEGER PRIMARY KEY)")
+            c.execute("CREATE TEMP TABLE IF NOT EXISTS lcm_forget_x (id TEXT PRIMARY KEY)")
+            for t in ("lcm_forget_m", "lcm_forget_s", "lcm_forget_x"):
+                c.execute(f"DELETE FROM {t}")
+            c.executemany("INSERT OR IGNORE INTO lcm_forget_m(id) VALUES (?)", [(int(i),) for i in message_ids])
+            c.executemany("INSERT OR IGNORE INTO lcm_forget_s(id) VALUES (?)", [(int(i),) for i in summary_ids])
+            c.executemany("INSERT OR IGNORE INTO lcm_forget_x(id) VALUES (?)", [(s,) for s in sessions])
+            for sid, items in contexts.items():
+                if sid not in sessions:
+                    self._write_context(c, sid, items)
+            m = "SELECT id FROM lcm_forget_m"
+            sq = "SELECT id FROM lcm_forget_s"
+            x = "SELECT id FROM lcm_forget_x"
+            # (any reference left over, e.g. from a session the caller did not repair)
+            c.execute(f"DELETE FROM context_items WHERE session_id IN ({x}) OR message_id IN ({m})"
+                      f" OR summary_id IN ({sq})")
+            c.execute(f"DELETE FROM staged_passes WHERE session_id IN ({x})")
+            c.execute(f"DELETE FROM presummaries WHERE session_id IN ({x})")
+            c.execute(f"DELETE FROM summary_parents WHERE parent_id IN ({sq}) OR child_id IN ({sq})")
+            c.execute(f"DELETE FROM summary_messages WHERE summary_id IN ({sq}) OR message_id IN ({m})")
+            n_s = c.execute(f"DELETE FROM summaries WHERE id IN ({sq})").rowcount
+            c.execute(f"DELETE FROM message_aliases WHERE message_id IN ({m})")
+            c.execute(f"DELETE FROM message_absorbed WHERE message_id IN ({m})")
+            c.execute(f"DELETE FROM message_retractions WHERE message_id IN ({m})")
+            c.execute(f"UPDATE messages SET supersedes=NULL WHERE supersedes IN ({m})")
+            n_m = c.execute(f"DELETE FROM messages WHERE id IN ({m})").rowcount
+            # A forgotten session's children keep their own history: they hang from its parent.
+            for _ in range(len(sessions) + 1):
+                if not c.execute(f"UPDATE sessions SET parent_id=(SELECT p.parent_id FROM sessions p"
+                                 f" WHERE p.id=sessions.parent_id) WHERE parent_id IN ({x})"
+                                 f" AND id NOT IN ({x})").rowcount:
+                    break
+            c.execute(f"UPDATE sessions SET parent_id=NULL WHERE parent_id IN ({x})")
+            n_x = c.execute(f"DELETE FROM sessions WHERE id IN ({x})").rowcount
+            for t in ("lcm_forget_m", "lcm_forget_s", "lcm_forget_x"):
+                c.execute(f"DELETE FROM {t}")
+        return {"sessions": n_x, "messages": n_m, "summaries": n_s}
