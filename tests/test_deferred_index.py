@@ -282,20 +282,27 @@ def test_doctor_indexes_a_backlog_and_its_rebuild_clears_the_list(tmp_path, unin
     s.close()
 
 
-def test_the_writer_indexes_while_it_waits_for_rows_and_lists_only_the_rest(tmp_path, unindexed):
-    from lossless_context.store import sqlite_append
-
+def test_the_writer_indexes_while_it_waits_for_rows_and_lists_only_the_rest(tmp_path, unindexed, monkeypatch):
     path, s = opened(tmp_path)
     batch = rows(1400)
     first_chunks = sqlite_append.FIRST + sqlite_append.CHUNK
+    caught_up = threading.Event()  # the writer thread indexed the first two chunks while idle
+    real = sqlite_append.Batch._index_while_idle
 
-    def slow():  # a producer that pauses after two chunks: the writer thread has nothing to insert
+    def watched(self, c):
+        real(self, c)
+        if self.indexed - self.first + 1 >= first_chunks:
+            caught_up.set()
+
+    monkeypatch.setattr(sqlite_append.Batch, "_index_while_idle", watched)
+
+    def pausing():  # a producer that pauses after two chunks: the writer thread has nothing to insert
         for k, r in enumerate(batch):
-            if k == first_chunks:
-                time.sleep(0.5)
+            if k == first_chunks:  # (until the writer has used the pause, not for a guessed time)
+                assert caught_up.wait(60), "the writer did not index while it waited for rows"
             yield r
 
-    ids = s.append_messages("a", slow())
+    ids = s.append_messages("a", pausing())
     # The rows inserted before the pause were indexed during it; what follows is listed
     # (normally the last rows at least: the commit does not wait for indexing).
     listed = pending(path)
