@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 from lossless_context import LCMEngine
@@ -58,19 +59,44 @@ def test_worker_keeps_up_and_compress_only_assembles(tmp_path):
         assert e.get_status()["lcm_presummaries"] >= 1
 
 
+class Gated:
+    """A summariser that answers only once `opened` is set. Whatever returns while it is
+    closed did not wait for a model reply: that, not a stopwatch, shows compress() did not
+    block on the model."""
+
+    def __init__(self) -> None:
+        self.opened = threading.Event()
+        self.base = SummariserResponder(max_chars=900)
+
+    def __call__(self, req):
+        self.opened.wait(120)
+        return self.base(req)
+
+
 def test_r19_path_returns_at_once_and_upgrades_later(tmp_path):
-    with FakeOpenAI(responder=slow(1.0)) as srv:
-        e = _engine(tmp_path / "l.db", srv.base_url)
-        host = HostSim(e)
-        host.start(context_length=64_000)
-        waited = []
-        for turn in _turns(coding_session(700, seed=3).messages):
-            host.add(*turn)
-            t0 = time.perf_counter()
-            if host.maybe_compress():
-                waited.append(time.perf_counter() - t0)
-                break
-        assert waited and waited[0] < 0.5, waited
+    gate = Gated()
+    with FakeOpenAI(responder=gate) as srv:
+        try:
+            # (summary_timeout above the bound below: a compress() that waited for the model
+            # could not come back with a fallback in time either)
+            e = _engine(tmp_path / "l.db", srv.base_url, summary_timeout=600)
+            host = HostSim(e)
+            host.start(context_length=64_000)
+            compacted = False
+            for turn in _turns(coding_session(700, seed=3).messages):
+                host.add(*turn)
+                box: dict = {}
+                t = threading.Thread(target=lambda: box.update(did=host.maybe_compress()), daemon=True)
+                t.start()
+                t.join(60)  # a hang guard only: with the model closed, waiting would never end
+                assert not t.is_alive(), "compress() waited on the model"
+                assert not gate.opened.is_set()
+                if box["did"]:
+                    compacted = True
+                    break
+            assert compacted, "compaction never triggered"
+        finally:
+            gate.opened.set()  # now the worker's calls are answered: it upgrades the nodes
         worker = BackgroundWorker.for_store(e.store.location, 2)
         assert worker.wait_idle(120)
         levels = [s.level for s in e.store.get_summaries(range(1, 1000)).values()]
@@ -104,38 +130,51 @@ def test_changed_span_is_not_adopted(tmp_path):
 
 
 def test_bounded_concurrency_and_prompt_shutdown():
+    """Decided, not raced: the first jobs hold until released, so which jobs are running or
+    still queued at each check is known; the long job ends because it saw the stop flag."""
     w = BackgroundWorker(concurrency=2)
-    running = []
+    lock = threading.Lock()
+    running = [0]
     peak = [0]
+    two_running = threading.Event()
+    release = threading.Event()
+    ran: list[str] = []
 
     def job(stop):
-        running.append(1)
-        peak[0] = max(peak[0], len(running))
-        deadline = time.monotonic() + 0.3
-        while time.monotonic() < deadline and not stop():
-            time.sleep(0.01)
-        running.pop()
+        with lock:
+            ran.append(threading.current_thread().name)
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+            if running[0] == 2:
+                two_running.set()
+        release.wait(30)
+        with lock:
+            running[0] -= 1
 
     for i in range(8):
         assert w.submit(f"s{i}", job)
-    assert not w.submit("s7", job) or True  # a second job for a queued session is coalesced
-    assert w.wait_idle(10)
-    assert peak[0] <= 2 and w.max_parallel <= 2 and w.jobs_done >= 8
+    assert two_running.wait(30)  # the two threads both run a job ...
+    assert not w.submit("s7", job)  # ... so s7 is still queued: a second job for it is coalesced
+    release.set()
+    assert w.wait_idle(30)
+    assert peak[0] == 2 and w.max_parallel == 2 and len(ran) == 8
     # shutdown: a long job sees the stop flag at once
     w2 = BackgroundWorker(concurrency=1)
+    started = threading.Event()
+    finished = threading.Event()
     seen = []
 
     def long_job(stop):
-        t0 = time.monotonic()
-        while not stop() and time.monotonic() - t0 < 30:
+        started.set()
+        deadline = time.monotonic() + 60  # (its own bound, far beyond the wait below)
+        while not stop() and time.monotonic() < deadline:
             time.sleep(0.01)
-        seen.append(time.monotonic() - t0)
+        seen.append(stop())
+        finished.set()
 
     w2.submit("x", long_job)
-    time.sleep(0.2)
-    t0 = time.monotonic()
+    assert started.wait(30)  # (shut down while the job runs, not before it started)
     w2.shutdown()
-    while not seen and time.monotonic() - t0 < 5:
-        time.sleep(0.01)
-    assert seen and time.monotonic() - t0 < 1.0
+    assert finished.wait(30)
+    assert seen == [True], "the job ended by the stop flag, not by its own bound"
     assert not w2.submit("y", long_job)

@@ -96,6 +96,19 @@ def unindexed(monkeypatch):
     monkeypatch.setattr(sqlite_index.Indexer, "soon", lambda self: None)
 
 
+@pytest.fixture
+def one_idle_step(monkeypatch):
+    """Decides what a pipelined append indexes while it waits for the caller's rows: exactly
+    its first IDLE_STEP rows, never all of them. (Left to the threads, a caller slow to say
+    "no more rows" lets the writer index the whole batch, and nothing is listed.)"""
+    def decided(batch, c):
+        top = batch.first - 1 + sqlite_append.IDLE_STEP
+        if batch.indexed < top < batch.ids[-1]:
+            c.execute(sqlite_index.INDEX_RANGE, (batch.first, top))
+            batch.indexed = top
+    monkeypatch.setattr(sqlite_append.Batch, "_index_while_idle", decided)
+
+
 def test_a_large_append_is_indexed_after_its_commit_and_search_waits_for_it(tmp_path):
     path, s = opened(tmp_path)
     small = s.append_messages("a", rows(10))  # built rows: indexed in their own transaction
@@ -112,13 +125,13 @@ def test_a_large_append_is_indexed_after_its_commit_and_search_waits_for_it(tmp_
     s.close()
 
 
-def test_a_backlog_left_by_a_dead_process_is_indexed_by_the_next_search(tmp_path, unindexed):
+def test_a_backlog_left_by_a_dead_process_is_indexed_by_the_next_search(tmp_path, unindexed, one_idle_step):
     path, s = opened(tmp_path)
     ids = s.append_messages("a", lazy(rows(900)))
     s.close()
-    # The writer thread may have indexed a first part while it waited for rows; the rest is listed.
+    # The writer thread indexed a first part while it waited for rows; the rest is listed.
     [(lo, hi)] = pending(path)
-    assert ids[0] <= lo <= ids[-1] == hi
+    assert lo == ids[0] + sqlite_append.IDLE_STEP and hi == ids[-1]
     assert fts_ids(path, f"token{lo - ids[0]}x") == [] and fts_ids(path, "token899x") == []
     t = SQLiteStore(path)  # a later process
     assert t.stats()["unindexed_messages"] == hi - lo + 1
@@ -133,7 +146,7 @@ def test_a_backlog_left_by_a_dead_process_is_indexed_by_the_next_search(tmp_path
     t.close()
 
 
-def test_a_backlog_is_indexed_in_steps_each_committed(tmp_path, unindexed, monkeypatch):
+def test_a_backlog_is_indexed_in_steps_each_committed(tmp_path, unindexed, one_idle_step, monkeypatch):
     path, s = opened(tmp_path)
     ids = s.append_messages("a", lazy(rows(1000)))
     monkeypatch.setattr(sqlite_index, "STEP", 300)
@@ -247,7 +260,7 @@ def test_search_on_other_threads_never_misses_a_committed_row(tmp_path):
     s.close()
 
 
-def test_doctor_indexes_a_backlog_and_its_rebuild_clears_the_list(tmp_path, unindexed, monkeypatch):
+def test_doctor_indexes_a_backlog_and_its_rebuild_clears_the_list(tmp_path, unindexed, one_idle_step, monkeypatch):
     from lossless_context.doctor import run_doctor
 
     path, s = opened(tmp_path)
@@ -282,20 +295,27 @@ def test_doctor_indexes_a_backlog_and_its_rebuild_clears_the_list(tmp_path, unin
     s.close()
 
 
-def test_the_writer_indexes_while_it_waits_for_rows_and_lists_only_the_rest(tmp_path, unindexed):
-    from lossless_context.store import sqlite_append
-
+def test_the_writer_indexes_while_it_waits_for_rows_and_lists_only_the_rest(tmp_path, unindexed, monkeypatch):
     path, s = opened(tmp_path)
     batch = rows(1400)
     first_chunks = sqlite_append.FIRST + sqlite_append.CHUNK
+    caught_up = threading.Event()  # the writer thread indexed the first two chunks while idle
+    real = sqlite_append.Batch._index_while_idle
 
-    def slow():  # a producer that pauses after two chunks: the writer thread has nothing to insert
+    def watched(self, c):
+        real(self, c)
+        if self.indexed - self.first + 1 >= first_chunks:
+            caught_up.set()
+
+    monkeypatch.setattr(sqlite_append.Batch, "_index_while_idle", watched)
+
+    def pausing():  # a producer that pauses after two chunks: the writer thread has nothing to insert
         for k, r in enumerate(batch):
-            if k == first_chunks:
-                time.sleep(0.5)
+            if k == first_chunks:  # (until the writer has used the pause, not for a guessed time)
+                assert caught_up.wait(60), "the writer did not index while it waited for rows"
             yield r
 
-    ids = s.append_messages("a", slow())
+    ids = s.append_messages("a", pausing())
     # The rows inserted before the pause were indexed during it; what follows is listed
     # (normally the last rows at least: the commit does not wait for indexing).
     listed = pending(path)

@@ -483,9 +483,7 @@ def test_five_megabyte_tool_outputs(tmp_path):
         body.append({"role": "user", "content": f"next {k} " + "please " * 200})
     COUNTS["messages"] += len(body)
     COUNTS["five_mb_outputs"] += 2
-    t0 = time.monotonic()
     out = e.compress(copy.deepcopy(body), current_tokens=3_000_000)
-    assert time.monotonic() - t0 < 60
     assert check_output(body, out, None) or out == body
     assert sum(len(json.dumps(m)) for m in out) < 1_000_000, "huge outputs are not sent as they are"
     e.on_session_end(SID, copy.deepcopy(body))

@@ -38,6 +38,9 @@ HOSTILE = [
     "\u202etxt.exe", "😀" * 600, "a\u0000" * 3000, "𝔘𝔫𝔦𝔠𝔬𝔡𝔢", "e.g. i.e. vs etc",
 ]
 
+# Bound for the few "does not blow up" checks below: ~500x what they take (see each one).
+HANG_GUARD_SECONDS = 30.0
+
 ROWS = [
     "Decision: keep retries at 5, the limit moves to config/retry.yaml",
     "我们把重试次数上限设为5次",
@@ -176,10 +179,13 @@ def test_sanitising_and_truncation() -> None:
     assert len(plan.exact) == 8
     assert plan_query(None).is_empty  # type: ignore[arg-type]
     assert plan_query("retry", max_terms=0).terms == ("retry",)
-    start = time.perf_counter()
+    # A hang guard, not a speed test (query planning speed is bench/'s): all of HOSTILE plans
+    # in ~0.05 s, while what this is here to catch (backtracking or a quadratic pass over the
+    # long inputs) takes minutes. The bound sits far from both so a busy machine cannot trip it.
+    start = time.monotonic()
     for q in HOSTILE:
         plan_query(q)
-    assert time.perf_counter() - start < 2.0
+    assert time.monotonic() - start < HANG_GUARD_SECONDS
 
 
 def test_quotes() -> None:
@@ -437,7 +443,9 @@ def test_regex_search_bounded() -> None:
     assert regex_search_bounded(compiled, "err timeout") == (4, 11)
     compiled, _ = compile_regex("timeout", flags=re.IGNORECASE)
     assert regex_search_bounded(compiled, "TIMEOUT") == (0, 7)
-    start = time.perf_counter()
-    compile_regex("(" * 100 + "a" + ")" * 100)
-    compile_regex("(?:a|b|c|d|e)" * 38)
-    assert time.perf_counter() - start < 2.0
+    # A hang guard, not a speed test: both patterns are checked in ~0.05 s; an analysis
+    # exponential in the nesting or the number of alternatives would take hours.
+    start = time.monotonic()
+    assert compile_regex("(" * 100 + "a" + ")" * 100)[1] is None
+    assert compile_regex("(?:a|b|c|d|e)" * 38)[1] is None
+    assert time.monotonic() - start < HANG_GUARD_SECONDS

@@ -791,11 +791,29 @@ def test_postgres_unreachable_fails_fast():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
+    import psycopg
+
+    from lossless_context.store import postgres_conn
+
+    # "Fast" is shown by the mechanism, not a stopwatch: one direct connection attempt under
+    # the DSN's connect_timeout, and no pool (whose background reconnect loop would retry).
+    attempts: list[str] = []
+    real_connect = psycopg.connect
+
+    def connect(*a, **kw):
+        attempts.append(a[0] if a else kw.get("conninfo", ""))
+        return real_connect(*a, **kw)
+
+    def no_pool(*a, **kw):
+        raise AssertionError("a pool was opened for an unreachable server")
+
     s = PostgresStore(f"postgresql://nobody@127.0.0.1:{port}/x?connect_timeout=3")
-    t = time.monotonic()
-    with pytest.raises(StoreError):
-        s.get_session("a")
-    assert time.monotonic() - t < 10
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(psycopg, "connect", connect)
+        mp.setattr(postgres_conn, "ConnectionPool", no_pool)
+        with pytest.raises(StoreError, match="cannot open store"):
+            s.get_session("a")
+    assert len(attempts) == 1 and "connect_timeout=3" in attempts[0]
     s.close()
 
 
@@ -842,8 +860,11 @@ def test_compaction_lock_threads(store):
         results["other"] = ok
     release.set()
     th.join(10)
+    # The contender gave up: the holder only lets go after `release`, set after it returned.
     assert results == {"holder": True, "contender": False, "other": True}
-    assert 0.25 <= waited < 5
+    # ... and only once its timeout had passed (a deadline on the same monotonic clock). No
+    # upper bound: how late it returns is the scheduler's, and giving up at all is shown above.
+    assert waited >= 0.3
     with store.compaction_lock("s", 0) as ok:  # released on exit
         assert ok
 
@@ -857,32 +878,42 @@ def test_compaction_lock_threads(store):
 
 
 def test_compaction_lock_waits_for_release(store):
+    """The holder lets go only once the contender has tried (and failed) to take the lock, so
+    the contender's success is a wait for the release, not a lucky late start."""
     got = []
     started = threading.Event()
+    tried = threading.Event()
 
     def holder():
         with store.compaction_lock("s", 1) as ok:
             started.set()
             got.append(ok)
-            time.sleep(0.3)
+            assert tried.wait(60)
 
     th = threading.Thread(target=holder)
     th.start()
-    started.wait(10)
-    with store.compaction_lock("s", 5) as ok:
+    assert started.wait(10)
+    with store.compaction_lock("s", 0) as ok:  # held: a try without waiting fails
+        assert ok is False
+    tried.set()
+    with store.compaction_lock("s", 60) as ok:  # waits for the holder's release
         got.append(ok)
-    th.join()
+    th.join(60)
     assert got == [True, True]
 
 
-def _lock_child(location: str, session_id: str, timeout: float, hold: float, q) -> None:
+def _lock_child(location: str, session_id: str, timeout: float, hold: float, q, release=None) -> None:
+    """Take the lock and report; hold it until `release` is set (or for `hold` seconds)."""
     s = open_store(location)
     try:
         t = time.monotonic()
         with s.compaction_lock(session_id, timeout) as ok:
             q.put(("acquired", ok, time.monotonic() - t))
             if ok:
-                time.sleep(hold)
+                if release is not None:
+                    release.wait(hold)
+                else:
+                    time.sleep(hold)
     except BaseException as exc:  # pragma: no cover - reported to the parent
         q.put(("error", repr(exc), 0.0))
     finally:
@@ -900,13 +931,15 @@ def test_compaction_lock_processes(store, location):
         kind, ok2, waited = q.get(timeout=60)
         p.join(30)
         assert (kind, ok2) == ("acquired", False) and waited >= 0.45
-    # Released: another process gets it, and holds it against us.
-    p = mp.Process(target=_lock_child, args=(location, "s", 5, 1.0, q))
+    # Released: another process gets it, and holds it against us until told to let go.
+    release = mp.Event()
+    p = mp.Process(target=_lock_child, args=(location, "s", 5, 60, q, release))
     p.start()
     kind, ok3, _ = q.get(timeout=60)
     assert (kind, ok3) == ("acquired", True)
     with store.compaction_lock("s", 0.1) as ok4:
         assert ok4 is False
+    release.set()
     p.join(30)
     assert p.exitcode == 0
     with store.compaction_lock("s", 5) as ok5:  # free again once the child exited

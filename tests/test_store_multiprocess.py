@@ -60,7 +60,9 @@ def _compact(store, sid: str, proc: int, k: int, intervals: list) -> bool:
     with store.compaction_lock(sid, 30) as ok:
         if not ok:
             raise AssertionError(f"compaction lock on {sid} timed out")
-        enter = time.time()
+        # CLOCK_MONOTONIC is one clock for every process on the machine and, unlike the wall
+        # clock, never steps back: the intervals of different processes compare.
+        enter = time.monotonic()
         version, entries = store.get_context(sid)
         half = len(entries) // 2
         prefix, rest = entries[:half], entries[half:]
@@ -88,7 +90,7 @@ def _compact(store, sid: str, proc: int, k: int, intervals: list) -> bool:
             store.stage_pass(sid, pass_id, summaries, items, version, len(entries))
             time.sleep(0.005)  # let the other writer move the context meanwhile
             published = store.publish_pass(pass_id)
-        exit_ = time.time()
+        exit_ = time.monotonic()
         intervals.append((sid, enter, exit_, proc))
         return published
 
@@ -149,12 +151,10 @@ def test_concurrent_processes(location, tmp_path):
     mp = multiprocessing.get_context("spawn")
     barrier = mp.Barrier(N_PROCS)
     procs = [mp.Process(target=_worker, args=(location, i, str(out), barrier)) for i in range(N_PROCS)]
-    t0 = time.monotonic()
     for p in procs:
         p.start()
     for p in procs:
-        p.join(120)
-    elapsed = time.monotonic() - t0
+        p.join(120)  # a hang guard: how long the processes take is bench/'s, not a test's
     for p in procs:
         if p.is_alive():  # pragma: no cover - a hang is a failure, not a leak
             p.kill()
@@ -201,7 +201,6 @@ def test_concurrent_processes(location, tmp_path):
                 assert b[1] >= a[2], f"overlapping compaction locks on {a[0]}: {a} and {b}"
     finally:
         store.close()
-    assert elapsed < 60, f"took {elapsed:.1f}s"
 
 
 # -- many processes opening a brand-new store at the same instant --------------------------------

@@ -23,8 +23,13 @@ def _sources(n: int = 30) -> list[Source]:
             for i in range(n)]
 
 
+# The client timeout where a test counts on the server's answer: the fake server answers at
+# once, so this only ends a hung test; a tight one would turn a busy machine into a "failure".
+ANSWER_TIMEOUT = 60
+
+
 def _esc(srv: FakeOpenAI, failures: int = 99) -> Escalator:
-    model = OpenAISummarizer(srv.base_url, "summ", api_key="k", timeout=5)
+    model = OpenAISummarizer(srv.base_url, "summ", api_key="k", timeout=ANSWER_TIMEOUT)
     return Escalator(model, CallGuard(failures, 60, 1000, 3600))
 
 
@@ -64,14 +69,14 @@ def test_dropped_connection_and_timeout():
 def test_circuit_breaker_and_spend_guard():
     with FakeOpenAI(responder=FailureSequence([Fail.http(500)], cycle=True)) as srv:
         guard = CallGuard(failures=3, cooldown=60, max_calls=1000, window=3600)
-        esc = Escalator(OpenAISummarizer(srv.base_url, "m", timeout=5), guard)
+        esc = Escalator(OpenAISummarizer(srv.base_url, "m", timeout=ANSWER_TIMEOUT), guard)
         for _ in range(5):
             esc.summarize(SummaryRequest(_sources(), 300))
         assert guard.is_open
         assert len(srv.chat_requests) == 3, "breaker opened after 3 consecutive failures"
     with FakeOpenAI(responder=SummariserResponder(max_chars=500)) as srv:
         guard = CallGuard(failures=3, cooldown=60, max_calls=2, window=3600)
-        esc = Escalator(OpenAISummarizer(srv.base_url, "m", timeout=5), guard)
+        esc = Escalator(OpenAISummarizer(srv.base_url, "m", timeout=ANSWER_TIMEOUT), guard)
         levels = [esc.summarize(SummaryRequest(_sources(), 300)).level for _ in range(4)]
         assert levels == ["normal", "normal", "deterministic", "deterministic"]
         assert len(srv.chat_requests) == 2

@@ -360,10 +360,9 @@ def test_ten_thousand_messages_stay_lazy(tmp_path):
     assert engine.store.stats()["messages"] == 10_000
     engine.store.close()
     page = tmp_path / "big.html"
-    t0 = time.perf_counter()
+    t0 = time.perf_counter()  # (timings are printed, not asserted: speed is bench/'s)
     ok(run_lcm("--store", str(store), "view", "big", "-o", str(page), home=tmp_path))
     gen = time.perf_counter() - t0
-    assert gen < 60
     data = page_data(page)
     assert len(data["messages"]) == 10_000 and len(data["roots"]) == 10_000
     t0 = time.perf_counter()
