@@ -129,3 +129,63 @@ def test_block_within_budget_renders_shorter_not_deeper():
     tiny = _render(roots, 150)  # not even headers fit: ids only, still every node named
     assert all(f"s{r['id']}" in tiny["content"] for r in roots)
     assert problems([msg, {"role": "assistant", "content": "ok"}]) == []
+
+
+# -- the real engine ---------------------------------------------------------------------------
+
+def _published_shape(store) -> tuple[int, int, int, list, list]:
+    c = store.conn()
+    leaves = c.execute("SELECT COUNT(*) FROM summaries WHERE state='published' AND kind='leaf'").fetchone()[0]
+    depth = c.execute("SELECT COALESCE(MAX(depth), 0) FROM summaries WHERE state='published'").fetchone()[0]
+    fanin_max = c.execute("SELECT COALESCE(MAX(k), 0) FROM (SELECT COUNT(*) k FROM summary_parents"
+                          " GROUP BY parent_id)").fetchone()[0]
+    mixed = c.execute("SELECT p.parent_id FROM summary_parents p JOIN summaries s ON s.id = p.child_id"
+                      " GROUP BY p.parent_id HAVING COUNT(DISTINCT s.depth) > 1").fetchall()
+    wrong = c.execute("SELECT p.parent_id FROM summary_parents p JOIN summaries s ON s.id = p.child_id"
+                      " JOIN summaries q ON q.id = p.parent_id GROUP BY p.parent_id"
+                      " HAVING MAX(q.depth) != MAX(s.depth) + 1").fetchall()
+    return leaves, depth, fanin_max, mixed, wrong
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(window=st.sampled_from([16_000, 20_000, 32_000, 48_000]), n=st.integers(250, 1200),
+       fanin=st.integers(2, 6), leaf_cap=st.integers(100, 3000), seed=st.integers(0, 50))
+def test_engine_replay_keeps_dag_balanced_valid_and_lossless(window, n, fanin, leaf_cap, seed):
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from lossless_context.demo import replay, with_timestamps
+    from lossless_context.engine import LCMEngine
+    from lossless_context.sessions import coding_session
+    from tests.support.dagcheck import assert_connected
+
+    work = Path(tempfile.mkdtemp(prefix="lcm-dag-"))
+    try:
+        eng = LCMEngine(context_length=window, store=str(work / "lcm.db"), summarizer="extractive",
+                        condense_fanin=fanin, leaf_summary_tokens=leaf_cap)
+        real = eng.compress
+
+        def checked(messages, *a, **kw):
+            out = real(messages, *a, **kw)
+            assert problems(out) == [], problems(out)
+            reason = eng.get_status().get("lcm_last_reason") or ""
+            assert not reason.startswith("target"), reason  # within target
+            return out
+
+        eng.compress = checked  # the host calls it through the instance
+        msgs = with_timestamps(coding_session(n, seed).messages)
+        host = replay(eng, msgs, "prop", window)
+        assert host.compactions >= 1
+        assert_connected(eng.store, host.sid)  # every stored message reached exactly once
+        leaves, depth, fan, mixed, wrong = _published_shape(eng.store)
+        assert not mixed and not wrong, (mixed, wrong)
+        assert fan <= fanin
+        assert depth <= depth_bound(leaves, fanin), (depth, leaves, fanin)
+        multi = eng.store.conn().execute(
+            "SELECT message_id FROM summary_messages sm JOIN summaries s ON s.id = sm.summary_id"
+            " WHERE s.state='published' GROUP BY message_id HAVING COUNT(*) > 1").fetchall()
+        assert not multi
+        eng.store.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
