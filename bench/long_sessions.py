@@ -40,8 +40,9 @@ _FILLER = ("The agent kept working on the task described above, checked the resu
 
 
 class ModelLengthResponder:
-    """A summariser reply as long as a real model's: up to `words` words (900 by default),
-    never more than the request's `max_tokens` allows and at most half the source's words.
+    """A summariser reply as long as a real model's: up to `words` words (900 by default) and
+    at most half the source's words, cut where the request's `max_tokens` would stop a real
+    server (~4 characters a token).
     It keeps the source's identifier-bearing lines in order (as a model keeps ids, paths and
     numbers) and fills the rest with prose, so length, not content, is what it models."""
 
@@ -54,30 +55,25 @@ class ModelLengthResponder:
         self.calls = 0
 
     def reply_text(self, source: str, max_tokens: int | None) -> str:
-        budget = self.words
-        if max_tokens:
-            budget = min(budget, int(max_tokens * 0.7))  # ~1.35 tokens a word: stay under the cap
-        budget = max(8, min(budget, len(source.split()) // 2))
-        out: list[str] = ["Summary:"]
-        n = 1
+        budget = max(8, min(self.words, len(source.split()) // 2))
+        out: list[str] = []
+        n = 0
         seen: set[str] = set()
         for raw in source.splitlines():
             line = raw.strip()[:160]
             if not line or line in seen or not _KEEP.search(line):
                 continue
-            w = line.split()
-            if n + len(w) + 1 > budget:
+            w = len(line.split())
+            if n + w + 1 > budget:
                 break
             seen.add(line)
             out.append("- " + line)
-            n += len(w) + 1
-        k = 0
-        while n < budget:
-            out.append(_FILLER[k % len(_FILLER)])
-            k += 1
-            n += 1
-        return " ".join(out[:1]) + "\n" + "\n".join(x for x in out[1:] if x.startswith("- ")) + "\n" + \
-            " ".join(x for x in out[1:] if not x.startswith("- "))
+            n += w + 1
+        filler = [_FILLER[k % len(_FILLER)] for k in range(max(0, budget - n))]
+        text = "Summary:\n" + "\n".join(out) + ("\n" + " ".join(filler) if filler else "")
+        if max_tokens:  # a real server stops at max_tokens (~4 characters a token)
+            text = text[: int(max_tokens * 4 * 0.95)]
+        return text
 
     def __call__(self, req: dict[str, Any]) -> Any:
         from tests.support.fake_openai import Reply, estimate_tokens, prompt_tokens_for
