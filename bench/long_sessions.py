@@ -32,7 +32,7 @@ from .common import dist
 from .host import HostDriver, estimate
 
 FULL_GRID = [(w, n) for w in (32_000, 64_000, 128_000, 200_000) for n in (10_000, 36_000, 100_000)]
-QUICK_GRID = [(32_000, 1_500)]
+QUICK_GRID = [(32_000, 800)]
 
 _KEEP = re.compile(r"\d|[\w.-]*/[\w./-]+|\b[A-Za-z]+_[A-Za-z0-9_]+\b|\b[A-Z][A-Z0-9_]{3,}\b")
 _FILLER = ("The agent kept working on the task described above, checked the results of each step "
