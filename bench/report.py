@@ -86,15 +86,69 @@ def render(res: dict[str, Any]) -> str:
         L += _backends(parts["backends"])
     if "background" in parts:
         L += _background(parts["background"])
+    if "long_sessions" in parts:
+        L += _long(parts["long_sessions"])
     profiles = _profiles(parts)
     if profiles:
         L += profiles
     L += ["", "## How to run", "",
           "```", "python -m bench            # the full run (this file), ~20 min on 2 cores",
           "python -m bench --quick    # the CI smoke configuration, well under a minute",
-          "python -m bench --only scale|side_by_side|quality|backends   # one part; merged into results.json",
+          "python -m bench --only scale|side_by_side|quality|backends|background|long_sessions   # one part; merged into results.json",
+          "python -m bench --only long_sessions --long-grid 32000x10000,64000x36000   # chosen points",
           "```", ""]
     return "\n".join(L) + "\n"
+
+
+def _long(ls: dict[str, Any]) -> list[str]:
+    L = ["", "## 6. Long sessions: the DAG's shape and cost at small windows (`bench/long_sessions.py`)", ""]
+    if ls.get("error"):
+        return L + [f"failed: `{ls['error'][:2000]}`"]
+    ran = ", ".join(f"{w // 1000}K×{_n(n)}" for w, n in ls.get("grid", []))
+    full = ls.get("full_grid") or []
+    L += [f"Generated coding sessions (seed 17) driven by the R19 host calls (`bench/host.py`); summaries through "
+          f"FakeOpenAI on 127.0.0.1 with `ModelLengthResponder` (replies of ~{ls.get('reply_words')} words, cut where "
+          f"`max_tokens` stops a real server); fan-in {ls.get('fanin')}. Points run: {ran}"
+          + (f" (of the full grid {len(full)} points; the others were left out for time on this shared machine)"
+             if full and len(ls.get("grid", [])) < len(full) else "") + ". Bounds: depth ⌈log_fanin(leaves)⌉ + 1, "
+          "calls ⌊leaves × (1 + 1/(fanin − 1))⌋ + 2. *Facts in context*: planted values exact in the final context "
+          "or with all their distinctive terms there. *First hit original*: `lcm_grep(value)`'s first hit is the "
+          "message holding it. Pass times carry the noise of the other processes on this machine.", ""]
+    runs = ls.get("runs", [])
+    builtin = {(r["window"], r["messages"]): r for r in runs if r["engine"] == "builtin"}
+    rows = []
+    for r in runs:
+        if r["engine"] != "lcm":
+            continue
+        b = builtin.get((r["window"], r["messages"]), {})
+        p = r.get("pass_wall_ms") or {}
+        rows.append([f"{r['window'] // 1000}K", _n(r["messages"]), r["leaves"], f"{r['max_depth']} / {r['depth_bound']}",
+                     f"{r['summariser_calls']} / {r['calls_bound']}", _f(r["calls_per_1k_messages"]),
+                     _n(r["tokens_sent_per_1k_messages"]), f"{r['facts_in_context']}/{r['planted']}",
+                     f"{r['first_hit_original']}/{r['planted']}", _f(p.get("p50")), _f(p.get("p95")),
+                     _f(b.get("calls_per_1k_messages")) if b else "—",
+                     _n(b.get("tokens_sent_per_1k_messages")) if b else "—",
+                     f"{b['facts_in_context']}/{b['planted']}" if b else "—"])
+    L += _table(["window", "messages", "leaves", "max depth / bound", "calls / bound", "calls / 1k msgs",
+                 "tokens sent / 1k msgs", "facts in context", "first hit original", "pass p50 ms", "p95 ms",
+                 "built-in calls / 1k", "built-in tokens / 1k", "built-in facts in context"], rows)
+    before = ls.get("before") or {}
+    if before.get("runs"):
+        after = {(r["window"], r["messages"]): r for r in runs if r["engine"] == "lcm"}
+        L += ["", f"Before and after balanced condensation, same sessions and harness ({before.get('note', '')}):", ""]
+        rows = []
+        for r in before["runs"]:
+            a = after.get((r["window"], r["messages"]))
+            if r["engine"] != "lcm" or a is None:
+                continue
+            rows.append([f"{r['window'] // 1000}K", _n(r["messages"]), f"{r['leaves']} → {a['leaves']}",
+                         f"{r['max_depth']} → {a['max_depth']}", f"{r['summariser_calls']} → {a['summariser_calls']}",
+                         f"{_n(r['tokens_sent_per_1k_messages'])} → {_n(a['tokens_sent_per_1k_messages'])}",
+                         f"{r['facts_in_context']} → {a['facts_in_context']} of {r['planted']}",
+                         f"{r['first_hit_original']} → {a['first_hit_original']} of {r['planted']}"])
+        L += _table(["window", "messages", "leaves", "max depth", "summariser calls", "tokens sent / 1k msgs",
+                     "facts in context", "first hit original"], rows)
+    return L
 
 
 def _background(bg: dict[str, Any]) -> list[str]:

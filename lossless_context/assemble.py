@@ -20,6 +20,7 @@ from .messages import (
     tool_call_ids,
 )
 from .records import SummaryRecord
+from .summary_view import fit_block
 from .tokens import estimate_message_tokens
 
 log = logging.getLogger("lossless_context.assemble")
@@ -63,27 +64,48 @@ def fmt_time(ts: float | None) -> str:
     return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M")
 
 
-def render_summary(nodes: Sequence[SummaryRecord], covered: int, role: str) -> dict[str, Any]:
+def render_summary(nodes: Sequence[SummaryRecord], covered: int, role: str,
+                   max_tokens: int | None = None) -> dict[str, Any]:
+    """The summary block; with `max_tokens` (the message's tokens), node bodies are shortened to fit
+    (summary_view.py) — every node is still named, so every older message is represented."""
     ids = ",".join(f"s{n.id}" for n in nodes)
     starts = [n.t_start for n in nodes if n.t_start]
     ends = [n.t_end for n in nodes if n.t_end]
     span = f" ({fmt_time(min(starts))} – {fmt_time(max(ends))})" if starts and ends else ""
-    lines = [
+    head = [
         f'{SUMMARY_OPEN}{ids}">',
         f"[Lossless context: {covered} earlier messages{span} are condensed below; nothing was "
         "deleted. While the lcm tools are offered, lcm_grep(query) searches the full history and "
         "lcm_describe(id) / lcm_expand(id) open any id below (s… = summary, m… = original message) "
         "verbatim.]",
     ]
-    for n in nodes:
-        lines.append("")
-        lines.append(
-            f"## s{n.id} · depth {n.depth} · {n.n_messages} messages · "
-            f"{fmt_time(n.t_start)} – {fmt_time(n.t_end)}"
-        )
-        lines.append(n.text.strip())
-    lines.append("</lcm-summary>")
-    return {"role": role, "content": "\n".join(lines)}
+
+    def render(bodies: Sequence[str] | None) -> str:
+        lines = list(head)
+        if bodies is None:
+            lines.append(f"[{len(nodes)} summaries, oldest first, too many to show here: "
+                         + ", ".join(f"s{n.id} (depth {n.depth}, {n.n_messages} messages)" for n in nodes) + "]")
+            if measure("\n".join(lines + ["</lcm-summary>"])) > (max_tokens or 0):
+                lines[-1] = f"[{len(nodes)} summaries listed in the marker above, oldest first]"
+        else:
+            for n, body in zip(nodes, bodies):
+                lines.append("")
+                lines.append(
+                    f"## s{n.id} · depth {n.depth} · {n.n_messages} messages · "
+                    f"{fmt_time(n.t_start)} – {fmt_time(n.t_end)}"
+                )
+                if body:
+                    lines.append(body)
+        lines.append("</lcm-summary>")
+        return "\n".join(lines)
+
+    def measure(text: str) -> int:
+        return estimate_message_tokens({"role": role, "content": text})
+
+    bodies = [n.text.strip() for n in nodes]
+    if max_tokens is None:
+        return {"role": role, "content": render(bodies)}
+    return {"role": role, "content": fit_block(render, bodies, [n.id for n in nodes], max_tokens, measure)}
 
 
 def large_representation(msg: Mapping[str, Any], mid: int, tokens: int, exploration: str) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from .assemble import (
     repair,
     total_tokens,
 )
+from .dag_balance import next_condensation
 from .extractive import Source
 from .messages import content_ident
 from .owners import new_pass_id
@@ -94,6 +95,7 @@ class Compactor:
         self.calls = 0
         self.failures = 0
         self.levels: dict[str, int] = {}
+        self.budget: Budget | None = None  # the pass's budget (the block is rendered within it)
 
     # -- planning ------------------------------------------------------------------
 
@@ -126,6 +128,7 @@ class Compactor:
     def run(self, session_id: str, system: dict | None, slots: list[Slot], budget: Budget,
             *, focus: str | None, memory_context: str, force: bool, base_version: int,
             base_len: int, tokens_before: int) -> PassResult:
+        self.budget = budget
         ids = [s.refs[0] for s in slots if s.kind in ("m", "x")]
         records = self.store.get_messages(ids)
         self._represent_large(slots, records, budget.large_tokens)
@@ -322,23 +325,23 @@ class Compactor:
     def _condense_run(self, nodes: Sequence[_Node], budget: Budget) -> tuple[int, int] | None:
         """The run to condense next, or None while the summary block fits its budget.
 
-        Condensing costs a model call, so it waits until the block is over budget; then up
-        to `fanin` neighbours of the shallowest depth are merged (a balanced tree, so early
-        facts are not re-summarised once per pass)."""
-        by_depth: dict[int, list[int]] = {}
-        for i, n in enumerate(nodes):
-            by_depth.setdefault(n.depth, []).append(i)
-        if len(nodes) > 1 and sum(n.tokens for n in nodes) > budget.summary_block:
-            for d in sorted(by_depth):
-                idx = by_depth[d]
-                for k in range(len(idx) - 1):
-                    if idx[k + 1] - idx[k] == 1:
-                        end = k + 1
-                        while end + 1 < len(idx) and idx[end + 1] - idx[end] == 1 and end - k + 1 < budget.fanin:
-                            end += 1
-                        return idx[k], idx[end] + 1
-            return 0, 2
-        return None
+        Condensing costs a model call, so it waits until the block is over budget; then
+        `fanin` adjacent nodes of one depth are merged, shallowest first (dag_balance.py:
+        a balanced tree, so early facts are not re-summarised once per pass). Without such
+        a run the block fits by showing nodes shorter, not by merging across depths."""
+        return next_condensation([n.depth for n in nodes], [n.tokens for n in nodes], budget.summary_block,
+                                 budget.fanin, lambda: self._block_fits(nodes, budget))
+
+    def _block_fits(self, nodes: Sequence[_Node], budget: Budget) -> bool:
+        """Does the shortest rendering of `nodes` fit the block budget?"""
+        msg = render_summary(self._records(nodes), sum(n.n_messages for n in nodes), "user",
+                             max_tokens=block_limit(budget))
+        return estimate_message_tokens(msg) <= budget.summary_block
+
+    @staticmethod
+    def _records(nodes: Sequence[_Node]) -> list[SummaryRecord]:
+        return [SummaryRecord(n.key if isinstance(n.key, int) else -1, "", "", n.depth, n.text, n.tokens,
+                              0, "", "", n.t_start, n.t_end, n.n_messages, "", None, 0.0) for n in nodes]
 
     def _assemble(self, system: dict | None, slots: Sequence[Slot], h: int, t: int,
                   nodes: Sequence[_Node], records: dict[int, MessageRecord]) -> tuple[list[dict[str, Any]], bool]:
@@ -349,10 +352,9 @@ class Compactor:
             nxt = next((s.role for s in slots[t:] if s.kind == "m"), None)
             role = choose_summary_role(prev, nxt)
             role_ok = role is not None
-            recs = [SummaryRecord(n.key if isinstance(n.key, int) else -1, "", "", n.depth, n.text, n.tokens,
-                                  0, "", "", n.t_start, n.t_end, n.n_messages, "", None, 0.0) for n in nodes]
             covered = sum(n.n_messages for n in nodes)
-            out.append(render_summary(recs, covered, role or "user"))
+            limit = block_limit(self.budget) if self.budget is not None else None
+            out.append(render_summary(self._records(nodes), covered, role or "user", max_tokens=limit))
         else:
             role_ok = True
         out.extend(s.msg for s in slots[t:] if s.kind == "m" and s.msg is not None)
@@ -419,6 +421,11 @@ class Compactor:
         out: list[dict[str, Any]] = [system] if system else []
         out.extend(s.msg for s in slots if s.kind == "m" and s.msg is not None)
         return out
+
+
+def block_limit(budget: Budget) -> int:
+    """Tokens the summary block's message may take."""
+    return budget.summary_block
 
 
 def source_text(s: Slot, records: dict[int, MessageRecord]) -> str | None:

@@ -2,9 +2,11 @@
 
 Checks: the database's own integrity check, foreign keys, full-text indexes in sync with
 their tables, every message reachable from an active context or the DAG, no cycles in the
-DAG, no summary without sources, no leftover staged work. Repairs only what is safe:
-rebuild indexes, drop stale staged passes, re-attach unreachable messages to their
-session's active context (nothing is ever deleted that holds user data).
+DAG, no summary without sources, no leftover staged work. Reported as information: messages
+of a turn the host did not keep, and summary chains deeper than ⌈log_fanin(leaves)⌉ + 1
+(made before balanced condensation). Repairs only what is safe: rebuild indexes, drop stale
+staged passes, re-attach unreachable messages to their session's active context, rebalance
+chains in place (dag_rebalance.py); nothing is ever deleted that holds user data.
 """
 
 from __future__ import annotations
@@ -38,6 +40,18 @@ SQL_UNREACHABLE = """
       AND NOT EXISTS (SELECT 1 FROM summary_messages sm WHERE sm.message_id = m.id)
       AND NOT EXISTS (SELECT 1 FROM message_retractions r WHERE r.message_id = m.id)
     ORDER BY m.id LIMIT 100000"""
+# The newest message of each session the conversation still holds (context or a leaf): a
+# message stored before it but held by neither was left out by the host (see _split).
+SQL_LATEST_HELD = """
+    SELECT session_id, MAX(mid) FROM (
+        SELECT ci.session_id AS session_id, MAX(ci.message_id) AS mid FROM context_items ci
+        WHERE ci.message_id IS NOT NULL GROUP BY ci.session_id
+        UNION ALL
+        SELECT m.session_id AS session_id, MAX(sm.message_id) AS mid FROM summary_messages sm
+        JOIN messages m ON m.id = sm.message_id GROUP BY m.session_id) t
+    GROUP BY session_id"""
+SQL_CONTEXT_ROOTS = ("SELECT session_id, summary_id FROM context_items WHERE summary_id IS NOT NULL"
+                     " ORDER BY session_id, pos")
 SQL_MULTI_LEAF = """
     SELECT sm.message_id FROM summary_messages sm JOIN summaries s ON s.id = sm.summary_id
     WHERE s.state='published' GROUP BY sm.message_id HAVING COUNT(*) > 1 LIMIT 10"""
@@ -49,6 +63,7 @@ class Check:
     ok: bool
     detail: str = ""
     repaired: bool = False
+    info: bool = False  # a finding to know about, not a failure (never makes the report unhealthy)
 
 
 @dataclass
@@ -59,15 +74,15 @@ class DoctorReport:
     def ok(self) -> bool:
         return all(c.ok or c.repaired for c in self.checks)
 
-    def add(self, name: str, ok: bool, detail: str = "") -> Check:
-        c = Check(name, ok, detail)
+    def add(self, name: str, ok: bool, detail: str = "", info: bool = False) -> Check:
+        c = Check(name, ok or info, detail, info=info)
         self.checks.append(c)
         return c
 
     def render_text(self) -> str:
         lines = []
         for c in self.checks:
-            mark = "ok" if c.ok else ("repaired" if c.repaired else "FAIL")
+            mark = "info" if c.info else "ok" if c.ok else ("repaired" if c.repaired else "FAIL")
             lines.append(f"[{mark:>8}] {c.name}" + (f" — {c.detail}" if c.detail else ""))
         lines.append("healthy" if self.ok else "problems found (run `lcm doctor --repair`)")
         return "\n".join(lines)
@@ -76,10 +91,65 @@ class DoctorReport:
         return {"ok": self.ok, "checks": [c.__dict__ for c in self.checks]}
 
 
-def run_doctor(store: Store, repair: bool = False) -> DoctorReport:
-    if store.kind == "sqlite":
-        return _sqlite(store, repair)
-    return _postgres(store, repair, DoctorReport())
+def run_doctor(store: Store, repair: bool = False, fanin: int = 4) -> DoctorReport:
+    """`fanin` is the configured `condense_fanin` (the depth bound depends on it)."""
+    rep = _sqlite(store, repair) if store.kind == "sqlite" else _postgres(store, repair, DoctorReport())
+    _depth_check(store, rep, repair, fanin)
+    return rep
+
+
+def _split(unreachable: list[tuple], latest: list[tuple]) -> tuple[list[tuple], list[tuple]]:
+    """(left out by the host, others). A message stored before the newest message its session
+    still holds, yet held by neither context nor DAG, belongs to a turn the host did not keep
+    (killed before the host saved it, or a history the host rewound): still stored and
+    searchable, but not part of the conversation the host continues — information, not damage.
+    The others are the newest rows (an append whose context update did not happen): repaired."""
+    newest = {sid: mid for sid, mid in latest if mid is not None}
+    left, other = [], []
+    for mid, sid in unreachable:
+        (left if mid < newest.get(sid, -1) else other).append((mid, sid))
+    return left, other
+
+
+def _left_out_check(rep: DoctorReport, left: list[tuple]) -> None:
+    if left:
+        sessions = sorted({sid for _m, sid in left})
+        rep.add("messages the host's conversation left out", True,
+                f"{len(left)} stored message(s) of {len(sessions)} session(s) are in no context or summary: a turn "
+                "the host did not keep (killed before it was saved, or rewound); still stored and searchable, "
+                f"e.g. m{left[0][0]} in {sessions[0]}", info=True)
+
+
+def _depth_check(store: Store, rep: DoctorReport, repair: bool, fanin: int) -> None:
+    """Depth of each active context's summaries against ⌈log_fanin(leaves)⌉ + 1; chains left by
+    0.1.x are information (nothing is wrong with their data) and `--repair` rebalances them."""
+    from .dag_rebalance import find_unbalanced, rebalance
+
+    name = f"summary DAG depth within ⌈log_{fanin}(leaves)⌉ + 1"
+    try:
+        if store.kind == "sqlite":
+            roots = _q(store.conn(), SQL_CONTEXT_ROOTS)
+        else:
+            with store._connection() as c:  # noqa: SLF001 (the doctor's own backend access, as above)
+                roots = c.execute(SQL_CONTEXT_ROOTS).fetchall()
+        deep = find_unbalanced(store, fanin, [(r[0], int(r[1])) for r in roots])
+    except Exception as exc:  # a report, not a reason to stop the doctor
+        rep.add(name, True, f"not measured: {type(exc).__name__}: {exc}", info=True)
+        return
+    if not deep:
+        rep.add(name, True, f"{len(roots)} summar{'y' if len(roots) == 1 else 'ies'} in active contexts, all within"
+                if roots else "")
+        return
+    worst = max(deep, key=lambda u: u.depth)
+    detail = (f"{len(deep)} summar{'y' if len(deep) == 1 else 'ies'} in active contexts deeper than the bound (a chain "
+              f"made before 0.2), worst s{worst.summary_id} of {worst.session_id}: depth {worst.depth} over "
+              f"{worst.leaves} leaves, bound {worst.bound}")
+    if not repair:
+        rep.add(name, True, detail + "; `lcm doctor --repair` rebalances (keeps every id and message)", info=True)
+        return
+    made = sum(rebalance(store, u.summary_id, fanin) for u in deep)
+    chk = rep.add(name, False, detail + f"; rebalanced with {made} new condensed nodes (ids kept)")
+    chk.repaired = True
 
 
 def _q(c, sql: str, *params: Any) -> list[tuple]:
@@ -134,7 +204,8 @@ def _sqlite(store: Any, repair: bool) -> DoctorReport:
 
     # Reachability: every message is in an active context or under a published summary
     # (directly, or through a staged summary of a pending pass).
-    unreachable = _q(c, SQL_UNREACHABLE)
+    left, unreachable = _split(_q(c, SQL_UNREACHABLE), _q(c, SQL_LATEST_HELD))
+    _left_out_check(rep, left)
     chk = rep.add("every message reachable from a context or the DAG", not unreachable,
                   f"{len(unreachable)} unreachable (still stored; searchable)" if unreachable else "")
     if unreachable and repair:
@@ -170,7 +241,7 @@ def _postgres(store: Any, repair: bool, rep: DoctorReport) -> DoctorReport:
         stale = q(c, "SELECT pass_id, session_id FROM staged_passes WHERE created_at < %s",
                   time.time() - STALE_STAGE_SECONDS)
         orphan = q(c, SQL_ORPHAN_STAGED)[0][0]
-        unreachable = q(c, SQL_UNREACHABLE)
+        left, unreachable = _split(q(c, SQL_UNREACHABLE), q(c, SQL_LATEST_HELD))
         multi = q(c, SQL_MULTI_LEAF)
     chk = rep.add("no stale staged work", not stale and not orphan,
                   f"{len(stale)} stale staged passes, {orphan} orphan staged summaries" if stale or orphan else "")
@@ -180,6 +251,7 @@ def _postgres(store: Any, repair: bool, rep: DoctorReport) -> DoctorReport:
         store._write(lambda w: w.execute(
             "DELETE FROM summaries WHERE state='staged' AND pass_id NOT IN (SELECT pass_id FROM staged_passes)"))
         chk.repaired = True
+    _left_out_check(rep, left)
     chk = rep.add("every message reachable from a context or the DAG", not unreachable,
                   f"{len(unreachable)} unreachable (still stored; searchable)" if unreachable else "")
     if unreachable and repair:

@@ -21,6 +21,7 @@ from ._base import base_class
 from .assemble import Slot
 from .background import BackgroundWorker, presummarise, upgrade_nodes
 from .compaction import Budget, Compactor, PassResult
+from .dag_balance import node_targets
 from .config import LCMConfig, model_threshold
 from .ingest import align
 from .messages import role_of, summary_node_ids, tool_call_ids
@@ -239,13 +240,17 @@ class LCMEngine(NewHostHooks, HostSignals, base_class()):  # type: ignore[misc]
         threshold = self.threshold_tokens or int((self.context_length or 128_000) * self.threshold_percent)
         usable = max(2000, threshold - overhead)
         target = max(1000, int(usable * cfg.target_ratio))
+        block = max(400, min(int(target * 0.25), 8 * cfg.condensed_summary_tokens))
+        # Node sizes follow the block (dag_balance.py): small windows get smaller nodes, not a deeper DAG.
+        leaf_t, cond_t = node_targets(block, cfg.condense_fanin, cfg.leaf_summary_tokens,
+                                      cfg.condensed_summary_tokens)
         return Budget(
             target=target,
             fresh_tail=min(cfg.fresh_tail_tokens, int(target * 0.5)),
-            summary_block=max(400, min(int(target * 0.25), 8 * cfg.condensed_summary_tokens)),
+            summary_block=block,
             leaf_chunk=cfg.leaf_chunk_tokens,
-            leaf_summary=cfg.leaf_summary_tokens,
-            condensed_summary=cfg.condensed_summary_tokens,
+            leaf_summary=leaf_t,
+            condensed_summary=cond_t,
             fanin=cfg.condense_fanin,
             protect_first_n=max(0, int(self.protect_first_n)),
             large_tokens=min(cfg.large_message_tokens, max(500, target // 3)),

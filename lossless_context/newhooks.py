@@ -120,7 +120,9 @@ class NewHostHooks:
                 from .assemble import choose_summary_role
 
                 role = choose_summary_role(prev_role, next_role) or "user"
-                out.append(render_summary(block, sum(n.n_messages for n in block), role))
+                # Within the block budget, as compress() renders it (summary_view.py).
+                limit = self._budget(self._overhead).summary_block  # type: ignore[attr-defined]
+                out.append(render_summary(block, sum(n.n_messages for n in block), role, max_tokens=limit))
                 block = []
 
         for i, e in enumerate(ctx):

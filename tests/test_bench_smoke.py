@@ -26,7 +26,7 @@ def test_bench_quick_writes_results(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
 
     for heading in ("## Machine", "## Summary", "## 1. Scale curves", "## 2. Side by side",
-                    "## 3. Summary quality", "## 4. SQLite vs PostgreSQL", "## 5. Zero-wait compaction",
+                    "## 3. Summary quality", "## 4. SQLite vs PostgreSQL", "## 5. Zero-wait compaction", "## 6. Long sessions",
                     "## How to run"):
         assert heading in md, heading
     assert data["meta"]["mode"] == "quick"
@@ -34,7 +34,7 @@ def test_bench_quick_writes_results(tmp_path: Path) -> None:
     assert m["cpu_model"] and _num(m["cores"]) and _num(m["ram_gb"]) and m["python"] and m["sqlite"]
 
     parts = data["parts"]
-    assert set(parts) == {"scale", "side_by_side", "quality", "backends", "background"}
+    assert set(parts) == {"scale", "side_by_side", "quality", "backends", "background", "long_sessions"}
     for name, p in parts.items():
         assert not p.get("error"), (name, p.get("error"))
 
@@ -82,3 +82,12 @@ def test_bench_quick_writes_results(tmp_path: Path) -> None:
     bg = parts["background"]
     for k in ("off", "on"):
         assert _num(bg[k]["passes"]) and _num(bg[k]["wait_below_hard_total_s"]) and bg[k]["summary_levels"]
+
+    ls = parts["long_sessions"]
+    lcm = [r for r in ls["runs"] if r["engine"] == "lcm"]
+    assert lcm and ls["grid"]
+    for r in lcm:
+        for key in ("leaves", "max_depth", "depth_bound", "summariser_calls", "calls_bound",
+                    "tokens_sent_per_1k_messages", "facts_in_context", "first_hit_original", "planted"):
+            assert _num(r[key]), (key, r[key])
+        assert 0 <= r["first_hit_original"] <= r["planted"] and 0 <= r["facts_in_context"] <= r["planted"]

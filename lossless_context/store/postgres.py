@@ -546,6 +546,38 @@ class PostgresStore(PostgresRecords, PostgresSearch, PostgresConnections, Store)
             (_t(text), tokens, _t(level), _t(summarizer), summary_id),
         ))
 
+    def rebalance_summary(self, summary_id: int, summaries: Sequence[NewSummary],
+                          child_keys: Sequence[str | int], depth: int) -> dict[str, int]:
+        now = time.time()
+
+        def tx(c: Any) -> dict[str, int]:
+            session_id = c.execute("SELECT session_id FROM summaries WHERE id=%s", (summary_id,)).fetchone()[0]
+            self._lock_sessions(c, session_id)
+            keymap: dict[str, int] = {}
+
+            def link(parent: int, keys: Sequence[str | int]) -> None:
+                if keys:
+                    c.execute(
+                        "INSERT INTO summary_parents(parent_id, child_id, ord)"
+                        " SELECT %s, u.k, u.ord - 1 FROM unnest(%s::bigint[]) WITH ORDINALITY AS u(k, ord)",
+                        (parent, [keymap[k] if isinstance(k, str) else int(k) for k in keys]))
+
+            for s in summaries:
+                new_id = c.execute(
+                    "INSERT INTO summaries(session_id, kind, depth, text, tokens, source_tokens, level,"
+                    " summarizer, t_start, t_end, n_messages, state, pass_id, created_at)"
+                    " VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,'published',NULL,%s) RETURNING id",
+                    (session_id, _t(s.kind), s.depth, _t(s.text), s.tokens, s.source_tokens, _t(s.level),
+                     _t(s.summarizer), s.t_start, s.t_end, s.n_messages, now)).fetchone()[0]
+                keymap[s.key] = new_id
+                link(new_id, s.child_keys)
+            c.execute("DELETE FROM summary_parents WHERE parent_id=%s", (summary_id,))
+            link(summary_id, child_keys)
+            c.execute("UPDATE summaries SET depth=%s WHERE id=%s", (depth, summary_id))
+            return keymap
+
+        return self._write(tx)
+
     # -- summaries prepared ahead of a pass (background compaction) ----------------------------
 
     def put_presummary(self, session_id: str, span_key: str, text: str, tokens: int, source_tokens: int,

@@ -645,6 +645,30 @@ class SQLiteStore(SQLiteRecords, SQLiteSearch, Store):
                 (clean_text(text), tokens, level, summarizer, summary_id),
             )
 
+    def rebalance_summary(self, summary_id: int, summaries: Sequence[NewSummary],
+                          child_keys: Sequence[str | int], depth: int) -> dict[str, int]:
+        keymap: dict[str, int] = {}
+        now = time.time()
+        with self.tx() as c:
+            session_id = c.execute("SELECT session_id FROM summaries WHERE id=?", (summary_id,)).fetchone()[0]
+            for s in summaries:
+                sid = c.execute("UPDATE summary_id_watermark SET id = MAX(id, (SELECT COALESCE(MAX(id), 0)"
+                                " FROM summaries)) + 1 RETURNING id").fetchone()[0]
+                c.execute(
+                    "INSERT INTO summaries(id, session_id, kind, depth, text, tokens, source_tokens, level,"
+                    " summarizer, t_start, t_end, n_messages, state, pass_id, created_at)"
+                    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,'published',NULL,?)",
+                    (sid, session_id, s.kind, s.depth, clean_text(s.text), s.tokens, s.source_tokens, s.level,
+                     s.summarizer, s.t_start, s.t_end, s.n_messages, now))
+                keymap[s.key] = sid
+                c.executemany("INSERT INTO summary_parents(parent_id, child_id, ord) VALUES (?,?,?)",
+                              [(sid, keymap[k] if isinstance(k, str) else k, i) for i, k in enumerate(s.child_keys)])
+            c.execute("DELETE FROM summary_parents WHERE parent_id=?", (summary_id,))
+            c.executemany("INSERT INTO summary_parents(parent_id, child_id, ord) VALUES (?,?,?)",
+                          [(summary_id, keymap[k] if isinstance(k, str) else k, i) for i, k in enumerate(child_keys)])
+            c.execute("UPDATE summaries SET depth=? WHERE id=?", (depth, summary_id))
+        return keymap
+
     # -- presummaries ------------------------------------------------------------------
 
     def put_presummary(self, session_id: str, span_key: str, text: str, tokens: int, source_tokens: int,
