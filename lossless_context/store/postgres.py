@@ -44,6 +44,7 @@ from ..records import (
 from .base import Store, StoreError, resolve_keys, resolve_new_refs, with_appended
 from .pgtext import pg_text as _t
 from .postgres_conn import _RETRIES, PostgresConnections
+from .postgres_index import PostgresIndexer
 from .postgres_search import PostgresSearch
 
 log = logging.getLogger("lossless_context.store")
@@ -75,6 +76,25 @@ def _sum(row: tuple) -> SummaryRecord:
 
 class PostgresStore(PostgresSearch, PostgresConnections, Store):
     kind = "postgresql"
+
+    def __init__(self, location: str, **kwargs: Any) -> None:
+        super().__init__(location, **kwargs)
+        self._indexer = PostgresIndexer(self._write, self._read, self.location)
+
+    def _on_open(self) -> None:
+        self._indexer.kick()  # a backlog another process left behind
+
+    def wait_indexed(self) -> None:
+        self._indexer.wait_indexed()
+
+    def index_pending_batch(self, batch: int = 256) -> list[int]:
+        """Index one batch of committed, not yet indexed messages; the ids this call indexed.
+        (The background indexer does this by itself; for tools and tests.)"""
+        return self._indexer.index_batch(batch)
+
+    def close(self) -> None:
+        self._indexer.close()
+        super().close()
 
     @staticmethod
     def _lock_sessions(c: Any, *session_ids: str | None) -> dict[str, int]:
@@ -223,6 +243,7 @@ class PostgresStore(PostgresSearch, PostgresConnections, Store):
             return ids
 
         ids = self._write(tx)
+        self._indexer.kick()  # full-text index them off the commit path (postgres_index.py)
         if on_ids is not None:
             on_ids(ids)  # (after the commit: a retried transaction may give other ids)
         return ids
@@ -608,7 +629,7 @@ class PostgresStore(PostgresSearch, PostgresConnections, Store):
                 "staged_summaries": staged,
                 "compactions": sess[1],
                 "last_compaction_at": sess[2],
-                "unindexed_messages": 0,  # (indexed in the transaction that stores them)
+                "unindexed_messages": c.execute("SELECT count(*) FROM message_index_pending").fetchone()[0],
             }
 
         return self._read(run)

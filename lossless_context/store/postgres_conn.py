@@ -102,7 +102,16 @@ class PostgresConnections:
                         raise StoreError(f"cannot migrate store {self.location}: {str(exc).strip()}") from exc
                 self._pool = self._new_pool(POOL_MIN, self._pool_max, "lcm")
                 self._lock_pool = self._new_pool(0, LOCK_POOL_MAX, "lcm-locks")
-            return self._pool, self._lock_pool
+                opened = True
+            else:
+                opened = False
+            pools = (self._pool, self._lock_pool)
+        if opened:
+            self._on_open()
+        return pools
+
+    def _on_open(self) -> None:
+        """Called once the pools are open (the store starts its background work here)."""
 
     def _connect_once(self) -> Any:
         kwargs: dict[str, Any] = {"autocommit": True}

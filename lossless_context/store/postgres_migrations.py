@@ -213,6 +213,59 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX messages_session_id ON messages(session_id, id);
         """,
     ),
+    (
+        "006_deferred_message_index",
+        r"""
+        -- The full-text index of messages moves off the commit path (see postgres_index.py):
+        -- an insert only lists its ids in message_index_pending (a statement trigger, so every
+        -- writer - the store, an import, SQL replication - lists what it adds); an indexer
+        -- claims listed ids with SKIP LOCKED and writes their tsvector (and CJK bigrams for
+        -- substring search) into message_index in the same transaction that unlists them.
+        -- Searches read message_index plus the still-listed rows computed on the fly, so they
+        -- see every committed message. Every step here is catalog-only or touches new tables,
+        -- except listing the existing ids (an index-only read of messages, no lock on writers).
+
+        -- The distinct CJK (and kana, Hangul) bigrams of a text, a run of one character as
+        -- itself; NULL when there is none. Same ranges as the SQLite store's CJK index.
+        CREATE FUNCTION lcm_cjk_grams(t text) RETURNS text[]
+        LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $fn$
+            SELECT pg_catalog.array_agg(DISTINCT g) FROM (
+                SELECT pg_catalog.substr(r.run[1], i, 2) AS g
+                FROM pg_catalog.regexp_matches(t, '[\u2e80-\u9fff\uac00-\ud7af\u3040-\u30ff]+', 'g') AS r(run),
+                     pg_catalog.generate_series(1, GREATEST(pg_catalog.length(r.run[1]) - 1, 1)) AS i
+            ) x
+        $fn$;
+
+        CREATE TABLE message_index (
+            id BIGINT PRIMARY KEY REFERENCES messages(id) ON DELETE CASCADE,
+            tsv tsvector NOT NULL,
+            cjk TEXT[]
+        );
+        CREATE INDEX message_index_tsv ON message_index USING GIN (tsv);
+        CREATE INDEX message_index_cjk ON message_index USING GIN (cjk) WHERE cjk IS NOT NULL;
+
+        CREATE TABLE message_index_pending (message_id BIGINT PRIMARY KEY);
+
+        CREATE FUNCTION lcm_list_new_messages() RETURNS trigger
+        LANGUAGE plpgsql AS $fn$
+        BEGIN
+            INSERT INTO message_index_pending(message_id) SELECT id FROM lcm_new_rows;
+            RETURN NULL;
+        END
+        $fn$;
+        CREATE TRIGGER messages_list_new AFTER INSERT ON messages
+            REFERENCING NEW TABLE AS lcm_new_rows FOR EACH STATEMENT EXECUTE FUNCTION lcm_list_new_messages();
+
+        -- The generated column becomes a plain one (catalog only, no rewrite): new rows leave
+        -- it NULL; the rows already there keep theirs, which the indexer copies instead of
+        -- recomputing. The trigram index over all message text is dropped: it was most of the
+        -- rest of an insert's cost; CJK substrings use message_index.cjk instead, other
+        -- substrings scan, as on SQLite.
+        ALTER TABLE messages ALTER COLUMN tsv DROP EXPRESSION;
+        INSERT INTO message_index_pending(message_id) SELECT id FROM messages;
+        DROP INDEX IF EXISTS messages_text_trgm;
+        """,
+    ),
 ]
 
 # Migrations the store can live without (run in a savepoint; retried at the next start).

@@ -1,11 +1,17 @@
-"""Search over the PostgreSQL store: tsvector full text, ILIKE substrings, bounded regex.
+"""Search over the PostgreSQL store: tsvector full text, CJK bigrams, ILIKE substrings, bounded regex.
 
 A mixin of :class:`~lossless_context.store.postgres.PostgresStore` (it uses the store's
 ``_read``); kept apart so each module holds one job.
+
+Messages are full-text indexed after their commit (``postgres_index.py``): every message
+search reads ``message_index`` and, in the same statement, the rows still listed in
+``message_index_pending`` with their tsvector computed on the fly, so it sees every committed
+message whatever the indexer is doing. Summaries keep a generated ``tsv`` column.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, Callable, Sequence
 
@@ -17,38 +23,83 @@ try:  # optional dependency: `pip install lossless-context[postgres]`
 except ImportError:  # pragma: no cover - reported when the store is first used
     psycopg = None  # type: ignore[assignment]
 
+# The scripts the CJK bigram index holds (the ranges of migration 006's lcm_cjk_grams).
+_CJK_RE = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\u3040-\u30ff]+")
+# A pending row's tsvector: the stored one of a row from before migration 006, else computed.
+_PENDING_TSV = "COALESCE(t.tsv, lcm_tsvector(t.text))"
+
+
+def cjk_bigrams(s: str) -> list[str]:
+    """The bigrams of a CJK run, as lcm_cjk_grams stores them (a lone character as itself)."""
+    return sorted({s[i:i + 2] for i in range(max(1, len(s) - 1))})
+
 
 class PostgresSearch:
     """term_counts, max_row_id and search of the PostgreSQL store."""
 
     _read: Callable[[Callable[[Any], Any]], Any]  # PostgresStore's: run fn(conn) on a pooled connection
 
+    # (tsquery input → whether the english configuration keeps any of its words)
+    _useful_cache: dict[str, bool]
+
     def term_counts(self, target: str, plans: Sequence[Any], cap: int, newest: int | None = None) -> list[int]:
-        table = "messages" if target == "messages" else "summaries"
-        window = " AND t.id > %s" if newest is not None else ""
-        sql = (f"SELECT count(*) FROM (SELECT 1 FROM {table} t WHERE t.tsv @@ to_tsquery('english', %s)"
-               f"{window} LIMIT %s) x")
-        floor = (self.max_row_id(target) - newest,) if newest is not None else ()
-
-        def count(c: Any) -> list[int]:
-            out = []
-            for plan in plans:
-                item = getattr(plan, "pg_tsquery", None)
-                if not item:
-                    out.append(0)
-                    continue
-                try:
-                    with c.transaction():  # a refused operand must not abort the others
-                        out.append(c.execute(sql, (_t(item), *floor, cap + 1)).fetchone()[0])
-                except (psycopg.DataError, psycopg.ProgrammingError):
-                    out.append(cap + 1)
+        items = [getattr(p, "pg_tsquery", None) for p in plans]
+        todo = [(k, _t(s)) for k, s in enumerate(items) if s]
+        out = [0] * len(items)
+        if not todo:
             return out
+        floor = self.max_row_id(target) - newest if newest is not None else None
+        if target == "messages":
+            win_x = " AND x.id > %(floor)s" if floor is not None else ""
+            win_p = " AND p.message_id > %(floor)s" if floor is not None else ""
+            count = (
+                "(SELECT count(*) FROM (SELECT 1 FROM message_index x WHERE x.tsv @@ q.q" + win_x
+                + " LIMIT %(cap)s) a) + (SELECT count(*) FROM (SELECT 1 FROM message_index_pending p"
+                " JOIN messages t ON t.id = p.message_id WHERE " + _PENDING_TSV + " @@ q.q" + win_p
+                + " LIMIT %(cap)s) b)"
+            )
+        else:
+            win = " AND x.id > %(floor)s" if floor is not None else ""
+            count = "(SELECT count(*) FROM (SELECT 1 FROM summaries x WHERE x.tsv @@ q.q" + win + " LIMIT %(cap)s) a)"
+        # Every plan in one round trip; a refused operand (rare: operands are quoted by
+        # plan_query) is then counted alone so it cannot hide the others' counts.
+        many = ("SELECT u.o, " + count + " FROM unnest(%(qs)s::text[]) WITH ORDINALITY AS u(s, o)"
+                " CROSS JOIN LATERAL to_tsquery('english', u.s) AS q(q) ORDER BY u.o")
+        one = "SELECT " + count + " FROM to_tsquery('english', %(q)s) AS q(q)"
+        args = {"cap": cap + 1, "floor": floor}
 
-        return self._read(count)
+        def run(c: Any) -> None:
+            try:
+                with c.transaction():
+                    rows = c.execute(many, {**args, "qs": [s for _, s in todo]}).fetchall()
+                for (k, _), (_, n) in zip(todo, rows):
+                    out[k] = n
+                return
+            except (psycopg.DataError, psycopg.ProgrammingError):
+                pass
+            for k, s in todo:
+                try:
+                    with c.transaction():  # a savepoint: a refused operand must not abort the others
+                        out[k] = c.execute(one, {**args, "q": s}).fetchone()[0]
+                except (psycopg.DataError, psycopg.ProgrammingError):
+                    out[k] = cap + 1
+
+        self._read(run)
+        return out
 
     def max_row_id(self, target: str) -> int:
         table = "messages" if target == "messages" else "summaries"
         return self._read(lambda c: c.execute(f"SELECT COALESCE(MAX(id), 0) FROM {table}").fetchone()[0])
+
+    def _useful(self, c: Any, tsq: str) -> bool:
+        cache = self.__dict__.setdefault("_useful_cache", {})
+        hit = cache.get(tsq)
+        if hit is None:
+            hit = bool(c.execute("SELECT numnode(to_tsquery('english', %s))", (tsq,)).fetchone()[0])
+            if len(cache) > 4096:
+                cache.clear()
+            cache[tsq] = hit
+        return hit
 
     def search(
         self,
@@ -100,29 +151,55 @@ class PostgresSearch:
         cols = f"t.id, t.session_id, {'t.role' if is_msg else chr(39) + 'summary' + chr(39)}, t.{tcol}, t.text"
         and_where = "".join(f" AND {w}" for w in where)
         keys = ("id", "session_id", "role", "created_at", "text", "rank")
+        top = int(limit) + int(offset)
 
         if mode == "fts":
             tsq = getattr(plan, "pg_tsquery", None)
             if not tsq:
                 return []
+            tsq = _t(tsq)
 
             def fts(c: Any) -> list[tuple]:
                 # The english configuration drops stop words; a query made only of them (the
                 # plan keeps them when nothing else is left) is matched word for word instead,
-                # as SQLite's FTS5 (which keeps every word) would.
-                useful = c.execute("SELECT numnode(to_tsquery('english', %s))", (tsq,)).fetchone()[0]
-                if useful:
-                    vec, cfg = "t.tsv", "english"
-                else:
-                    vec, cfg = "to_tsvector('simple', t.text)", "simple"
-                score = f"-ts_rank_cd({vec}, q.q, 1)::float8" if order == "rank" else "0.0::float8"
+                # as SQLite's FTS5 (which keeps every word) would. That scan reads the text of
+                # every row, so it sees unindexed rows too.
+                if not self._useful(c, tsq):
+                    vec = "to_tsvector('simple', t.text)"
+                    score = f"-ts_rank_cd({vec}, q.q, 1)::float8" if order == "rank" else "0.0::float8"
+                    sql = (
+                        f"{with_sql}SELECT {cols}, {score} AS rank FROM {table} t,"
+                        f" to_tsquery('simple', %s) AS q(q) WHERE {vec} @@ q.q{and_where}"
+                        + (" ORDER BY rank, t.id DESC" if order == "rank" else " ORDER BY t.id DESC")
+                        + " LIMIT %s OFFSET %s"
+                    )
+                    return c.execute(sql, (*with_params, tsq, *params, limit, offset)).fetchall()
+                if not is_msg:
+                    score = "-ts_rank_cd(t.tsv, q.q, 1)::float8" if order == "rank" else "0.0::float8"
+                    sql = (
+                        f"{with_sql}SELECT {cols}, {score} AS rank FROM summaries t,"
+                        f" to_tsquery('english', %s) AS q(q) WHERE t.tsv @@ q.q{and_where}"
+                        + (" ORDER BY rank, t.id DESC" if order == "rank" else " ORDER BY t.id DESC")
+                        + " LIMIT %s OFFSET %s"
+                    )
+                    return c.execute(sql, (*with_params, tsq, *params, limit, offset)).fetchall()
+                ranked = order == "rank"
+                main_score = "-ts_rank_cd(x.tsv, q.q, 1)::float8" if ranked else "0.0::float8"
+                pend_score = "-ts_rank_cd(v.tsv, q.q, 1)::float8" if ranked else "0.0::float8"
                 sql = (
-                    f"{with_sql}SELECT {cols}, {score} AS rank"
-                    f" FROM {table} t, to_tsquery('{cfg}', %s) AS q(q) WHERE {vec} @@ q.q{and_where}"
-                    + (" ORDER BY rank, t.id DESC" if order == "rank" else " ORDER BY t.id DESC")
-                    + " LIMIT %s OFFSET %s"
+                    f"{with_sql}SELECT * FROM (("
+                    f"SELECT {cols}, {main_score} AS rank FROM message_index x JOIN messages t ON t.id = x.id,"
+                    f" to_tsquery('english', %s) AS q(q) WHERE x.tsv @@ q.q{and_where}"
+                    + (" ORDER BY rank, x.id DESC" if ranked else " ORDER BY x.id DESC") + " LIMIT %s"
+                    f") UNION ALL ("
+                    f"SELECT {cols}, {pend_score} AS rank FROM message_index_pending p"
+                    " JOIN messages t ON t.id = p.message_id"
+                    f" CROSS JOIN LATERAL (SELECT {_PENDING_TSV} AS tsv OFFSET 0) v,"
+                    f" to_tsquery('english', %s) AS q(q) WHERE v.tsv @@ q.q{and_where}"
+                    + (" ORDER BY rank, t.id DESC" if ranked else " ORDER BY t.id DESC") + " LIMIT %s"
+                    ")) u" + (" ORDER BY rank, id DESC" if ranked else " ORDER BY id DESC") + " LIMIT %s OFFSET %s"
                 )
-                return c.execute(sql, (*with_params, tsq, *params, limit, offset)).fetchall()
+                return c.execute(sql, (*with_params, tsq, *params, top, tsq, *params, top, limit, offset)).fetchall()
 
             try:
                 rows = self._read(fts)
@@ -134,6 +211,25 @@ class PostgresSearch:
                 return []
             from ..query import like_pattern
 
+            if is_msg and all(len(x) >= 2 and _CJK_RE.fullmatch(x) for x in subs):
+                # CJK runs: the bigram index of messages holding CJK text (message_index.cjk)
+                # narrows the rows a LIKE checks; still-listed rows are checked directly.
+                ors = " OR ".join("(x.cjk @> %s::text[] AND t.text LIKE %s ESCAPE '\\')" for _ in subs)
+                pors = " OR ".join("t.text LIKE %s ESCAPE '\\'" for _ in subs)
+                sub_args = [a for s in subs for a in (cjk_bigrams(s), like_pattern(s))]
+                sql = (
+                    f"{with_sql}SELECT * FROM (("
+                    f"SELECT {cols}, 0.0::float8 AS rank FROM message_index x JOIN messages t ON t.id = x.id"
+                    f" WHERE x.cjk IS NOT NULL AND ({ors}){and_where} ORDER BY x.id DESC LIMIT %s"
+                    f") UNION ALL ("
+                    f"SELECT {cols}, 0.0::float8 AS rank FROM message_index_pending p"
+                    f" JOIN messages t ON t.id = p.message_id WHERE ({pors}){and_where} ORDER BY t.id DESC LIMIT %s"
+                    ")) u ORDER BY id DESC LIMIT %s OFFSET %s"
+                )
+                rows = self._read(lambda c: c.execute(sql, (
+                    *with_params, *sub_args, *params, top, *[like_pattern(s) for s in subs], *params, top,
+                    limit, offset)).fetchall())
+                return [dict(zip(keys, r)) for r in rows]
             ors = " OR ".join("t.text ILIKE %s ESCAPE '\\'" for _ in subs)
             sql = (
                 f"{with_sql}SELECT {cols}, 0.0::float8 FROM {table} t WHERE ({ors}){and_where}"
