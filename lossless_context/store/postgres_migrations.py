@@ -236,6 +236,28 @@ MIGRATIONS: list[tuple[str, str]] = [
             ) x
         $fn$;
 
+        -- The same lexemes as before (checked on the bench's corpus) at about the cost of one
+        -- to_tsvector instead of two and a half: the second parse reads only the tokens that
+        -- hold separators, not the whole text again.
+        CREATE OR REPLACE FUNCTION lcm_tsvector_of(t text) RETURNS tsvector
+        LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $fn$
+        DECLARE
+            v tsvector := pg_catalog.to_tsvector('pg_catalog.english'::regconfig, t);
+            parts text;
+        BEGIN
+            IF t ~ '[[:alnum:]][./\\:@=]+[[:alnum:]]' THEN
+                SELECT pg_catalog.string_agg(m[1], ' ') INTO parts
+                FROM pg_catalog.regexp_matches(
+                    t, '([^[:space:]]*[[:alnum:]][./\\:@=]+[[:alnum:]][^[:space:]]*)', 'g') AS m;
+                v := v || pg_catalog.ts_delete(
+                    pg_catalog.to_tsvector('pg_catalog.english'::regconfig,
+                                           pg_catalog.regexp_replace(parts, '[./\\:@=]+', ' ', 'g')),
+                    pg_catalog.tsvector_to_array(v));
+            END IF;
+            RETURN v;
+        END
+        $fn$;
+
         CREATE TABLE message_index (
             id BIGINT PRIMARY KEY REFERENCES messages(id) ON DELETE CASCADE,
             tsv tsvector NOT NULL,
