@@ -243,6 +243,7 @@ class PostgresStore(PostgresSearch, PostgresConnections, Store):
             return ids
 
         ids = self._write(tx)
+        self.forget_max_row_id()
         self._indexer.kick()  # full-text index them off the commit path (postgres_index.py)
         if on_ids is not None:
             on_ids(ids)  # (after the commit: a retried transaction may give other ids)
@@ -425,7 +426,10 @@ class PostgresStore(PostgresSearch, PostgresConnections, Store):
             )
             return keymap, resolved
 
-        return self._write(tx)
+        try:
+            return self._write(tx)
+        finally:
+            self.forget_max_row_id()
 
     def staged_passes(self, session_id: str) -> list[StagedPass]:
         rows = self._read(lambda c: c.execute(

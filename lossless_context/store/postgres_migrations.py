@@ -267,6 +267,10 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX message_index_cjk ON message_index USING GIN (cjk) WHERE cjk IS NOT NULL;
 
         CREATE TABLE message_index_pending (message_id BIGINT PRIMARY KEY);
+        -- Analyse (and vacuum) the index table often: term_counts reads the frequencies of
+        -- its common lexemes from the planner statistics (pg_stats.most_common_elems).
+        ALTER TABLE message_index SET (autovacuum_vacuum_insert_scale_factor = 0.02,
+                                       autovacuum_analyze_scale_factor = 0.02);
 
         CREATE FUNCTION lcm_list_new_messages() RETURNS trigger
         LANGUAGE plpgsql AS $fn$

@@ -27,6 +27,9 @@ except ImportError:  # pragma: no cover - reported when the store is first used
 _CJK_RE = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\u3040-\u30ff]+")
 # A pending row's tsvector: the stored one of a row from before migration 006, else computed.
 _PENDING_TSV = "COALESCE(t.tsv, lcm_tsvector(t.text))"
+STATS_FLOOR = 1000  # a term estimated above this many matches is counted from the statistics
+STATS_SECONDS = 60.0  # how long the statistics read are reused
+MAX_ID_SECONDS = 2.0  # how long max_row_id's answer is reused
 
 
 def cjk_bigrams(s: str) -> list[str]:
@@ -48,7 +51,13 @@ class PostgresSearch:
         out = [0] * len(items)
         if not todo:
             return out
-        floor = self.max_row_id(target) - newest if newest is not None else None
+        total = self.max_row_id(target)
+        floor = total - newest if newest is not None else None
+        if target == "messages":
+            todo = self._counts_from_stats(todo, out, cap, total, newest)
+            if not todo:
+                return out
+        args: dict[str, Any] = {"cap": cap + 1, "floor": floor}
         if target == "messages":
             win_x = " AND x.id > %(floor)s" if floor is not None else ""
             win_p = " AND p.message_id > %(floor)s" if floor is not None else ""
@@ -61,35 +70,95 @@ class PostgresSearch:
         else:
             win = " AND x.id > %(floor)s" if floor is not None else ""
             count = "(SELECT count(*) FROM (SELECT 1 FROM summaries x WHERE x.tsv @@ q.q" + win + " LIMIT %(cap)s) a)"
-        # Every plan in one round trip; a refused operand (rare: operands are quoted by
-        # plan_query) is then counted alone so it cannot hide the others' counts.
-        many = ("SELECT u.o, " + count + " FROM unnest(%(qs)s::text[]) WITH ORDINALITY AS u(s, o)"
-                " CROSS JOIN LATERAL to_tsquery('english', u.s) AS q(q) ORDER BY u.o")
-        one = "SELECT " + count + " FROM to_tsquery('english', %(q)s) AS q(q)"
-        args = {"cap": cap + 1, "floor": floor}
+
+        def one(k: int) -> str:
+            # Each query a constant of its own part of the statement, so the planner sees its terms.
+            return f"SELECT {k}, LEAST({count}, %(cap)s) FROM to_tsquery('english', %(q{k})s) AS q(q)"
 
         def run(c: Any) -> None:
-            try:
-                with c.transaction():
-                    rows = c.execute(many, {**args, "qs": [s for _, s in todo]}).fetchall()
-                for (k, _), (_, n) in zip(todo, rows):
+            try:  # all plans in one round trip (autocommit: a failure leaves nothing open)
+                rows = c.execute(" UNION ALL ".join(one(k) for k, _ in todo),
+                                 {**args, **{f"q{k}": s for k, s in todo}}).fetchall()
+                for k, n in rows:
                     out[k] = n
                 return
             except (psycopg.DataError, psycopg.ProgrammingError):
                 pass
-            for k, s in todo:
+            for k, s in todo:  # a refused operand (rare: plan_query quotes them) alone
                 try:
-                    with c.transaction():  # a savepoint: a refused operand must not abort the others
-                        out[k] = c.execute(one, {**args, "q": s}).fetchone()[0]
+                    out[k] = c.execute(one(k), {**args, f"q{k}": s}).fetchone()[1]
                 except (psycopg.DataError, psycopg.ProgrammingError):
                     out[k] = cap + 1
 
         self._read(run)
         return out
 
+    def _counts_from_stats(self, todo: list[tuple[int, str]], out: list[int], cap: int, total: int,
+                           newest: int | None) -> list[tuple[int, str]]:
+        """Fill ``out`` for the single-lexeme queries the planner statistics know to be common
+        (counting them would walk thousands of matches; a capped count of a common term is
+        ``cap + 1``, and a windowed one the term's frequency times the window). The rest."""
+        freqs = self._lexeme_freqs()
+        if not freqs:
+            return todo
+        span = newest if newest is not None else total
+        rest = []
+        for k, s in todo:
+            lex = self._single_lexeme(s)
+            f = freqs.get(lex) if lex is not None else None
+            est = f * span if f is not None else 0.0
+            # (a windowed count is only asked for terms known to be common: the estimate is it)
+            if f is not None and (newest is not None or est > min(cap, STATS_FLOOR)):
+                out[k] = min(cap + 1, max(1, round(est)))
+            else:
+                rest.append((k, s))
+        return rest
+
+    def _lexeme_freqs(self) -> dict[str, float]:
+        """lexeme → fraction of indexed messages holding it, for the most common lexemes
+        (ANALYZE's statistics of message_index.tsv; refreshed once a minute)."""
+        cached = self.__dict__.get("_freqs")
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < STATS_SECONDS:
+            return cached[1]
+        row = self._read(lambda c: c.execute(
+            "SELECT most_common_elems::text::text[], most_common_elem_freqs FROM pg_catalog.pg_stats"
+            " WHERE schemaname = current_schema() AND tablename = 'message_index' AND attname = 'tsv'").fetchone())
+        freqs: dict[str, float] = {}
+        if row and row[0] and row[1]:
+            freqs = dict(zip(row[0], row[1]))  # (the frequencies carry 3 trailing summary values)
+        self.__dict__["_freqs"] = (now, freqs)
+        return freqs
+
+    def _single_lexeme(self, tsq: str) -> str | None:
+        """The lexeme a one-operand tsquery input parses to (None for anything else); cached."""
+        cache = self.__dict__.setdefault("_lexeme_cache", {})
+        if tsq not in cache:
+            try:
+                n, text = self._read(lambda c: c.execute(
+                    "SELECT numnode(q), q::text FROM to_tsquery('english', %s) AS q", (tsq,)).fetchone())
+            except (psycopg.DataError, psycopg.ProgrammingError):
+                n, text = 0, ""
+            if len(cache) > 4096:
+                cache.clear()
+            cache[tsq] = text[1:-1].replace("''", "'") if n == 1 and text.startswith("'") and text.endswith("'") else None
+        return cache[tsq]
+
     def max_row_id(self, target: str) -> int:
+        # A size estimate read several times per search: reused for MAX_ID_SECONDS (this
+        # process's own appends refresh it at once: forget_max_row_id).
         table = "messages" if target == "messages" else "summaries"
-        return self._read(lambda c: c.execute(f"SELECT COALESCE(MAX(id), 0) FROM {table}").fetchone()[0])
+        cache = self.__dict__.setdefault("_max_ids", {})
+        hit = cache.get(table)
+        now = time.monotonic()
+        if hit is not None and now - hit[0] < MAX_ID_SECONDS:
+            return hit[1]
+        n = self._read(lambda c: c.execute(f"SELECT COALESCE(MAX(id), 0) FROM {table}").fetchone()[0])
+        cache[table] = (now, n)
+        return n
+
+    def forget_max_row_id(self) -> None:
+        self.__dict__.pop("_max_ids", None)
 
     def _useful(self, c: Any, tsq: str) -> bool:
         cache = self.__dict__.setdefault("_useful_cache", {})
