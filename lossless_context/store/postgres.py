@@ -77,12 +77,37 @@ def _sum(row: tuple) -> SummaryRecord:
 class PostgresStore(PostgresSearch, PostgresConnections, Store):
     kind = "postgresql"
 
-    def __init__(self, location: str, **kwargs: Any) -> None:
+    def __init__(self, location: str, *, background_index: bool = True, **kwargs: Any) -> None:
+        """``background_index=False``: this store never indexes by itself (tools and tests
+        index with :meth:`index_pending_batch` / :meth:`wait_indexed`; searches still see
+        every committed message)."""
         super().__init__(location, **kwargs)
         self._indexer = PostgresIndexer(self._write, self._read, self.location)
+        self._background_index = bool(background_index)
 
     def _on_open(self) -> None:
-        self._indexer.kick()  # a backlog another process left behind
+        if self._background_index:
+            self._indexer.kick()  # a backlog another process left behind
+
+    def index_missing(self) -> int:
+        """Messages neither in the full-text index nor listed for it (0 unless damaged)."""
+        return self._read(lambda c: c.execute(
+            "SELECT count(*) FROM messages m WHERE NOT EXISTS (SELECT 1 FROM message_index x WHERE x.id = m.id)"
+            " AND NOT EXISTS (SELECT 1 FROM message_index_pending p WHERE p.message_id = m.id)").fetchone()[0])
+
+    def repair_index(self) -> int:
+        """List every message missing from the full-text index and index them; how many."""
+        n = self._write(lambda c: c.execute(
+            "INSERT INTO message_index_pending(message_id) SELECT m.id FROM messages m"
+            " WHERE NOT EXISTS (SELECT 1 FROM message_index x WHERE x.id = m.id)"
+            " ON CONFLICT DO NOTHING").rowcount)
+        self._indexer.wait_indexed()
+        return n
+
+    def has_trigram_index(self) -> bool:
+        """Whether the optional pg_trgm migration is applied (substring search over
+        summaries uses it; without it that search scans)."""
+        return "002_trigram" in self.applied_migrations()
 
     def wait_indexed(self) -> None:
         self._indexer.wait_indexed()
@@ -244,7 +269,8 @@ class PostgresStore(PostgresSearch, PostgresConnections, Store):
 
         ids = self._write(tx)
         self.forget_max_row_id()
-        self._indexer.kick()  # full-text index them off the commit path (postgres_index.py)
+        if self._background_index:
+            self._indexer.kick()  # full-text index them off the commit path (postgres_index.py)
         if on_ids is not None:
             on_ids(ids)  # (after the commit: a retried transaction may give other ids)
         return ids
