@@ -196,26 +196,44 @@ class PostgresStore(PostgresSearch, PostgresConnections, Store):
         return [dict(zip(keys, r)) for r in rows]
 
     def lineage(self, session_id: str) -> list[str]:
+        # The walk of the original per-session queries, with each session's row fetched
+        # together with its whole conversation (every tool call runs this: one or two round
+        # trips instead of one per session).
         def run(c: Any) -> list[str]:
+            rows: dict[str, tuple[str | None, str | None]] = {}
+            members: dict[str, list[str]] = {}
+
+            def load(sid: str) -> None:
+                got = c.execute(
+                    "SELECT o.id, o.parent_id, o.conversation_id FROM sessions s JOIN sessions o"
+                    " ON o.id = s.id OR (s.conversation_id IS NOT NULL AND o.conversation_id = s.conversation_id)"
+                    " WHERE s.id = %s ORDER BY o.created_at, o.id", (sid,)).fetchall()
+                conv = next((r[2] for r in got if r[0] == sid), None)
+                for oid, parent, oconv in got:
+                    rows[oid] = (parent, oconv)
+                if conv is not None:
+                    members[conv] = [r[0] for r in got if r[2] == conv]
+
             seen: list[str] = []
             frontier = [_t(session_id)]
-            conv: set[str] = set()
+            conv_done: set[str] = set()
             while frontier:
                 sid = frontier.pop()
                 if sid in seen:
                     continue
                 seen.append(sid)
-                row = c.execute("SELECT parent_id, conversation_id FROM sessions WHERE id=%s", (sid,)).fetchone()
+                if sid not in rows:
+                    load(sid)
+                row = rows.get(sid)
                 if row is None:
                     continue
                 if row[0]:
                     frontier.append(row[0])
-                if row[1] and row[1] not in conv:
-                    conv.add(row[1])
-                    frontier.extend(
-                        r[0] for r in c.execute(
-                            "SELECT id FROM sessions WHERE conversation_id=%s ORDER BY created_at, id", (row[1],))
-                    )
+                if row[1] and row[1] not in conv_done:
+                    conv_done.add(row[1])
+                    if row[1] not in members:
+                        load(sid)
+                    frontier.extend(members.get(row[1], []))
             return seen
 
         return self._read(run)

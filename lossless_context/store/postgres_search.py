@@ -57,28 +57,30 @@ class PostgresSearch:
             todo = self._counts_from_stats(todo, out, cap, total, newest)
             if not todo:
                 return out
-        args: dict[str, Any] = {"cap": cap + 1, "floor": floor}
+        win = floor is not None
         if target == "messages":
-            win_x = " AND x.id > %(floor)s" if floor is not None else ""
-            win_p = " AND p.message_id > %(floor)s" if floor is not None else ""
             count = (
-                "(SELECT count(*) FROM (SELECT 1 FROM message_index x WHERE x.tsv @@ q.q" + win_x
-                + " LIMIT %(cap)s) a) + (SELECT count(*) FROM (SELECT 1 FROM message_index_pending p"
-                " JOIN messages t ON t.id = p.message_id WHERE " + _PENDING_TSV + " @@ q.q" + win_p
-                + " LIMIT %(cap)s) b)"
+                "(SELECT count(*) FROM (SELECT 1 FROM message_index x WHERE x.tsv @@ q.q"
+                + (" AND x.id > %s" if win else "")
+                + " LIMIT %s) a) + (SELECT count(*) FROM (SELECT 1 FROM message_index_pending p"
+                " JOIN messages t ON t.id = p.message_id WHERE " + _PENDING_TSV + " @@ q.q"
+                + (" AND p.message_id > %s" if win else "") + " LIMIT %s) b)"
             )
+            count_args: tuple[Any, ...] = (floor, cap + 1, floor, cap + 1) if win else (cap + 1, cap + 1)
         else:
-            win = " AND x.id > %(floor)s" if floor is not None else ""
-            count = "(SELECT count(*) FROM (SELECT 1 FROM summaries x WHERE x.tsv @@ q.q" + win + " LIMIT %(cap)s) a)"
+            count = ("(SELECT count(*) FROM (SELECT 1 FROM summaries x WHERE x.tsv @@ q.q"
+                     + (" AND x.id > %s" if win else "") + " LIMIT %s) a)")
+            count_args = (floor, cap + 1) if win else (cap + 1,)
+        # Each query a constant of its own part of the statement, so the planner sees its terms.
+        one = "SELECT %s::int, LEAST(" + count + ", %s) FROM to_tsquery('english', %s) AS q(q)"
 
-        def one(k: int) -> str:
-            # Each query a constant of its own part of the statement, so the planner sees its terms.
-            return f"SELECT {k}, LEAST({count}, %(cap)s) FROM to_tsquery('english', %(q{k})s) AS q(q)"
+        def one_args(k: int, s: str) -> tuple[Any, ...]:
+            return (k, *count_args, cap + 1, s)
 
         def run(c: Any) -> None:
             try:  # all plans in one round trip (autocommit: a failure leaves nothing open)
-                rows = c.execute(" UNION ALL ".join(one(k) for k, _ in todo),
-                                 {**args, **{f"q{k}": s for k, s in todo}}).fetchall()
+                rows = c.execute(" UNION ALL ".join(one for _ in todo),
+                                 [a for k, s in todo for a in one_args(k, s)]).fetchall()
                 for k, n in rows:
                     out[k] = n
                 return
@@ -86,7 +88,7 @@ class PostgresSearch:
                 pass
             for k, s in todo:  # a refused operand (rare: plan_query quotes them) alone
                 try:
-                    out[k] = c.execute(one(k), {**args, f"q{k}": s}).fetchone()[1]
+                    out[k] = c.execute(one, one_args(k, s)).fetchone()[1]
                 except (psycopg.DataError, psycopg.ProgrammingError):
                     out[k] = cap + 1
 
