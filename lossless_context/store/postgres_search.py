@@ -27,6 +27,9 @@ except ImportError:  # pragma: no cover - reported when the store is first used
 _CJK_RE = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\u3040-\u30ff]+")
 # A pending row's tsvector: the stored one of a row from before migration 006, else computed.
 _PENDING_TSV = "COALESCE(t.tsv, lcm_tsvector(t.text))"
+# A listed row, looked up by id for each listed id (OFFSET 0 keeps the planner from pushing the
+# tsvector test down into a scan of every message: only listed rows are ever computed).
+_PENDING_ROW = "(SELECT * FROM messages m WHERE m.id = p.message_id OFFSET 0) t"
 STATS_FLOOR = 1000  # a term estimated above this many matches is counted from the statistics
 STATS_SECONDS = 60.0  # how long the statistics read are reused
 MAX_ID_SECONDS = 2.0  # how long max_row_id's answer is reused
@@ -63,7 +66,7 @@ class PostgresSearch:
                 "(SELECT count(*) FROM (SELECT 1 FROM message_index x WHERE x.tsv @@ q.q"
                 + (" AND x.id > %s" if win else "")
                 + " LIMIT %s) a) + (SELECT count(*) FROM (SELECT 1 FROM message_index_pending p"
-                " JOIN messages t ON t.id = p.message_id WHERE " + _PENDING_TSV + " @@ q.q"
+                " CROSS JOIN LATERAL " + _PENDING_ROW + " WHERE " + _PENDING_TSV + " @@ q.q"
                 + (" AND p.message_id > %s" if win else "") + " LIMIT %s) b)"
             )
             count_args: tuple[Any, ...] = (floor, cap + 1, floor, cap + 1) if win else (cap + 1, cap + 1)
@@ -264,7 +267,7 @@ class PostgresSearch:
                     + (" ORDER BY rank, x.id DESC" if ranked else " ORDER BY x.id DESC") + " LIMIT %s"
                     f") UNION ALL ("
                     f"SELECT {cols}, {pend_score} AS rank FROM message_index_pending p"
-                    " JOIN messages t ON t.id = p.message_id"
+                    f" CROSS JOIN LATERAL {_PENDING_ROW}"
                     f" CROSS JOIN LATERAL (SELECT {_PENDING_TSV} AS tsv OFFSET 0) v,"
                     f" to_tsquery('english', %s) AS q(q) WHERE v.tsv @@ q.q{and_where}"
                     + (" ORDER BY rank, t.id DESC" if ranked else " ORDER BY t.id DESC") + " LIMIT %s"
@@ -294,7 +297,7 @@ class PostgresSearch:
                     f" WHERE x.cjk IS NOT NULL AND ({ors}){and_where} ORDER BY x.id DESC LIMIT %s"
                     f") UNION ALL ("
                     f"SELECT {cols}, 0.0::float8 AS rank FROM message_index_pending p"
-                    f" JOIN messages t ON t.id = p.message_id WHERE ({pors}){and_where} ORDER BY t.id DESC LIMIT %s"
+                    f" CROSS JOIN LATERAL {_PENDING_ROW} WHERE ({pors}){and_where} ORDER BY t.id DESC LIMIT %s"
                     ")) u ORDER BY id DESC LIMIT %s OFFSET %s"
                 )
                 rows = self._read(lambda c: c.execute(sql, (
