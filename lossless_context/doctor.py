@@ -232,6 +232,18 @@ def _postgres(store: Any, repair: bool, rep: DoctorReport) -> DoctorReport:
     def q(c: Any, sql: str, *params: Any) -> list[tuple]:
         return c.execute(sql, params).fetchall()
 
+    # Messages are full-text indexed after their commit: index any backlog (left by a dead
+    # process, or still running) before comparing the index with the rows, as on SQLite.
+    store.wait_indexed()
+    missing = store.index_missing()
+    chk = rep.add("full-text index message_index in sync", not missing,
+                  f"{missing} messages neither indexed nor listed for indexing" if missing else "")
+    if missing and repair:
+        store.repair_index()
+        chk.repaired = True
+    rep.add("pg_trgm substring index", True, "" if store.has_trigram_index() else
+            "notice: pg_trgm is not installed (or may not be created by this role); substring search"
+            " over summaries scans instead of using a trigram index")
     with store._connection() as c:
         empty = q(c, SQL_NO_SOURCES)
         rep.add("every summary has sources", not empty,

@@ -44,6 +44,7 @@ from ..records import (
 from .base import Store, StoreError, resolve_keys, resolve_new_refs, with_appended
 from .pgtext import pg_text as _t
 from .postgres_conn import _RETRIES, PostgresConnections
+from .postgres_index import PostgresIndexer
 from .postgres_records import PostgresRecords
 from .postgres_search import PostgresSearch
 
@@ -76,6 +77,50 @@ def _sum(row: tuple) -> SummaryRecord:
 
 class PostgresStore(PostgresRecords, PostgresSearch, PostgresConnections, Store):
     kind = "postgresql"
+
+    def __init__(self, location: str, *, background_index: bool = True, **kwargs: Any) -> None:
+        """``background_index=False``: this store never indexes by itself (tools and tests
+        index with :meth:`index_pending_batch` / :meth:`wait_indexed`; searches still see
+        every committed message)."""
+        super().__init__(location, **kwargs)
+        self._indexer = PostgresIndexer(self._write, self._read, self.location)
+        self._background_index = bool(background_index)
+
+    def _on_open(self) -> None:
+        if self._background_index:
+            self._indexer.kick()  # a backlog another process left behind
+
+    def index_missing(self) -> int:
+        """Messages neither in the full-text index nor listed for it (0 unless damaged)."""
+        return self._read(lambda c: c.execute(
+            "SELECT count(*) FROM messages m WHERE NOT EXISTS (SELECT 1 FROM message_index x WHERE x.id = m.id)"
+            " AND NOT EXISTS (SELECT 1 FROM message_index_pending p WHERE p.message_id = m.id)").fetchone()[0])
+
+    def repair_index(self) -> int:
+        """List every message missing from the full-text index and index them; how many."""
+        n = self._write(lambda c: c.execute(
+            "INSERT INTO message_index_pending(message_id) SELECT m.id FROM messages m"
+            " WHERE NOT EXISTS (SELECT 1 FROM message_index x WHERE x.id = m.id)"
+            " ON CONFLICT DO NOTHING").rowcount)
+        self._indexer.wait_indexed()
+        return n
+
+    def has_trigram_index(self) -> bool:
+        """Whether the optional pg_trgm migration is applied (substring search over
+        summaries uses it; without it that search scans)."""
+        return "002_trigram" in self.applied_migrations()
+
+    def wait_indexed(self) -> None:
+        self._indexer.wait_indexed()
+
+    def index_pending_batch(self, batch: int = 256) -> list[int]:
+        """Index one batch of committed, not yet indexed messages; the ids this call indexed.
+        (The background indexer does this by itself; for tools and tests.)"""
+        return self._indexer.index_batch(batch)
+
+    def close(self) -> None:
+        self._indexer.close()
+        super().close()
 
     @staticmethod
     def _lock_sessions(c: Any, *session_ids: str | None) -> dict[str, int]:
@@ -152,26 +197,44 @@ class PostgresStore(PostgresRecords, PostgresSearch, PostgresConnections, Store)
         return [dict(zip(keys, r)) for r in rows]
 
     def lineage(self, session_id: str) -> list[str]:
+        # The walk of the original per-session queries, with each session's row fetched
+        # together with its whole conversation (every tool call runs this: one or two round
+        # trips instead of one per session).
         def run(c: Any) -> list[str]:
+            rows: dict[str, tuple[str | None, str | None]] = {}
+            members: dict[str, list[str]] = {}
+
+            def load(sid: str) -> None:
+                got = c.execute(
+                    "SELECT o.id, o.parent_id, o.conversation_id FROM sessions s JOIN sessions o"
+                    " ON o.id = s.id OR (s.conversation_id IS NOT NULL AND o.conversation_id = s.conversation_id)"
+                    " WHERE s.id = %s ORDER BY o.created_at, o.id", (sid,)).fetchall()
+                conv = next((r[2] for r in got if r[0] == sid), None)
+                for oid, parent, oconv in got:
+                    rows[oid] = (parent, oconv)
+                if conv is not None:
+                    members[conv] = [r[0] for r in got if r[2] == conv]
+
             seen: list[str] = []
             frontier = [_t(session_id)]
-            conv: set[str] = set()
+            conv_done: set[str] = set()
             while frontier:
                 sid = frontier.pop()
                 if sid in seen:
                     continue
                 seen.append(sid)
-                row = c.execute("SELECT parent_id, conversation_id FROM sessions WHERE id=%s", (sid,)).fetchone()
+                if sid not in rows:
+                    load(sid)
+                row = rows.get(sid)
                 if row is None:
                     continue
                 if row[0]:
                     frontier.append(row[0])
-                if row[1] and row[1] not in conv:
-                    conv.add(row[1])
-                    frontier.extend(
-                        r[0] for r in c.execute(
-                            "SELECT id FROM sessions WHERE conversation_id=%s ORDER BY created_at, id", (row[1],))
-                    )
+                if row[1] and row[1] not in conv_done:
+                    conv_done.add(row[1])
+                    if row[1] not in members:
+                        load(sid)
+                    frontier.extend(members.get(row[1], []))
             return seen
 
         return self._read(run)
@@ -224,6 +287,9 @@ class PostgresStore(PostgresRecords, PostgresSearch, PostgresConnections, Store)
             return ids
 
         ids = self._write(tx)
+        self.forget_max_row_id()
+        if self._background_index:
+            self._indexer.kick()  # full-text index them off the commit path (postgres_index.py)
         if on_ids is not None:
             on_ids(ids)  # (after the commit: a retried transaction may give other ids)
         return ids
@@ -405,7 +471,10 @@ class PostgresStore(PostgresRecords, PostgresSearch, PostgresConnections, Store)
             )
             return keymap, resolved
 
-        return self._write(tx)
+        try:
+            return self._write(tx)
+        finally:
+            self.forget_max_row_id()
 
     def staged_passes(self, session_id: str) -> list[StagedPass]:
         rows = self._read(lambda c: c.execute(
@@ -641,7 +710,7 @@ class PostgresStore(PostgresRecords, PostgresSearch, PostgresConnections, Store)
                 "staged_summaries": staged,
                 "compactions": sess[1],
                 "last_compaction_at": sess[2],
-                "unindexed_messages": 0,  # (indexed in the transaction that stores them)
+                "unindexed_messages": c.execute("SELECT count(*) FROM message_index_pending").fetchone()[0],
             }
 
         return self._read(run)

@@ -16,6 +16,7 @@ import random
 import re
 import threading
 import time
+import weakref
 from typing import Any, Callable, Iterator, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -66,6 +67,25 @@ def _mask_dsn(dsn: str) -> str:
         return re.sub(r":[^:@/]*@", ":***@", dsn)
 
 
+IDLE_CHECK_SECONDS = 2.0  # a pooled connection idle longer than this is checked before use
+_returned: "weakref.WeakKeyDictionary[Any, float]" = weakref.WeakKeyDictionary()
+
+
+def _mark_returned(conn: Any) -> None:
+    """Pool reset hook: remember when the connection was last handed back."""
+    _returned[conn] = time.monotonic()
+
+
+def _check_if_idle(conn: Any) -> None:
+    """Pool check hook: a round trip (``check_connection``) only for a connection that sat
+    idle for a while (a server restart or an idle timeout may have ended it); a connection
+    in steady use is handed out as is, saving a round trip on every store call. A call
+    that still meets a dead connection fails with StoreError; the pool drops that one."""
+    last = _returned.get(conn)
+    if last is None or time.monotonic() - last > IDLE_CHECK_SECONDS:
+        ConnectionPool.check_connection(conn)
+
+
 class PostgresConnections:
     """Connection handling for the PostgreSQL store."""
 
@@ -106,7 +126,16 @@ class PostgresConnections:
                         raise StoreError(f"cannot migrate store {self.location}: {str(exc).strip()}") from exc
                 self._pool = self._new_pool(POOL_MIN, self._pool_max, "lcm")
                 self._lock_pool = self._new_pool(0, LOCK_POOL_MAX, "lcm-locks")
-            return self._pool, self._lock_pool
+                opened = True
+            else:
+                opened = False
+            pools = (self._pool, self._lock_pool)
+        if opened:
+            self._on_open()
+        return pools
+
+    def _on_open(self) -> None:
+        """Called once the pools are open (the store starts its background work here)."""
 
     def _connect_once(self) -> Any:
         kwargs: dict[str, Any] = self._conn_kwargs()
@@ -138,7 +167,7 @@ class PostgresConnections:
         # Opened without waiting: the server was just reached; the pool fills in the background.
         pool = ConnectionPool(
             self._dsn, min_size=min_size, max_size=max_size, open=False, name=name,
-            kwargs=self._conn_kwargs(), check=ConnectionPool.check_connection,
+            kwargs=self._conn_kwargs(), check=_check_if_idle, reset=_mark_returned,
             timeout=POOL_TIMEOUT, num_workers=1,
         )
         pool.open(wait=False)

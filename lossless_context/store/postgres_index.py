@@ -1,0 +1,129 @@
+"""The PostgreSQL store's deferred full-text index of messages (migration 008).
+
+Committing a message only lists its id in ``message_index_pending`` (a statement trigger on
+``messages``). An indexer takes listed ids in batches: one statement deletes a batch from the
+list (``FOR UPDATE SKIP LOCKED``, so concurrent indexers - threads, processes, hosts - never
+take the same id) and writes those rows' tsvector and CJK bigrams into ``message_index``; the
+two happen in one transaction, so a row is indexed exactly once and a crash in between loses
+nothing (the ids are listed again on rollback). A backlog left by a process that died is
+taken by the next indexer of any process.
+
+Searches never wait for the indexer: they read ``message_index`` and compute the still-listed
+rows on the fly (``postgres_search.py``), so they see every committed message.
+
+Each store runs one background indexer thread, woken after each append and at first use.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable
+
+log = logging.getLogger("lossless_context.store")
+
+BATCH = 256  # rows per indexing transaction (texts may be up to ~160 KB)
+
+# The CJK ranges of migration 008's lcm_cjk_grams (a cheap test before computing bigrams).
+CJK_CLASS = r"[\u2e80-\u9fff\uac00-\ud7af\u3040-\u30ff]"
+
+INDEX_BATCH_SQL = (
+    "WITH claimed AS ("
+    " DELETE FROM message_index_pending WHERE message_id IN ("
+    "  SELECT message_id FROM message_index_pending ORDER BY message_id LIMIT %s FOR UPDATE SKIP LOCKED)"
+    " RETURNING message_id)"
+    " INSERT INTO message_index(id, tsv, cjk)"
+    " SELECT m.id, COALESCE(m.tsv, lcm_tsvector(m.text)),"
+    f" CASE WHEN m.text ~ '{CJK_CLASS}' THEN lcm_cjk_grams(m.text) END"
+    " FROM claimed c JOIN messages m ON m.id = c.message_id"
+    " ON CONFLICT (id) DO NOTHING RETURNING id"
+)
+
+
+class PostgresIndexer:
+    """Background and on-demand indexing of listed messages for one store."""
+
+    def __init__(self, write: Callable[[Callable[[Any], Any]], Any], read: Callable[[Callable[[Any], Any]], Any],
+                 location: str) -> None:
+        self._write = write
+        self._read = read
+        self._location = location
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+        self._closed = False
+        self._failed_logged = False
+
+    def index_batch(self, batch: int = BATCH) -> list[int]:
+        """Index one batch of listed messages; the ids this call indexed (empty: none left
+        that no one else is indexing)."""
+        def tx(c: Any) -> list[int]:
+            return [r[0] for r in c.execute(INDEX_BATCH_SQL, (int(batch),)).fetchall()]
+
+        return self._write(tx)
+
+    def drain(self) -> int:
+        """Index until nothing is listed (or what is left is being indexed by others)."""
+        n = 0
+        while True:
+            got = self.index_batch()
+            if not got:
+                return n
+            n += len(got)
+
+    def wait_indexed(self, timeout: float = 60.0) -> None:
+        """Index what is listed; then wait (bounded) for rows other indexers hold."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.drain()
+            if not self.pending() or time.monotonic() > deadline:
+                return
+            time.sleep(0.01)  # another indexer's batch commits within moments
+
+    def pending(self) -> int:
+        """Messages committed but not yet in ``message_index``."""
+        return self._read(lambda c: c.execute("SELECT count(*) FROM message_index_pending").fetchone()[0])
+
+    def kick(self) -> None:
+        """Wake the background indexer (started on first use, again in a forked child)."""
+        if self._closed:
+            return
+        with self._lock:
+            if self._pid != os.getpid():  # a forked child does not inherit the thread
+                self._thread, self._pid = None, os.getpid()
+                self._wake = threading.Event()
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="lcm-pg-indexer", daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        t = self._thread
+        if t is not None and t is not threading.current_thread() and self._pid == os.getpid():
+            t.join(timeout=5.0)
+            if t.is_alive():
+                return
+        with self._lock:  # a store used again after close() indexes in the background again
+            self._thread = None
+            self._closed = False
+
+    def _run(self) -> None:
+        wake = self._wake
+        while not self._closed:
+            wake.wait(timeout=30.0)  # also picks up a backlog another process left behind
+            wake.clear()
+            if self._closed:
+                return
+            try:
+                self.drain()
+                self._failed_logged = False
+            except Exception as exc:  # the store may be unreachable: searches still see everything
+                if not self._failed_logged:
+                    log.warning("lcm store %s: background indexing failed (searches compute the"
+                                " unindexed rows until it works again): %s", self._location, exc)
+                    self._failed_logged = True

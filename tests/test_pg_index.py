@@ -1,0 +1,218 @@
+"""The PostgreSQL store's deferred full-text index (store/postgres_index.py, migration 008),
+and the store on a managed-style server: a role without superuser rights that may not create
+pg_trgm. Every test runs against a real throw-away server (tests/support/pg.py)."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from lossless_context.doctor import run_doctor
+from lossless_context.query import plan_query
+from lossless_context.records import NewMessage
+from lossless_context.store.postgres import PostgresStore
+from lossless_context.store.postgres_migrations import MIGRATIONS
+
+psycopg = pytest.importorskip("psycopg")
+
+ROOT = Path(__file__).resolve().parent.parent
+CJK = "青龙七号暗号"
+
+
+def nm(text: str) -> NewMessage:
+    return NewMessage(raw={"role": "user", "content": text}, role="user", ident=uuid.uuid4().hex, uid=None,
+                      text=text, tokens=len(text) // 4 + 1, created_at=time.time())
+
+
+def fts_ids(store: PostgresStore, query: str, sessions=None) -> list[int]:
+    return [r["id"] for r in store.search("messages", sessions, plan_query(query), mode="fts", limit=50)]
+
+
+def sub_ids(store: PostgresStore, query: str) -> list[int]:
+    return [r["id"] for r in store.search("messages", None, plan_query(query), mode="substring", limit=50)]
+
+
+def indexed_ids(dsn: str) -> set[int]:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        return {r[0] for r in c.execute("SELECT id FROM message_index")}
+
+
+@pytest.fixture
+def quiet_store(pg_fresh_dsn):
+    """A store that never indexes by itself: whatever is indexed, the test indexed."""
+    st = PostgresStore(pg_fresh_dsn, background_index=False)
+    yield st
+    st.close()
+
+
+def test_search_right_after_append_sees_the_unindexed_rows(quiet_store, pg_fresh_dsn):
+    st = quiet_store
+    st.ensure_session("s")
+    old = st.append_messages("s", [nm(f"routine note {i} about widgets") for i in range(20)])
+    st.wait_indexed()
+    new = st.append_messages("s", [nm(f"the flaky webhook retry limit is 7 (remember {CJK})")])
+    assert st.stats()["unindexed_messages"] == 1 and new[0] not in indexed_ids(pg_fresh_dsn)
+    # every search primitive sees the committed, not yet indexed row
+    assert fts_ids(st, "webhook retry limit") == new
+    assert fts_ids(st, "widgets")[:1] == [old[-1]] and len(fts_ids(st, "widgets")) == 20
+    assert st.term_counts("messages", [plan_query("webhook")], 100) == [1]
+    assert sub_ids(st, CJK) == new
+    ranked = st.search("messages", ["s"], plan_query("webhook"), mode="fts", order="rank", limit=5)
+    assert [r["id"] for r in ranked] == new and ranked[0]["rank"] < 0
+    # once indexed: the same answers, the row found once
+    assert st.index_pending_batch() == new
+    assert st.stats()["unindexed_messages"] == 0
+    assert fts_ids(st, "webhook retry limit") == new and sub_ids(st, CJK) == new
+    assert st.term_counts("messages", [plan_query("webhook")], 100) == [1]
+
+
+def test_backlog_left_by_a_dead_process_is_seen_and_indexed(pg_fresh_dsn):
+    child = (
+        "import os, sys, time, uuid\n"
+        "from lossless_context.records import NewMessage\n"
+        "from lossless_context.store.postgres import PostgresStore\n"
+        "st = PostgresStore(sys.argv[1], background_index=False)\n"
+        "st.ensure_session('dead')\n"
+        "rows = [NewMessage(raw={'role': 'user', 'content': t}, role='user', ident=uuid.uuid4().hex, uid=None,\n"
+        "                   text=t, tokens=3, created_at=time.time()) for t in\n"
+        "        [f'orphaned backlog entry {i} zebracorn' for i in range(300)]]\n"
+        "st.append_messages('dead', rows)\n"
+        "os._exit(0)  # dies without indexing or closing anything\n"
+    )
+    r = subprocess.run([sys.executable, "-c", child, pg_fresh_dsn], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    quiet = PostgresStore(pg_fresh_dsn, background_index=False)
+    try:
+        assert quiet.stats()["unindexed_messages"] == 300 and not indexed_ids(pg_fresh_dsn)
+        assert len(fts_ids(quiet, "zebracorn")) == 50  # (a page of them)
+        assert quiet.term_counts("messages", [plan_query("zebracorn")], 1000) == [300]
+    finally:
+        quiet.close()
+    st = PostgresStore(pg_fresh_dsn)  # a normal store picks the backlog up by itself
+    try:
+        st.wait_indexed()
+        assert st.stats()["unindexed_messages"] == 0 and len(indexed_ids(pg_fresh_dsn)) == 300
+        assert st.term_counts("messages", [plan_query("zebracorn")], 1000) == [300]
+    finally:
+        st.close()
+
+
+def test_concurrent_indexers_index_each_row_exactly_once(quiet_store, pg_fresh_dsn):
+    quiet_store.ensure_session("s")
+    ids = quiet_store.append_messages("s", [nm(f"row {i} of the shared backlog") for i in range(1200)])
+    workers = [PostgresStore(pg_fresh_dsn, background_index=False) for _ in range(4)]
+    start = threading.Barrier(len(workers))
+    got: list[list[int]] = [[] for _ in workers]
+    errors: list[BaseException] = []
+
+    def run(k: int) -> None:
+        try:
+            start.wait()
+            while True:
+                batch = workers[k].index_pending_batch(25)
+                if not batch:
+                    return
+                got[k].extend(batch)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(workers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for w in workers:
+        w.close()
+    assert not errors
+    flat = [i for g in got for i in g]
+    assert len(flat) == len(set(flat)) == len(ids) and set(flat) == set(ids)
+    assert indexed_ids(pg_fresh_dsn) == set(ids) and quiet_store.stats()["unindexed_messages"] == 0
+
+
+def test_store_made_before_the_deferred_index_is_upgraded_online(pg_fresh_dsn):
+    old = [m for m in MIGRATIONS if m[0] < "008"]
+    with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE lcm_migrations (name TEXT PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)")
+        for name, sql in old:
+            c.execute(sql)
+            c.execute("INSERT INTO lcm_migrations VALUES (%s, 0)", (name,))
+        c.execute("INSERT INTO sessions(id, created_at, updated_at) VALUES ('s', 0, 0)")
+        c.execute("INSERT INTO messages(session_id, seq, ident, role, raw, text, tokens, created_at)"
+                  " SELECT 's', g, 'i' || g, 'user', '{}', 'legacy row ' || g || ' about src/billing/invoice.py',"
+                  " 5, g FROM generate_series(0, 99) g")
+    st = PostgresStore(pg_fresh_dsn, background_index=False)
+    try:
+        assert "008_deferred_message_index" in st.applied_migrations()
+        assert st.stats()["unindexed_messages"] == 100  # every old row listed, none lost
+        assert len(fts_ids(st, "invoice")) == 50 and len(fts_ids(st, "billing")) == 50
+        st.ensure_session("s")
+        new = st.append_messages("s", [nm("a fresh row about src/billing/invoice.py")])
+        assert fts_ids(st, "src/billing/invoice.py")[0] == new[0] and fts_ids(st, "billing")[0] == new[0]
+        st.wait_indexed()
+        assert st.stats()["unindexed_messages"] == 0 and len(indexed_ids(pg_fresh_dsn)) == 101
+        assert st.term_counts("messages", [plan_query("billing")], 1000) == [101]
+        # (the raw rows belong to no context: only the index check applies to them)
+        assert [c.ok for c in run_doctor(st).checks if c.name == "full-text index message_index in sync"] == [True]
+    finally:
+        st.close()
+
+
+def test_doctor_finds_and_repairs_a_message_missing_from_the_index(quiet_store, pg_fresh_dsn):
+    quiet_store.ensure_session("s")
+    ids = quiet_store.append_messages("s", [nm(f"doctor row {i}") for i in range(5)])
+    quiet_store.wait_indexed()
+    with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:
+        c.execute("DELETE FROM message_index WHERE id = %s", (ids[2],))  # damage: neither indexed nor listed
+    assert quiet_store.index_missing() == 1
+    chk = [c for c in run_doctor(quiet_store).checks if c.name == "full-text index message_index in sync"][0]
+    assert not chk.ok and "1 messages" in chk.detail
+    chk = [c for c in run_doctor(quiet_store, repair=True).checks
+           if c.name == "full-text index message_index in sync"][0]
+    assert chk.repaired and quiet_store.index_missing() == 0 and ids[2] in indexed_ids(pg_fresh_dsn)
+
+
+@pytest.fixture
+def app_role_dsn(pg_server):
+    """A database the superuser owns, used by a plain role that owns only its schema: it
+    may not create extensions (so pg_trgm is unavailable), like many managed services."""
+    name = pg_server.create_database("managed")
+    role = f"app_{uuid.uuid4().hex[:8]}"
+    pg_server.admin(f"CREATE ROLE {role} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE")
+    with psycopg.connect(pg_server.dsn(name), autocommit=True) as c:
+        c.execute(f"CREATE SCHEMA app AUTHORIZATION {role}")
+        c.execute(f"ALTER ROLE {role} IN DATABASE {name} SET search_path = app")
+        c.execute("REVOKE CREATE ON DATABASE " + name + " FROM PUBLIC")
+    yield pg_server.dsn(name).replace("lcm@", f"{role}@")
+    pg_server.drop_database(name)
+    pg_server.admin(f"DROP ROLE IF EXISTS {role}")
+
+
+def test_plain_role_without_pg_trgm(app_role_dsn, caplog):
+    with psycopg.connect(app_role_dsn, autocommit=True) as c:
+        assert c.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone() == (False,)
+    caplog.set_level(logging.WARNING, logger="lossless_context.store")
+    st = PostgresStore(app_role_dsn)
+    try:
+        st.ensure_session("s")
+        ids = st.append_messages("s", [nm(f"managed row {i} mentions {CJK}" if i == 7 else f"managed row {i}")
+                                       for i in range(30)])
+        assert not st.has_trigram_index()
+        assert any("002_trigram skipped" in r.getMessage() for r in caplog.records)
+        assert sub_ids(st, CJK) == [ids[7]] and fts_ids(st, "managed")[:1] == [ids[-1]]
+        assert [r["id"] for r in st.search("summaries", None, plan_query(CJK), mode="substring")] == []
+        st.wait_indexed()
+        assert sub_ids(st, CJK) == [ids[7]]
+        rep = run_doctor(st)  # (these rows belong to no context: the reachability check fails, as on SQLite)
+        assert all(c.ok for c in rep.checks if c.name != "every message reachable from a context or the DAG")
+        notice = [c for c in rep.checks if c.name == "pg_trgm substring index"]
+        assert notice and "pg_trgm is not installed" in notice[0].detail
+    finally:
+        st.close()
