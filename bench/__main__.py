@@ -23,7 +23,7 @@ from pathlib import Path
 
 from . import common
 
-PARTS = ("scale", "side_by_side", "quality", "backends", "background", "realtalk")
+PARTS = ("scale", "side_by_side", "quality", "backends", "background", "realtalk", "recall_demo")
 
 
 def main(argv: list[str] | None = None) -> int:

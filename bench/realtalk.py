@@ -241,9 +241,13 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     st = common.make_engine(store, context_length=context_length).store
     ing["summaries"] = st.max_row_id("summaries")
     ing["store_bytes"] = common.store_bytes(store)
+    from .recall_demo import previous_ranking
+
     grep = evaluate(chats, lambda c: grep_arm(store, c, context_length=context_length))
+    with previous_ranking():  # the same store, the ranking before context ranking (same-run baseline)
+        before = evaluate(chats, lambda c: grep_arm(store, c, context_length=context_length))
     fts = evaluate(chats, fts5_arm)
-    for r in (grep, fts):
+    for r in (grep, before, fts):
         r.pop("per_question", None)
     return {"context_length": context_length, "chats": len(chats), "ingest": ing,
-            "lcm_grep": grep, "fts5_or": fts}
+            "lcm_grep": grep, "lcm_grep_previous": before, "fts5_or": fts}

@@ -17,7 +17,7 @@ on SQLite and PostgreSQL):
   of that day (a day's margin on each side: the host's time zone is unknown) and searches that
   window for more candidates.
 
-The final score is ``own + W_NEIGHBOUR · neighbours + W_SUMMARY · summary``, times
+Only questions are re-ranked (:func:`wants_context`). The final score is ``own + W_NEIGHBOUR · neighbours + W_SUMMARY · summary``, times
 ``1 + TIME_BOOST`` inside a named day. Queries with an identifier, a quoted phrase or a
 substring item are not re-ranked: they stay exact-first.
 
@@ -54,9 +54,16 @@ _DATES = [
 ]
 
 
+_QUESTION = re.compile(r"^\s*(?:who|whom|whose|what|when|where|which|why|how|did|does|do|is|are|was|"
+                       r"were|has|have|had|can|could|would|will|should)\b|\?\s*$", re.I)
+
+
 def wants_context(plan: QueryPlan) -> bool:
-    """Natural-language queries only: identifiers, phrases and substrings stay exact-first."""
-    return bool(plan.terms) and not plan.exact and not plan.substrings
+    """Plain-language questions only (a question word first or a "?" last): their answer may be a
+    turn without their words. Keyword searches keep the lexical ranking and return only
+    matching rows; identifiers, phrases and substrings stay exact-first."""
+    return (bool(plan.terms) and not plan.exact and not plan.substrings
+            and bool(_QUESTION.search(plan.query)))
 
 
 def named_days(query: str) -> list[tuple[float, float]]:

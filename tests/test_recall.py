@@ -136,10 +136,10 @@ def test_answer_turn_without_query_words_is_found_through_its_neighbour(engine):
 
 def test_natural_language_pages_are_one_stable_ranking(engine):
     _dialogue(engine)
-    whole = [h["id"] for h in hits(grep(engine, query="chat about films and books", scope="messages", limit=12))]
+    whole = [h["id"] for h in hits(grep(engine, query="what did we chat about films and books?", scope="messages", limit=12))]
     paged, cursor = [], None
     for _ in range(4):
-        res = grep(engine, query="chat about films and books", scope="messages", limit=3,
+        res = grep(engine, query="what did we chat about films and books?", scope="messages", limit=3,
                    **({"cursor": cursor} if cursor else {}))
         paged += [h["id"] for h in hits(res)]
         cursor = res["next_cursor"]
