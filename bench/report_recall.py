@@ -45,3 +45,13 @@ def recall_demo(r: dict[str, Any]) -> list[str]:
             L.append(f"| seed {s['seed']}, {s['messages']} msgs, {s['summaries']} summaries | {arm} | {m['questions']} | "
                      + " | ".join(str(m.get(k)) for k in keys) + " |")
     return L
+
+
+def grep_scale(r: dict[str, Any]) -> list[str]:
+    L = ["", f"## lcm_grep at {r.get('messages')} messages (SQLite; `python -m bench.grep_scale`)", "",
+         "| query | kind | hits | p50 ms this release | p50 ms previous ranking |", "|---|---|---|---|---|"]
+    for kind, v in r.items():
+        if isinstance(v, dict) and "this" in v:
+            L.append(f"| `{v['query']}` | {kind} | {v.get('hits')} | {v['this'].get('p50')} | {v['previous'].get('p50')} |")
+    L += ["", "Both rankings on the same built store, calls interleaved; the machine was shared with other jobs."]
+    return L
