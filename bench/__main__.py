@@ -3,7 +3,7 @@
     python -m bench               # full run (default): scale 1k/10k/100k/1M, 3,000-message sessions, …
     python -m bench --quick       # the CI smoke configuration: seconds, small sizes
     python -m bench --only scale  # one part (scale | side_by_side | quality | backends | background |
-                                  # long_sessions); the result is
+                                  # long_sessions | realtalk | recall_demo); the result is
                                   # merged into an existing results.json and RESULTS.md is re-rendered
     python -m bench --out-dir DIR # write the two files elsewhere (the smoke test does)
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from . import common
 
-PARTS = ("scale", "side_by_side", "quality", "backends", "background", "long_sessions")
+PARTS = ("scale", "side_by_side", "quality", "backends", "background", "long_sessions", "realtalk", "recall_demo")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep-scratch", action="store_true", help="keep the scratch directory (stores, configs)")
     ap.add_argument("--scale-sizes", help="comma-separated history sizes (overrides the mode's)")
     ap.add_argument("--long-grid", help="long_sessions points as WINDOWxMESSAGES,… (overrides the mode's grid)")
+    ap.add_argument("--data", help="REALTALK's data directory (the Chat_*.json files) for --only realtalk")
     ap.add_argument("--pg-budget", type=float, help="seconds PostgreSQL's build may take before it stops early")
     a = ap.parse_args(argv)
 
@@ -49,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg["scale_sizes"] = [int(x) for x in a.scale_sizes.split(",") if x.strip()]
     if a.long_grid:
         cfg["long_grid"] = [tuple(int(x) for x in p.split("x")) for p in a.long_grid.split(",") if p.strip()]
+    if a.data:
+        cfg["data"] = a.data
     if a.pg_budget:
         cfg["pg_budget"] = a.pg_budget
     parts = list(dict.fromkeys(a.only)) if a.only else list(PARTS)

@@ -88,6 +88,14 @@ def render(res: dict[str, Any]) -> str:
         L += _background(parts["background"])
     if "long_sessions" in parts:
         L += _long(parts["long_sessions"])
+    from .report_recall import grep_scale, realtalk, recall_demo
+
+    if "realtalk" in parts:
+        L += realtalk(parts["realtalk"])
+    if "recall_demo" in parts:
+        L += recall_demo(parts["recall_demo"])
+    if "grep_scale" in parts:
+        L += grep_scale(parts["grep_scale"])
     profiles = _profiles(parts)
     if profiles:
         L += profiles

@@ -27,10 +27,12 @@ import math
 import time
 from typing import Any
 
+from . import originals, ranking
 from .query import QueryPlan, score_hit
 
 BLOCK = 50  # candidates ranked together (see ranked_page)
 MAX_POOL = 500  # candidates a search looks at, per target: the deepest page reachable
+CONTEXT_POOL = 200  # lexical candidates a natural-language query re-ranks with context (ranking.py)
 AVG_CHARS = 2_000.0  # BM25's average document length, in characters
 RANK_BUDGET = 2_000  # rows a ranked query may score (~2-10 µs each); also the count cap
 MAX_COUNTED = 8  # terms whose match counts are measured; the rest only join the last step
@@ -54,20 +56,33 @@ def ranked_page(store: Any, scope: Any, plan: QueryPlan, targets: list[str], *, 
         rows: list[dict[str, Any]] = []
         if plan.needs_substring:  # what the full-text index cannot hold (CJK, symbols) goes first
             rows = store.search(t, scope, plan, mode="substring", limit=end, offset=0, **filters)
-        found, idf = candidates(store, t, scope, plan, need=end, want=end, **filters)
+        contextual = t == "messages" and ranking.wants_context(plan)
+        pool = max(end, CONTEXT_POOL) if contextual else end  # a fixed pool: pages stay stable
+        found, idf = candidates(store, t, scope, plan, need=pool, want=pool, **filters)
         have = {r["id"] for r in rows}
         rows += [r for r in found if r["id"] not in have]
-        rows = rows[:end]
-        exhausted = exhausted and len(rows) < end
         for r in rows:
             r["kind"] = "m" if t == "messages" else "s"
             r["score"] = score_hit(plan, r["text"], idf, AVG_CHARS)
+        if contextual:
+            def more(lo: float, hi: float) -> list[dict[str, Any]]:
+                extra, _ = candidates(store, t, scope, plan, need=BLOCK, want=BLOCK,
+                                      **{**filters, "since": lo, "until": hi})
+                for r in extra:
+                    r["kind"] = "m"
+                return extra
+
+            rows = ranking.rerank(store, plan, rows, idf, more=more, **filters)
+        rows = rows[:end]
+        exhausted = exhausted and len(rows) < end
         seqs.append(rows)
     ordered: list[dict[str, Any]] = []
     for b in range(0, end, BLOCK):
         block = [r for rows in seqs for r in rows[b:b + BLOCK]]
         block.sort(key=lambda r: (-r["score"], -(r.get("created_at") or 0), r["kind"], -r["id"]))
         ordered.extend(block)
+    if "summaries" in targets and "messages" in targets and plan.exact:
+        ordered = originals.fold(store, scope, plan, ordered, **filters)
     more = len(ordered) > offset + limit or (not exhausted and end < MAX_POOL)
     return ordered[offset:offset + limit], more
 

@@ -355,6 +355,8 @@ class _Ctx:
                 "snippet": snippet(r["text"], plan) if mode == "text" else _regex_snippet(regex, r["text"]),
                 "summary_chain": [f"s{x}" for x in chain],
             }
+            if r.get("folded"):  # summaries that only repeat this original's match (originals.py)
+                hit["folded"] = [f"s{x}" for x in r["folded"]]
             if r["kind"] == "m" and r["id"] in msgs:
                 raw = msgs[r["id"]].raw
                 content = raw.get("content") if isinstance(raw, dict) else raw
