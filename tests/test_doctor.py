@@ -64,11 +64,13 @@ def test_turn_the_host_did_not_keep_is_information_not_failure(tmp_path, request
     e2.on_session_end("s1", msgs[:users[3]] + msgs[users[5]:users[6]])  # the resumed host's list
     rep = run_doctor(e2.store)
     assert rep.ok, rep.render_text()
-    [info] = [c for c in rep.checks if c.info]
-    assert info.name == "messages the host's conversation left out"
-    assert f"{users[4] - users[3]} stored message(s)" in info.detail
-    assert "[    info]" in rep.render_text()
-    # still stored and found
+    # To the engine the lost turn looks like a rollback at the end of the context (the host's
+    # list goes on from before it): its messages are kept as retracted records (hidden from
+    # search, restored if the host sends them again), which the doctor does not count as damage.
+    hidden = e2.store.retracted(e2.store.session_message_ids("s1"))
+    assert len(hidden) == users[4] - users[3]
+    assert not [c for c in rep.checks if not c.ok]
+    # still stored
     assert e2.store.stats()["messages"] == users[4] + (users[6] - users[5])
     # the newest rows outside every context are still a failure
     [orphan] = e2.store.append_messages("s1", [new_message({"role": "user", "content": "stray"}, 25_000, 900)])
