@@ -523,7 +523,7 @@ def doctor(app: App, repair: bool, as_json: bool) -> None:
     from .doctor import run_doctor
 
     store = app.open_store()
-    rep = run_doctor(store, repair=repair)
+    rep = run_doctor(store, repair=repair, fanin=app.config().condense_fanin)
     click.echo(json.dumps(rep.as_dict(), indent=2) if as_json else rep.render_text())
     for w in app.config().warnings:  # (shown, not failed: the engine runs on the default)
         click.echo(f"config: {w}", err=as_json)
