@@ -509,17 +509,7 @@ class SQLiteStore(SQLiteRecords, SQLiteSearch, Store):
         now = time.time()
         with self.tx() as c:
             for s in summaries:
-                # Ids are never reused (a discarded stage's ids must not name new nodes:
-                # adoption is judged by the ids in the host's summary marker).
-                sid = c.execute("UPDATE summary_id_watermark SET id = MAX(id, (SELECT COALESCE(MAX(id), 0)"
-                                " FROM summaries)) + 1 RETURNING id").fetchone()[0]
-                c.execute(
-                    "INSERT INTO summaries(id, session_id, kind, depth, text, tokens, source_tokens, level,"
-                    " summarizer, t_start, t_end, n_messages, state, pass_id, created_at)"
-                    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,'staged',?,?)",
-                    (sid, session_id, s.kind, s.depth, clean_text(resolve_keys(s.text, keymap)), s.tokens,
-                     s.source_tokens, s.level, s.summarizer, s.t_start, s.t_end, s.n_messages, pass_id, now),
-                )
+                sid = _insert_summary(c, session_id, s, resolve_keys(s.text, keymap), "staged", pass_id, now)
                 keymap[s.key] = sid
                 c.executemany(
                     "INSERT INTO summary_messages(summary_id, message_id, ord) VALUES (?,?,?)",
@@ -652,14 +642,7 @@ class SQLiteStore(SQLiteRecords, SQLiteSearch, Store):
         with self.tx() as c:
             session_id = c.execute("SELECT session_id FROM summaries WHERE id=?", (summary_id,)).fetchone()[0]
             for s in summaries:
-                sid = c.execute("UPDATE summary_id_watermark SET id = MAX(id, (SELECT COALESCE(MAX(id), 0)"
-                                " FROM summaries)) + 1 RETURNING id").fetchone()[0]
-                c.execute(
-                    "INSERT INTO summaries(id, session_id, kind, depth, text, tokens, source_tokens, level,"
-                    " summarizer, t_start, t_end, n_messages, state, pass_id, created_at)"
-                    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,'published',NULL,?)",
-                    (sid, session_id, s.kind, s.depth, clean_text(s.text), s.tokens, s.source_tokens, s.level,
-                     s.summarizer, s.t_start, s.t_end, s.n_messages, now))
+                sid = _insert_summary(c, session_id, s, s.text, "published", None, now)
                 keymap[s.key] = sid
                 c.executemany("INSERT INTO summary_parents(parent_id, child_id, ord) VALUES (?,?,?)",
                               [(sid, keymap[k] if isinstance(k, str) else k, i) for i, k in enumerate(s.child_keys)])
@@ -785,3 +768,20 @@ def _split_sql(script: str) -> list[str]:
     if buf:
         out.append("\n".join(buf))
     return out
+
+
+def _insert_summary(c: sqlite3.Connection, session_id: str, s: NewSummary, text: str, state: str,
+                    pass_id: str | None, now: float) -> int:
+    """Insert one summary node under a fresh id; its id. Ids are never reused (a discarded
+    stage's ids must not name new nodes: adoption is judged by the ids in the host's summary
+    marker)."""
+    sid = c.execute("UPDATE summary_id_watermark SET id = MAX(id, (SELECT COALESCE(MAX(id), 0)"
+                    " FROM summaries)) + 1 RETURNING id").fetchone()[0]
+    c.execute(
+        "INSERT INTO summaries(id, session_id, kind, depth, text, tokens, source_tokens, level,"
+        " summarizer, t_start, t_end, n_messages, state, pass_id, created_at)"
+        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        (sid, session_id, s.kind, s.depth, clean_text(text), s.tokens, s.source_tokens, s.level,
+         s.summarizer, s.t_start, s.t_end, s.n_messages, state, pass_id, now),
+    )
+    return sid
