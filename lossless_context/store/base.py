@@ -188,12 +188,12 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def update_summary_text(self, summary_id: int, text: str, tokens: int, level: str, summarizer: str) -> None: ...
 
+    @abc.abstractmethod
     def rebalance_summary(self, summary_id: int, summaries: Sequence[NewSummary],
                           child_keys: Sequence[str | int], depth: int) -> dict[str, int]:
         """One transaction: publish `summaries` (new condensed nodes between `summary_id` and
         its descendants) and make `child_keys` the node's children at `depth`. No node is
         deleted and every id stays valid (dag_rebalance.py). Returns key→id."""
-        raise NotImplementedError
 
     # -- summaries prepared ahead of a pass (background compaction) --------------
     @abc.abstractmethod
