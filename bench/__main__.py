@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
                 res = {"error": f"{type(exc).__name__}: {exc}"}
             res["wall_seconds"] = round(time.perf_counter() - t0, 1)
             res["mode"] = "quick" if quick else "full"
+            if name == "long_sessions" and a.long_grid:
+                res = _merge_long_points(results["parts"].get(name), res)
             results["parts"][name] = res
             print(f"[{name}] done in {res['wall_seconds']} s", flush=True)
     finally:
@@ -104,6 +106,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {out_dir / 'RESULTS.md'} and {json_path} in {results['meta']['wall_seconds']} s", flush=True)
     failed = [n for n in parts if results["parts"].get(n, {}).get("error")]
     return 1 if failed else 0
+
+
+def _merge_long_points(old: dict | None, new: dict) -> dict:
+    """Keep an earlier run's long_sessions points that `--long-grid` did not re-run.
+
+    The full grid takes hours on a shared 2-core machine, so its points are run a few at a time;
+    a point run again replaces its earlier figures, the others stay (each run says when it ran)."""
+    if not old or old.get("error") or new.get("error"):
+        return new
+    key = lambda r: (r.get("engine"), r.get("window"), r.get("messages"))  # noqa: E731
+    fresh = {key(r) for r in new.get("runs", [])}
+    kept = [r for r in old.get("runs", []) if key(r) not in fresh]
+    merged = dict(new)
+    merged["runs"] = sorted(kept + list(new.get("runs", [])), key=lambda r: (r.get("window", 0), r.get("messages", 0), r.get("engine", "")))
+    points = {tuple(p) for p in old.get("grid", [])} | {tuple(p) for p in new.get("grid", [])}
+    merged["grid"] = [list(p) for p in sorted(points)]
+    merged["wall_seconds"] = round(float(old.get("wall_seconds", 0)) + float(new.get("wall_seconds", 0)), 1)
+    return merged
 
 
 if __name__ == "__main__":

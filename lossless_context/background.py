@@ -105,15 +105,21 @@ class BackgroundWorker:
                 self._q.put((sid, job))
                 continue
             started = time.monotonic()
+            ok = False
             try:
                 job(self._stop.is_set)
-                self.jobs_done += 1
+                ok = True
             except Exception as exc:  # a failed job loses only staged work
-                self.jobs_failed += 1
                 log.warning("lcm background job for %s failed: %s", sid, exc)
             finally:
-                self.model_seconds += time.monotonic() - started
+                # The counters are read-modify-write from several threads: under the lock, or a
+                # count may be lost.
                 with self._lock:
+                    if ok:
+                        self.jobs_done += 1
+                    else:
+                        self.jobs_failed += 1
+                    self.model_seconds += time.monotonic() - started
                     self._busy.discard(sid)
                     self._running -= 1
 

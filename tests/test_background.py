@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 
 from lossless_context import LCMEngine
 from lossless_context.background import BackgroundWorker
+from lossless_context.compaction import span_key
 from lossless_context.config import LCMConfig
 from lossless_context.sessions import coding_session, turn_ranges
 from tests.support.fake_openai import Delay, FailureSequence, FakeOpenAI, SummariserResponder
@@ -104,7 +106,10 @@ def test_r19_path_returns_at_once_and_upgrades_later(tmp_path):
 
 
 def test_changed_span_is_not_adopted(tmp_path):
-    with FakeOpenAI(responder=SummariserResponder(max_chars=900)) as srv:
+    """A summary prepared for a span is adopted only for exactly those stored messages: after an
+    edit (a new version under the same uid) the prepared summary of the old span is not used."""
+    responder = SummariserResponder(max_chars=900)
+    with FakeOpenAI(responder=responder) as srv:
         e = _engine(tmp_path / "l.db", srv.base_url)
         host = NewHost(e, "bg-3")
         host.start(context_length=64_000)
@@ -114,19 +119,29 @@ def test_changed_span_is_not_adopted(tmp_path):
                 break
         worker = BackgroundWorker.for_store(e.store.location, 2)
         assert worker.wait_idle(60)
-        before = e.store.count_presummaries("bg-3")
-        assert before >= 1
+        assert e.store.count_presummaries("bg-3") >= 1
+        with sqlite3.connect(tmp_path / "l.db") as c:
+            prepared = dict(c.execute("SELECT span_key, text FROM presummaries WHERE session_id='bg-3'"))
         # edit an early message under its uid: the span it belonged to is no longer the same
         target = host.history[5]
         target["content"] = (target.get("content") or "") + " (edited)"
-        srv_calls = len(srv.chat_requests)
+        calls_before = len(responder.inputs)
         host.request()
         assert host.compress(force=True)
         edited = [m for m in e.store.iter_all_messages() if m.uid == target["message_uid"]]
         assert len(edited) == 2, "the edit is a new version"
-        # the leaf covering the new version was summarised again (a model call or a stopgap)
-        leaf_ids = e.store.message_summaries(edited[-1].id) or [None]
-        assert leaf_ids[0] is not None or srv_calls <= len(srv.chat_requests)
+        old_id, new_id = edited[0].id, edited[-1].id
+        leaf_ids = e.store.message_summaries(new_id)
+        assert leaf_ids, "the new version is covered by a published leaf"
+        leaf = e.store.get_summaries(leaf_ids[:1])[leaf_ids[0]]
+        _, span = e.store.summary_children(leaf.id)
+        assert new_id in span and old_id not in span
+        old_key = span_key([old_id if m == new_id else m for m in span])
+        assert old_key in prepared, "the worker had prepared this very span before the edit"
+        # adopting the old span's summary would give a model-level leaf although no call saw the edit
+        asked_with_edit = any("(edited)" in x for x in responder.inputs[calls_before:])
+        assert leaf.level != "normal" or asked_with_edit
+        assert asked_with_edit or leaf.text != prepared[old_key]
 
 
 def test_bounded_concurrency_and_prompt_shutdown():
@@ -178,3 +193,21 @@ def test_bounded_concurrency_and_prompt_shutdown():
     assert finished.wait(30)
     assert seen == [True], "the job ended by the stop flag, not by its own bound"
     assert not w2.submit("y", long_job)
+
+
+def test_job_counters_count_every_job():
+    """jobs_done / jobs_failed are exact with several threads finishing jobs at once."""
+    w = BackgroundWorker(concurrency=4)
+    try:
+        def ok(stop):
+            pass
+
+        def bad(stop):
+            raise RuntimeError("boom")
+
+        for i in range(200):  # distinct sessions: a session's second queued job would coalesce
+            assert w.submit(f"s{i}", bad if i % 5 == 0 else ok)
+        assert w.wait_idle(60)
+        assert (w.jobs_done, w.jobs_failed) == (160, 40)
+    finally:
+        w.shutdown()
