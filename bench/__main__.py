@@ -118,7 +118,7 @@ def _merge_long_points(old: dict | None, new: dict) -> dict:
     key = lambda r: (r.get("engine"), r.get("window"), r.get("messages"))  # noqa: E731
     fresh = {key(r) for r in new.get("runs", [])}
     kept = [r for r in old.get("runs", []) if key(r) not in fresh]
-    merged = dict(new)
+    merged = {**old, **new}  # keeps what only the earlier run recorded (e.g. its before/after table)
     merged["runs"] = sorted(kept + list(new.get("runs", [])), key=lambda r: (r.get("window", 0), r.get("messages", 0), r.get("engine", "")))
     points = {tuple(p) for p in old.get("grid", [])} | {tuple(p) for p in new.get("grid", [])}
     merged["grid"] = [list(p) for p in sorted(points)]

@@ -95,3 +95,23 @@ def test_bench_quick_writes_results(tmp_path: Path) -> None:
                     "tokens_sent_per_1k_messages", "facts_in_context", "first_hit_original", "planted"):
             assert _num(r[key]), (key, r[key])
         assert 0 <= r["first_hit_original"] <= r["planted"] and 0 <= r["facts_in_context"] <= r["planted"]
+
+
+def test_long_grid_points_merge_into_the_earlier_run():
+    """`--long-grid` runs a few points: the others stay, a re-run point replaces its figures."""
+    from bench.__main__ import _merge_long_points
+
+    def run(engine, w, n, calls):
+        return {"engine": engine, "window": w, "messages": n, "summariser_calls": calls}
+
+    old = {"grid": [[32000, 10000], [64000, 10000]], "before": [{"window": 32000}], "wall_seconds": 10,
+           "runs": [run("lcm", 32000, 10000, 1), run("builtin", 32000, 10000, 2), run("lcm", 64000, 10000, 3)]}
+    new = {"grid": [[64000, 10000], [64000, 100000]], "wall_seconds": 5,
+           "runs": [run("lcm", 64000, 10000, 30), run("lcm", 64000, 100000, 40)]}
+    m = _merge_long_points(old, new)
+    assert m["grid"] == [[32000, 10000], [64000, 10000], [64000, 100000]]
+    got = {(r["engine"], r["window"], r["messages"]): r["summariser_calls"] for r in m["runs"]}
+    assert got == {("lcm", 32000, 10000): 1, ("builtin", 32000, 10000): 2, ("lcm", 64000, 10000): 30,
+                   ("lcm", 64000, 100000): 40}
+    assert m["before"] == old["before"] and m["wall_seconds"] == 15
+    assert _merge_long_points({"error": "x"}, new) is new
