@@ -371,7 +371,8 @@ class LCMEngine(NewHostHooks, HostSignals, base_class()):  # type: ignore[misc]
                 try:
                     self._ensure(session_id, parent_id=parent)
                     # a new /branch: bounded at the fork, starting from the parent's context
-                    forks.seed_branch(self.store, session_id, parent)
+                    forks.seed_branch(self.store, session_id, parent, host_copy=self._host_history(session_id),
+                                      store_parent=lambda msgs: self.ingest(msgs, session_id=parent))
                 except Exception as exc:
                     log.debug("lcm: cannot record the parent of %s: %s", session_id, exc)
 
@@ -420,18 +421,36 @@ class LCMEngine(NewHostHooks, HostSignals, base_class()):  # type: ignore[misc]
     def _reconcile(self, session_id: str) -> None:
         """Turns after the last compaction of a process that died were never handed to us;
         the host's own session database (read-only) still has them: ingest what is new."""
-        db = self._session_db
-        loader = getattr(db, "get_messages_as_conversation", None)
-        if not callable(loader) or session_id in self._reconciled:
+        if session_id in self._reconciled:
             return
         self._reconciled.add(session_id)
+        msgs = self._host_history(session_id)
+        if msgs:
+            self.ingest(msgs, session_id=session_id)
+
+    def sync_from_host(self) -> int:
+        """Store what the host holds of the current session and the engine has not seen yet.
+
+        Below the compression threshold a 0.19.0 host hands the engine no message list, so a
+        slash command would otherwise look at a store without the latest turns. Reads the
+        host's own session record; returns how many messages it holds (0 without one)."""
+        sid = self._session_id
+        msgs = self._host_history(sid) if sid and not self._fork else []
+        if msgs:
+            self.ingest(msgs, session_id=sid)
+        return len(msgs)
+
+    def _host_history(self, session_id: str) -> list[Any]:
+        """The host's own record of a session (its session database, read only); [] if none."""
+        loader = getattr(self._session_db, "get_messages_as_conversation", None)
+        if not callable(loader):
+            return []
         try:
             msgs = loader(session_id)
         except Exception as exc:
             log.debug("lcm: cannot read the host's session %s: %s", session_id, exc)
-            return
-        if isinstance(msgs, list) and msgs:
-            self.ingest(msgs, session_id=session_id)
+            return []
+        return msgs if isinstance(msgs, list) else []
 
     def _commit(self, source_session: str, target_session: str) -> None:
         """The host adopted our last pass: publish it (the only commit signal)."""

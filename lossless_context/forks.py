@@ -18,7 +18,7 @@ parent's rows through the lineage).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .messages import flatten_content, role_of
 
@@ -61,14 +61,23 @@ def latest_real_session(sessions: Sequence[dict[str, Any]]) -> str | None:
 BRANCH = "branch"  # the boundary_reason of a host /branch copy
 
 
-def seed_branch(store: Any, session_id: str, parent_id: str) -> bool:
+def seed_branch(store: Any, session_id: str, parent_id: str,
+                store_parent: Callable[[list[Any]], Any] | None = None, host_copy: list[Any] | None = None) -> bool:
     """A new host branch of `parent_id`: it starts from the parent's active context (so the
     copied history aligns with the parent's rows and is not stored again) and sees the
     parent's history only up to now (its fork point). False when `session_id` already has
-    a history of its own (a resumed session, a rotation child): nothing is changed then."""
+    a history of its own (a resumed session, a rotation child): nothing is changed then.
+
+    `host_copy` is the history the host copied into the branch. Below the compression
+    threshold the host never handed the parent's latest turns to the engine, so they are
+    stored into the parent first (`store_parent`), before the fork point is taken: else the
+    branch would store them again as its own, and the parent's copy would count as written
+    after the fork."""
     _v, own = store.get_context(session_id)
     if own or store.session_message_ids(session_id):
         return False
+    if host_copy and store_parent is not None:
+        store_parent(host_copy)
     store.ensure_session(session_id, parent_id=parent_id, boundary_reason=BRANCH)
     store.set_fork_point(session_id)
     _v, ctx = store.get_context(parent_id)

@@ -39,6 +39,11 @@ def make_command_handler(engine: Any) -> Callable[[str], str]:
             # The host deep-copies the registered engine per agent and drives only the copies:
             # act on the copy the user's agent drives (the live session), never a review fork.
             live = engine.live_engine() if hasattr(engine, "live_engine") else engine
+            if hasattr(live, "sync_from_host"):
+                try:  # below the threshold the host never handed over its latest turns
+                    live.sync_from_host()
+                except Exception as exc:
+                    log.debug("lcm: reading the host's session before /lcm failed: %s", exc)
             return run_command(live, raw_args or "")
         except Exception as exc:
             return f"lcm: {type(exc).__name__}: {exc}"

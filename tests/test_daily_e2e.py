@@ -103,3 +103,18 @@ def test_undo_takes_the_message_out_of_search(tmp_path):
         assert second["hits"] == 0, second  # undone: no longer found
         # the host's own history lost the turn too (the later tool call names it as its query)
         assert not any("OOPS-SECRET-123" in str(m.get("content")) for m in run.messages if m["role"] == "user")
+
+
+def test_slash_grep_finds_live_messages_below_the_threshold(tmp_path):
+    """Below the threshold 0.19.0 hands the engine no message list: /lcm reads the host's own
+    record of the live session first, so what was just said is found."""
+    router = Router(chat=ChatResponder(reply_chars=200), summariser=SummariserResponder())
+    with FakeOpenAI(responder=router) as srv:
+        turns = _turns(4) + [{"command": f"/lcm grep {CANARY}"}, {"command": "/lcm status"}]
+        run = run_hermes(srv, turns, engine="lcm", workdir=tmp_path)
+        assert run.ok, run.describe()
+        grep, status = (t.get("command_output") for t in run.turns[-2:])
+        assert not any(t.get("compression_count") for t in run.turns), "stayed below the threshold"
+        assert CANARY in grep, grep
+        assert "[active context]" in grep, grep
+        assert "messages stored 0;" not in status, status

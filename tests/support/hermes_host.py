@@ -309,6 +309,7 @@ def run_hermes(
     python: str = DEFAULT_PYTHON,
     workdir: Optional[Union[str, Path]] = None,
     log_level: str = "INFO",
+    join_background: float = 0.0,
 ) -> HostRun:
     """Run ``turns`` user messages through one real AIAgent in a subprocess.
 
@@ -318,7 +319,10 @@ def run_hermes(
     (the CLI's manual compression path, cli.py:_manual_compress), ``/new``
     (the engine-visible part of cli.py:new_session) or
     ``{"command": "/<plugin-command> args"}`` (a plugin slash command, called
-    like cli.py does: ``handler(raw_args)``).
+    like cli.py does: ``handler(raw_args)``), or ``/branch [name]`` (the host's own
+    CLICommandsMixin._handle_branch_command on a stand-in CLI object).
+    ``join_background``: seconds to wait for the host's background review threads
+    ("bg-review") before the session ends.
 
     ``hermes_home`` / ``home``: reuse directories (e.g. a second process on the
     same store -- pass ``run.hermes_home`` / ``run.home`` of an earlier run);
@@ -382,6 +386,7 @@ def run_hermes(
         "end_session": end_session,
         "result_path": str(run_dir / "result.json"),
         "log_level": log_level,
+        "join_background": join_background,
     }
     spec_path = run_dir / "spec.json"
     spec_path.write_text(json.dumps(spec))
@@ -746,6 +751,14 @@ def _driver(spec_path: str) -> int:
             result["messages"] = history
             dump()
 
+        if spec.get("join_background"):
+            # the host's memory/skill review runs on daemon threads named "bg-review"; wait for
+            # them so what they did is in the store before this process exits
+            import threading
+
+            for t in [t for t in threading.enumerate() if t.name == "bg-review"]:
+                t.join(timeout=float(spec.get("join_background")))
+            result["background_alive"] = [t.name for t in threading.enumerate() if t.name == "bg-review"]
         if spec.get("end_session", True):
             try:
                 agent.shutdown_memory_provider(history)
@@ -780,6 +793,8 @@ def _run_command(agent: Any, command: str, history: List[Dict[str, Any]]) -> Dic
         return _new_session(agent, history)
     if name == "undo":
         return _undo(history)
+    if name == "branch":
+        return _branch(agent, history, command)
     from hermes_cli.plugins import get_plugin_command_handler, resolve_plugin_command_result
 
     handler = get_plugin_command_handler(name)
@@ -787,6 +802,31 @@ def _run_command(agent: Any, command: str, history: List[Dict[str, Any]]) -> Dic
         return {"command_error": f"unknown command /{name}"}
     out = resolve_plugin_command_result(handler(arg))
     return {"command_output": out}
+
+
+def _branch(agent: Any, history: List[Dict[str, Any]], command: str) -> Dict[str, Any]:
+    """``/branch [name]`` through the host's own handler (CLICommandsMixin._handle_branch_command),
+    on a stand-in for the CLI object that carries what the handler reads and writes."""
+    import cli as hermes_cli_module
+    from hermes_cli.cli_commands_mixin import CLICommandsMixin
+
+    class _CLI(CLICommandsMixin):
+        _transfer_session_yolo = hermes_cli_module.HermesCLI._transfer_session_yolo
+
+    shell = _CLI()
+    shell.conversation_history = list(history)
+    shell._session_db = getattr(agent, "_session_db", None)
+    shell.session_id = agent.session_id
+    shell.agent = agent
+    shell.model = agent.model
+    shell.max_turns = getattr(agent, "max_iterations", 12)
+    shell.reasoning_config = getattr(agent, "reasoning_config", None)
+    shell._pending_title = None
+    shell._resumed = False
+    parent = agent.session_id
+    shell._handle_branch_command(command)
+    return {"command_output": {"parent_session_id": parent, "branch_session_id": agent.session_id},
+            "_history": list(shell.conversation_history)}
 
 
 def _undo(history: List[Dict[str, Any]]) -> Dict[str, Any]:
