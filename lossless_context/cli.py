@@ -75,12 +75,10 @@ class App:
             return  # an empty file: a store that was created and never written
         if head != SQLITE_MAGIC:
             raise UserError(f"{p} is not an lcm store (not an SQLite database)")
+        from .store.sqlite_readonly import table_names
+
         try:
-            c = sqlite3.connect(f"file:{quote(str(p.resolve()))}?mode=ro", uri=True)
-            try:
-                tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-            finally:
-                c.close()
+            tables = table_names(str(p))
         except sqlite3.Error as exc:
             raise UserError(f"cannot open {p}: {exc}") from exc
         if tables and "lcm_migrations" not in tables:

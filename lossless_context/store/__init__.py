@@ -11,6 +11,10 @@ def open_store(location: str) -> Store:
         from .postgres import PostgresStore
 
         return PostgresStore(location)
+    from .sqlite_readonly import ReadOnlySQLiteStore, is_read_only
+
+    if is_read_only(location):  # someone else's store, a read-only mount: inspect, never write
+        return ReadOnlySQLiteStore(location)
     from .sqlite import SQLiteStore
 
     return SQLiteStore(location)

@@ -57,6 +57,7 @@ def with_appended(items: Sequence[tuple[str, int]], extra_rows: Sequence[tuple[A
 class Store(abc.ABC):
     location: str
     kind: str
+    read_only: bool = False  # opened for inspection only (store/sqlite_readonly.py): writes raise
 
     # -- sessions -----------------------------------------------------------
     @abc.abstractmethod
