@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from .assemble import Slot
 from .compaction import Budget, Compactor, plan_region, source_text, span_key
-from .extractive import Source
+from .records import Source
 from .messages import tool_call_ids
 from .store.base import Store
 from .summarize import Escalator, SummaryRequest

@@ -24,7 +24,7 @@ from .assemble import (
     total_tokens,
 )
 from .dag_balance import next_condensation
-from .extractive import Source
+from .records import Source
 from .messages import content_ident
 from .owners import new_pass_id
 from .records import MessageRecord, NewSummary, SummaryRecord

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .dag_balance import depth_bound
-from .extractive import Source
+from .records import Source
 from .records import NewSummary, SummaryRecord
 from .store.base import Store
 from .summarize import SummaryRequest, deterministic_summary

@@ -10,22 +10,12 @@ Also home of `Source`, the unit every summariser takes as input.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Sequence
 
+from .records import Source  # (defined with the other records; re-exported here)
 from .tokens import estimate_text_tokens
 
 __all__ = ["Source", "extractive_summary"]
-
-
-@dataclass(frozen=True, slots=True)
-class Source:
-    """One message or summary to be summarised, already flattened to plain text."""
-
-    id: str  # "m123" for a message, "s7" for a summary
-    role: str  # user | assistant | tool | system | summary
-    text: str
-    timestamp: str | None = None
 
 
 _ROLE_SHORT = {"user": "u", "assistant": "a", "tool": "t", "system": "sys", "summary": "s"}

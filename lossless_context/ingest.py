@@ -21,7 +21,6 @@ from typing import Any, Iterator, Sequence
 
 from . import gcpause
 from .assemble import LARGE_OPEN, Slot
-from .explore import explore
 from .messages import (
     IdentMemo,
     absorbed_uids,
@@ -169,6 +168,8 @@ def new_message(msg: Any, large_tokens: int, exploration_tokens: int, supersedes
     if large:
         hint = msg.get("name") if isinstance(msg, dict) else None
         try:
+            from .explore import explore  # (only for large outputs: keeps the plugin's load light)
+
             exploration = explore(text, max_tokens=exploration_tokens, hint=hint)
         except Exception as exc:  # exploration is a convenience; storing must not fail
             log.warning("lcm: exploration summary failed: %s", exc)

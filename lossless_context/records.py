@@ -97,3 +97,13 @@ class StagedPass:
     items: list[tuple[str, int]]
     top_nodes: list[int]
     created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """One message or summary to be summarised, already flattened to plain text."""
+
+    id: str  # "m123" for a message, "s7" for a summary
+    role: str  # user | assistant | tool | system | summary
+    text: str
+    timestamp: str | None = None
