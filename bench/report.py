@@ -243,7 +243,8 @@ def _summary(parts: dict[str, Any]) -> list[str]:
 
 
 def _engine(e: str) -> str:
-    return {"lcm": "lossless-context (ours)", "builtin": "built-in ContextCompressor"}.get(e, e)
+    return {"lcm": "lossless-context (ours, tier 0 on)", "lcm_no_tier0": "lossless-context (ours, tier 0 off)",
+            "builtin": "built-in ContextCompressor"}.get(e, e)
 
 
 def _scale(sc: dict[str, Any]) -> list[str]:
@@ -374,7 +375,7 @@ def _sbs(s: dict[str, Any]) -> list[str]:
     for r in s["runs"]:
         rc = r["recall"]
         rows.append([r["session"], _engine(r["engine"]), rc["canaries"], rc["in_context_exact"],
-                     rc["in_context_paraphrased"], rc["via_tools_exact"] if r["engine"] == "lcm" else "0 (no tools)",
+                     rc["in_context_paraphrased"], rc["via_tools_exact"] if r["engine"] != "builtin" else "0 (no tools)",
                      rc["exact_anywhere"], rc["lost"]])
     L += _table(["session", "engine", "canaries", "exact in final context", "paraphrased in context",
                  "exact via lcm_grep → lcm_expand", "exact anywhere", "lost"], rows)
@@ -384,10 +385,23 @@ def _sbs(s: dict[str, Any]) -> list[str]:
     for r in s["runs"]:
         for c in r["recall"]["rows"]:
             by.setdefault((r["session"], c["key"], c["kind"], c["value"], c["message_index"]), {})[r["engine"]] = c["status"]
-    rows = [[k[0], k[2], f"`{k[3]}`", k[4], v.get("lcm", "—"), v.get("builtin", "—")] for k, v in by.items()]
-    L += _table(["session", "kind", "value", "planted at msg", "ours", "built-in"], rows)
+    rows = [[k[0], k[2], f"`{k[3]}`", k[4], v.get("lcm", "—"), v.get("lcm_no_tier0", "—"), v.get("builtin", "—")]
+            for k, v in by.items()]
+    L += _table(["session", "kind", "value", "planted at msg", "ours (tier 0 on)", "ours (tier 0 off)", "built-in"], rows)
     L.append("")
-    lv = [(r["session"], r.get("summary_levels")) for r in s["runs"] if r["engine"] == "lcm"]
+    spend = [r for r in s["runs"] if r.get("lcm_status")]
+    if spend:
+        L += ["Our own cost figures (`get_status()`: summariser calls, tokens in/out as the server reported them, "
+              "seconds; tier-0 passes reached their target with stubs alone, without a model call):", ""]
+        rows = []
+        for r in spend:
+            st = r["lcm_status"]
+            c = st.get("lcm_cost_total") or {}
+            rows.append([r["session"], _engine(r["engine"]), c.get("calls", 0), c.get("input_tokens", 0),
+                         c.get("output_tokens", 0), c.get("seconds", 0), st.get("lcm_tier0_passes", 0)])
+        L += _table(["session", "engine", "calls", "tokens in", "tokens out", "seconds", "stub-only passes"], rows)
+        L.append("")
+    lv = [(r["session"], r.get("summary_levels")) for r in s["runs"] if r["engine"] != "builtin"]
     if any(x[1] for x in lv):
         L.append("Our summary nodes by escalation level: " + "; ".join(
             f"{k}: " + (", ".join(f"{a} {b}" for a, b in v.items()) if v else "none") for k, v in lv) + ".")

@@ -124,9 +124,10 @@ def run_one(kind: str, which: str, session: Any, srv: Any, ctx: int, work: Path)
 
     srv.clear()
     store = None
-    if which == "lcm":
-        store = str(work / f"sbs-{kind}.db")
-        eng = common.make_engine(store, context_length=ctx, summarizer="openai", summary_base_url=srv.base_url)
+    if which in ("lcm", "lcm_no_tier0"):
+        store = str(work / f"sbs-{kind}-{which}.db")
+        eng = common.make_engine(store, context_length=ctx, summarizer="openai", summary_base_url=srv.base_url,
+                                 tool_stubs=(which == "lcm"))
     else:
         eng = _builtin(ctx, srv.base_url)
     drv = HostDriver(eng, session_id=f"sbs-{kind}", system_prompt=SYSTEM_PROMPT, context_length=ctx,
@@ -154,8 +155,10 @@ def run_one(kind: str, which: str, session: Any, srv: Any, ctx: int, work: Path)
     s = res["summariser"]
     res["summariser_calls_per_1k_messages"] = round(s["calls"] / n * 1000, 2)
     res["summariser_tokens_sent_per_1k_messages"] = round(s["tokens_sent"] / n * 1000)
-    res["recall"] = canary_recall(session, final, eng if which == "lcm" else None)
-    if which == "lcm":
+    res["recall"] = canary_recall(session, final, eng if which != "builtin" else None)
+    if which != "builtin":
+        res["lcm_status"] = {k: v for k, v in eng.get_status().items() if k in (
+            "lcm_cost_total", "lcm_tier0_passes", "lcm_stubbed_results")}
         st = eng.store
         c = st.conn()
         res["summary_levels"] = {lvl: k for lvl, k in c.execute(
@@ -183,7 +186,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     runs = []
     for kind in ("coding", "chat", "mixed"):
         session = make_session(kind, n, seed=11)
-        for which in ("lcm", "builtin"):
+        for which in ("lcm", "lcm_no_tier0", "builtin"):
             t0 = time.perf_counter()
             r = run_one(kind, which, session, srv, ctx, work)
             runs.append(r)

@@ -26,6 +26,7 @@ from .tokens import estimate_message_tokens
 log = logging.getLogger("lossless_context.assemble")
 
 LARGE_OPEN = '<lcm-large id="'
+STUB_MARK = "[tool-output stub]"  # first line of a tier-0 stub (stubs.py makes them)
 
 
 @dataclass(slots=True)  # (thousands live per session: no per-instance dict)
@@ -65,7 +66,7 @@ def fmt_time(ts: float | None) -> str:
 
 
 def render_summary(nodes: Sequence[SummaryRecord], covered: int, role: str,
-                   max_tokens: int | None = None) -> dict[str, Any]:
+                   max_tokens: int | None = None, extra: str = "") -> dict[str, Any]:
     """The summary block; with `max_tokens` (the message's tokens), node bodies are shortened to fit
     (summary_view.py) — every node is still named, so every older message is represented."""
     ids = ",".join(f"s{n.id}" for n in nodes)
@@ -96,6 +97,9 @@ def render_summary(nodes: Sequence[SummaryRecord], covered: int, role: str,
                 )
                 if body:
                     lines.append(body)
+        if extra:  # the continuity section (continuity.py): inside the block, so a merge keeps it ours
+            lines.append("")
+            lines.append(extra.strip())
         lines.append("</lcm-summary>")
         return "\n".join(lines)
 
@@ -111,12 +115,12 @@ def render_summary(nodes: Sequence[SummaryRecord], covered: int, role: str,
 def large_representation(msg: Mapping[str, Any], mid: int, tokens: int, exploration: str) -> dict[str, Any]:
     """A huge message shown as its exploration summary; pairing fields kept intact."""
     out = provider_view(msg)
-    out["content"] = (
-        f'{LARGE_OPEN}m{mid}" tokens="{tokens}">\n'
-        f"[Large content ({tokens} tokens) kept verbatim in the store. lcm_expand(id=\"m{mid}\") "
-        "pages through it; lcm_grep searches it.]\n"
-        f"{exploration}\n</lcm-large>"
-    )
+    if exploration.startswith(STUB_MARK):  # a tier-0 stub of an older tool result (stubs.py)
+        note = f"[Older tool output shown as a stub; lcm_expand(id=\"m{mid}\") returns it verbatim.]"
+    else:
+        note = (f"[Large content ({tokens} tokens) kept verbatim in the store. lcm_expand(id=\"m{mid}\") "
+                "pages through it; lcm_grep searches it.]")
+    out["content"] = f'{LARGE_OPEN}m{mid}" tokens="{tokens}">\n{note}\n{exploration}\n</lcm-large>'
     return out
 
 

@@ -313,6 +313,7 @@ def status(app: App, as_json: bool) -> None:
                default=None)
     st["last_compaction_session"] = last["id"] if last else None
     st["summaries_by_depth"] = {str(k): v for k, v in sorted(st["summaries_by_depth"].items())}
+    st["summariser_spend"] = store.summary_cost_totals()
     st["config_warnings"] = list(app.config().warnings)
     if as_json:
         click.echo(json.dumps(st, indent=2, default=str))
@@ -380,6 +381,27 @@ def describe(app: App, node_id: str, session: str | None, as_json: bool) -> None
     engine, _ = app.engine(session)
     data = _tool(engine, "lcm_describe", {"id": node_id})
     click.echo(json.dumps(data, indent=2, ensure_ascii=False) if as_json else describe_text(data))
+
+
+@lcm.command()
+@click.argument("node_id", metavar="ID")
+@click.option("--session", default=None, help="Session whose lineage the id belongs to (default: the latest).")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@pass_app
+def resummarize(app: App, node_id: str, session: str | None, as_json: bool) -> None:
+    """Re-summarise one summary node (s12) with the current summariser; the id stays valid
+    and the previous text is kept in the node's history."""
+    from .resummarize import resummarize as run
+
+    engine, _ = app.engine(session)
+    ref = node_id.strip().lower().lstrip("s")
+    if not ref.isdigit():
+        raise UserError(f"{node_id!r} is not a summary id (like s12)")
+    out = run(engine.store, engine.summary_escalator(),
+              int(ref), engine.config.leaf_summary_tokens)
+    click.echo(json.dumps(out, indent=2) if as_json else
+               f"{out['id']}: {out['previous_level']} ({out['previous_tokens']} tokens) → {out['level']} "
+               f"({out['tokens']} tokens) by {out['summarizer']}; {out['history']} earlier text(s) kept")
 
 
 @lcm.command()
@@ -618,6 +640,10 @@ def status_table(console: Any, st: dict[str, Any]) -> None:
     if st.get("unindexed_messages"):
         t.add_row("not yet full-text indexed", f"{st['unindexed_messages']:,} (indexed by the next search)")
     t.add_row("compactions", f"{st['compactions']:,}")
+    sp = st.get("summariser_spend") or {}
+    if sp.get("calls"):
+        t.add_row("summariser spend", f"{sp['calls']:,} calls for {sp['nodes']:,} nodes, {sp['input_tokens']:,} tokens "
+                  f"in / {sp['output_tokens']:,} out, {sp['ms'] / 1000:.1f} s, model {', '.join(sp['models'])}")
     last = _ts(st.get("last_compaction_at"))
     if st.get("last_compaction_session"):
         last += f" (session {st['last_compaction_session']})"
@@ -700,13 +726,20 @@ def describe_text(d: dict[str, Any]) -> str:
         f"{d['id']}  {d.get('kind')} summary  depth {d.get('depth')}",
         f"tokens {d.get('tokens')} (from {d.get('source_tokens')} source tokens), "
         f"{d.get('messages_covered')} messages, {d.get('time_start')} → {d.get('time_end')}",
-        f"level {d.get('level')}, summariser {d.get('summarizer')}",
+        f"level {d.get('level')}, summariser {d.get('summarizer')}" + _node_cost(d.get("cost")),
         "parents: " + (" ".join(d.get("parents") or []) or "none (top of the DAG)"),
         f"children ({d.get('children_total', len(kids))}): " + " ".join(kids[:40])
         + (" …" if len(kids) > 40 else ""),
         "", str(d.get("text") or ""),
     ]
     return "\n".join(lines)
+
+
+def _node_cost(c: Any) -> str:
+    if not isinstance(c, dict):
+        return ""
+    return (f", model {c.get('model')}: {c.get('calls')} calls, {c.get('input_tokens'):,} tokens in / "
+            f"{c.get('output_tokens'):,} out, {c.get('ms')} ms")
 
 
 def _message_body(msg: Any) -> str:

@@ -23,12 +23,15 @@ from .assemble import (
     repair,
     total_tokens,
 )
+from . import continuity
+from .costs import Spend
 from .dag_balance import next_condensation
 from .records import Source
 from .messages import content_ident
 from .owners import new_pass_id
 from .records import MessageRecord, NewSummary, SummaryRecord
 from .store.base import Store
+from .stubs import StubPolicy, apply_stubs, swap_stubs
 from .summarize import Escalator, SummaryRequest, deterministic_summary
 from .tokens import estimate_message_tokens, estimate_text_tokens
 
@@ -65,6 +68,8 @@ class PassResult:
     levels: dict[str, int] = field(default_factory=dict)
     upgrade_ids: list[int] = field(default_factory=list)
     adopted: int = 0
+    stubs: int = 0  # tool results shown as tier-0 stubs in the output
+    spend: Spend = field(default_factory=Spend)  # the pass's summariser calls (costs.py)
 
 
 @dataclass
@@ -81,8 +86,12 @@ class _Node:
 class Compactor:
     def __init__(self, store: Store, escalator: Escalator, *,
                  cancelled: Callable[[], bool] | None = None, time_budget: float = 240.0,
-                 fast: bool = False, owner: str | None = None, call_timeout: float | None = None) -> None:
+                 fast: bool = False, owner: str | None = None, stubs: StubPolicy | None = None,
+                 continuity_tokens: int = 0, call_timeout: float | None = None) -> None:
         self.store = store
+        self.continuity_tokens = continuity_tokens  # 0: no continuity section
+        self._cont: tuple[continuity.State, dict[int, list[str]]] | None = None
+        self.stub_policy = stubs  # tier 0 (stubs.py); None: no stubs
         self.owner = owner  # the engine that will commit the staged pass (owners.py)
         self.fast = fast  # background mode: no model calls on the critical path
         self.to_upgrade: list[str] = []  # keys of deterministic nodes the worker should upgrade
@@ -95,6 +104,8 @@ class Compactor:
         self.calls = 0
         self.failures = 0
         self.levels: dict[str, int] = {}
+        self.spend = Spend()
+        self.node_spend: dict[str, Spend] = {}  # new node key → its model calls
         self.budget: Budget | None = None  # the pass's budget (the block is rendered within it)
 
     # -- planning ------------------------------------------------------------------
@@ -127,11 +138,33 @@ class Compactor:
 
     def run(self, session_id: str, system: dict | None, slots: list[Slot], budget: Budget,
             *, focus: str | None, memory_context: str, force: bool, base_version: int,
-            base_len: int, tokens_before: int) -> PassResult:
+            base_len: int, tokens_before: int, host_messages: list[Any] | None = None) -> PassResult:
         self.budget = budget
         ids = [s.refs[0] for s in slots if s.kind in ("m", "x")]
         records = self.store.get_messages(ids)
+        originals = [s.msg for s in slots]
+        stubbed = apply_stubs(self.store, slots, records, self.stub_policy) if self.stub_policy else 0
+        if self.continuity_tokens > 0:
+            self._cont = continuity.gather(continuity.State.from_json(self.store.get_continuity(session_id)),
+                                           slots, records)
         self._represent_large(slots, records, budget.large_tokens)
+        if stubbed and not force and host_messages is not None:
+            done = swap_stubs(host_messages, originals, slots, self.store)
+            if done is not None and total_tokens(done) <= budget.target:
+                # Tier 0 alone reached the target: no model call and no new node, but the pass is
+                # staged like any other (the same context, its stubs held by the message rows),
+                # so the host's commit publishes it — into a rotation child too, which must
+                # know the stubbed list it is handed as the messages it already stores.
+                pass_id = new_pass_id(self.owner)
+                items: list[tuple[str, Any]] = []
+                for s in slots:
+                    if s.kind == "S":
+                        items.extend(("s", r) for r in s.refs)
+                    elif s.kind in ("m", "x"):
+                        items.append(("m", s.refs[0]))
+                self.store.stage_pass(session_id, pass_id, [], items, base_version, base_len)
+                return PassResult(done, pass_id, True, tokens_before=tokens_before,
+                                  tokens_after=total_tokens(done), reason="", stubs=stubbed)
         sys_tokens = estimate_message_tokens(system) if system else 0
         h = self.head_end(slots, budget.protect_first_n)
         head_tokens = sum(s.tokens for s in slots[:h])
@@ -166,10 +199,12 @@ class Compactor:
         tokens_after = total_tokens(output)
         if tokens_after >= tokens_before and not force:
             return PassResult(self._plain(system, slots), reason="compaction would not shrink the context",
-                              tokens_before=tokens_before, tokens_after=tokens_before)
+                              tokens_before=tokens_before, tokens_after=tokens_before, calls=self.calls,
+                              failures=self.failures, spend=self.spend)
         if self.cancelled is not None and _safe(self.cancelled):
             return PassResult(self._plain(system, slots), reason="cancelled by the host",
-                              tokens_before=tokens_before, tokens_after=tokens_before)
+                              tokens_before=tokens_before, tokens_after=tokens_before, calls=self.calls,
+                              failures=self.failures, spend=self.spend)
         pass_id = new_pass_id(self.owner)
         held = self._cover_unemitted(slots, h, t, output, nodes, records)
         items: list[tuple[str, Any]] = []
@@ -181,6 +216,10 @@ class Compactor:
             if s.kind in ("m", "x") and s.refs[0] not in held:
                 items.append(("m", s.refs[0]))
         keymap, _ = self.store.stage_pass(session_id, pass_id, self.new, items, base_version, base_len)
+        if self.node_spend:
+            self.store.put_summary_costs([(keymap[k], sp.model, sp.calls, sp.input_tokens, sp.output_tokens,
+                                           round(sp.seconds * 1000, 1)) for k, sp in self.node_spend.items()
+                                          if k in keymap])
         if self.new:
             # Real ids are known only now: re-render the block with them.
             for n in nodes:
@@ -189,6 +228,8 @@ class Compactor:
             output, _ = self._assemble(system, slots, h, t, nodes, records)
             tokens_after = total_tokens(output)
         self._record_aliases(slots, output)
+        if self._cont is not None:
+            self.store.set_continuity(session_id, continuity.with_files(*self._cont, h, t).to_json())
         reason = "" if tokens_after <= budget.target else (
             f"target {budget.target} unreachable: head {head_tokens} + system {sys_tokens} tokens "
             "are protected; returned the smallest valid list")
@@ -196,7 +237,7 @@ class Compactor:
             log.warning("lcm: %s", reason)
         return PassResult(output, pass_id, True, len(self.new), self.calls, self.failures,
                           tokens_before, tokens_after, reason, dict(self.levels),
-                          [keymap[k] for k in self.to_upgrade if k in keymap], self.adopted)
+                          [keymap[k] for k in self.to_upgrade if k in keymap], self.adopted, stubbed, self.spend)
 
     # -- pieces ------------------------------------------------------------------------
 
@@ -290,6 +331,10 @@ class Compactor:
                                  call_timeout=self.call_timeout)
         self.calls += res.calls
         self.failures += res.failures
+        self.spend.add(res.spend)
+        if res.spend.calls:
+            # (_leaf and _condense name their node f"new{len(self.new)}" and append it next)
+            self.node_spend[f"new{len(self.new)}"] = res.spend
         self.levels[res.level] = self.levels.get(res.level, 0) + 1
         return res.text, res.level, res.summarizer
 
@@ -354,12 +399,18 @@ class Compactor:
             role_ok = role is not None
             covered = sum(n.n_messages for n in nodes)
             limit = block_limit(self.budget) if self.budget is not None else None
-            out.append(render_summary(self._records(nodes), covered, role or "user", max_tokens=limit))
+            out.append(render_summary(self._records(nodes), covered, role or "user", max_tokens=limit, extra=self._continuity_text(slots, h, t)))
         else:
             role_ok = True
         out.extend(s.msg for s in slots[t:] if s.kind == "m" and s.msg is not None)
         self._changes: list[tuple[dict, dict]] = []
         return repair(out, self._changes), role_ok
+
+    def _continuity_text(self, slots: Sequence[Slot], h: int, t: int) -> str:
+        if self._cont is None:
+            return ""
+        visible = {s.refs[0] for s in list(slots[:h]) + list(slots[t:]) if s.kind == "m"}
+        return continuity.render(continuity.with_files(*self._cont, h, t), visible, self.continuity_tokens)
 
     def _cached_prefix_end(self, session_id: str, slots: Sequence[Slot], h: int, t: int,
                            records: dict[int, MessageRecord], budget: Budget) -> int:

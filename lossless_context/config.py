@@ -61,6 +61,12 @@ class LCMConfig:
     soft_threshold: float = 0.6
     hard_threshold: float = 0.9  # above this fraction of the window compress() blocks on the model
     background_concurrency: int = 2
+    tool_stubs: bool = True  # tier 0: old tool results shown as stubs before any summary
+    tool_stub_keep_results: int = 6  # the newest N tool results stay verbatim
+    tool_stub_keep_tokens: int = 8000  # ... and so do those within the newest T tokens
+    tool_stub_min_tokens: int = 60  # smaller results are never stubbed
+    tool_stub_tokens: int = 250  # size of a stub (error lines are never cut below)
+    continuity_tokens: int = 1200  # objective, latest request, plan, edited files after a compaction
     warnings: list[str] = field(default_factory=list, compare=False, repr=False)
     # The host's own `compression:` timeouts (read, never written): a pass must end inside them.
     host: "HostCompression" = field(default_factory=lambda: HostCompression(), compare=False, repr=False)
@@ -209,6 +215,11 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "lock_timeout": _range(0, 3600),
     "store_retry_seconds": _range(0, 86_400),
     "background_concurrency": _range(1, 64),
+    "tool_stub_keep_results": _range(0, 100_000),
+    "tool_stub_keep_tokens": _range(0, 10_000_000),
+    "tool_stub_min_tokens": _range(20, 10_000_000),
+    "tool_stub_tokens": _range(80, 20_000),
+    "continuity_tokens": _range(0, 50_000),
 }
 
 

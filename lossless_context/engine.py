@@ -29,6 +29,8 @@ from .hosthooks import HostSignals
 from .newhooks import NewHostHooks
 from .passbudget import pass_budget, plausible_overhead
 from .store import Store, open_store
+from .costs import SpendLedger
+from .stubs import stub_policy
 from .store_guard import GuardedStore, StoreUnavailable, trim_without_store
 from .summarize import Escalator, HostSummarizer, ModelSummarizer, OpenAISummarizer, guard_for
 from .tokens import estimate_messages_tokens, estimate_message_tokens
@@ -104,6 +106,7 @@ class LCMEngine(NewHostHooks, HostSignals, base_class()):  # type: ignore[misc]
                                                "last_pass_ms": 0.0, "last_reason": ""})
         self._stats_lock = fam.setdefault("stats_lock", threading.Lock())
         self._fork = False  # a host background fork (forks.py): never the live session
+        self._spend = SpendLedger()  # summariser spend per pass and per session (costs.py)
         self._last_compress_aborted = False
         self._last_summary_error: str | None = None
         self._last_compression_made_progress = False
@@ -282,6 +285,10 @@ class LCMEngine(NewHostHooks, HostSignals, base_class()):  # type: ignore[misc]
                               cfg.breaker_cooldown_seconds, cfg.max_summarizer_calls, cfg.summarizer_window_seconds)
         self._escalator = Escalator(model, guard, cfg.redact)
         return self._escalator
+
+    def summary_escalator(self) -> Escalator:
+        """The summariser this engine would use now (for `lcm resummarize`)."""
+        return self._get_escalator()
 
     def _host_runtime(self) -> dict[str, Any]:
         rt = dict(self._runtime)
@@ -641,16 +648,18 @@ class LCMEngine(NewHostHooks, HostSignals, base_class()):  # type: ignore[misc]
                                  message_count=len(messages))
                 left = pb.seconds - (time.monotonic() - t0)
                 comp = Compactor(self.store, esc, owner=self._owner, cancelled=self._cancel_check(),
-                                 time_budget=max(0.0, left), fast=fast, call_timeout=pb.call_timeout)
+                                 time_budget=max(0.0, left), fast=fast, call_timeout=pb.call_timeout,
+                                 stubs=stub_policy(cfg), continuity_tokens=cfg.continuity_tokens)
                 res: PassResult = comp.run(sid, system, slots, budget, focus=focus or None,
                                            memory_context=memory, force=force, base_version=version,
-                                           base_len=base_len, tokens_before=ours)
+                                           base_len=base_len, tokens_before=ours, host_messages=messages)
         finally:
             lock.release()
         with self._stats_lock:
             self._stats["summarizer_calls"] += res.calls
             self._stats["summarizer_failures"] += res.failures
             self._stats["last_reason"] = res.reason
+            self._spend.record(sid, res.spend, res.stubs, res.progressed and res.new_nodes == 0 and res.calls == 0)
         cancel = self._cancel_check()
         if res.progressed and cancel is not None and _truthy(cancel):
             # The host gave up on this pass: its result would be discarded, so stage nothing.
@@ -750,6 +759,7 @@ class LCMEngine(NewHostHooks, HostSignals, base_class()):  # type: ignore[misc]
         with self._stats_lock:
             status.update({f"lcm_{k}": v for k, v in self._stats.items()})
         status["lcm_session_id"] = self._session_id
+        status.update(self._spend.status(self._session_id, self._provider))
         passes = self.last_passes()
         status["lcm_last_pass"] = passes[-1] if passes else None
         status["lcm_recent_passes"] = passes[-5:]

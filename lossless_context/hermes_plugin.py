@@ -22,6 +22,7 @@ def register(ctx: Any) -> None:
 
     engine = LCMEngine()
     ctx.register_context_engine(engine)
+    _install_pricer()
     reg_cmd = getattr(ctx, "register_command", None)
     if callable(reg_cmd):
         try:
@@ -75,7 +76,8 @@ def run_command(engine: Any, raw_args: str) -> str:
             f"summary levels in the context {st.get('compression_count', 0)}; "
             f"summariser calls {st.get('lcm_summarizer_calls', 0)}, failures {st.get('lcm_summarizer_failures', 0)}\n"
             f"context {st.get('last_prompt_tokens', 0)}/{st.get('context_length', 0)} tokens, "
-            f"threshold {st.get('threshold_tokens', 0)}"
+            f"threshold {st.get('threshold_tokens', 0)}\n"
+            + cost_lines(st)
         ) + _status_extra(st) + ("\n" + _config_lines(st) if st.get("lcm_config_warnings") else "")
     if sub == "context":
         from .context_view import render_context
@@ -97,6 +99,33 @@ def run_command(engine: Any, raw_args: str) -> str:
         data = json.loads(engine.handle_tool_call(f"lcm_{sub}", {"id": rest.split()[0]}))
         return json.dumps(data, ensure_ascii=False, indent=2)[:8000]
     return f"usage: /lcm {COMMAND_HELP}"
+
+
+def cost_lines(st: dict[str, Any]) -> str:
+    """The summariser spend lines of a status (get_status() keys lcm_cost_*)."""
+    from .costs import describe
+
+    return (f"summariser spend: last pass {describe(st.get('lcm_cost_last_pass'))}; "
+            f"this session {describe(st.get('lcm_cost_session'))}; "
+            f"tier-0 stub-only passes {st.get('lcm_tier0_passes', 0)}")
+
+
+def _install_pricer() -> None:
+    """Prices from Hermes' own pricing metadata (agent/usage_pricing.py), when it has them.
+    No endpoint is asked: only the host's built-in price tables are used."""
+    try:
+        from agent.usage_pricing import CanonicalUsage, estimate_usage_cost  # type: ignore
+    except Exception:
+        return
+    from .costs import set_pricer
+
+    def price(model: str, provider: str, input_tokens: int, output_tokens: int) -> float | None:
+        res = estimate_usage_cost(model, CanonicalUsage(input_tokens=input_tokens, output_tokens=output_tokens),
+                                  provider=provider or None)
+        amount = getattr(res, "amount_usd", None)
+        return float(amount) if amount is not None and getattr(res, "status", "") == "estimated" else None
+
+    set_pricer(price)
 
 
 def _status_extra(st: dict[str, Any]) -> str:

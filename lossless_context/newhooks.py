@@ -159,5 +159,15 @@ class NewHostHooks:
             log.warning("lcm: on_turn_complete ingestion failed (the host keeps its copy): %s", exc)
 
     def prune_tool_results_only(self, messages: List[Dict[str, Any]], current_tokens: Optional[int] = None):
-        # Lossless engines never prune in place: everything stays, summaries do the shrinking.
-        return messages, 0
+        # Tier 0 only (stubs.py): old tool results become stubs, the originals stay in the store.
+        try:
+            from .stubs import prune, stub_policy
+
+            if not isinstance(messages, list) or not messages:
+                return messages, 0
+            sid = self._sid()  # type: ignore[attr-defined]
+            slots = self.ingest(messages, session_id=sid)  # type: ignore[attr-defined]
+            return prune(self.store, slots, messages, stub_policy(self.config))  # type: ignore[attr-defined]
+        except Exception as exc:
+            log.warning("lcm: prune_tool_results_only failed; leaving the list alone: %s", exc)
+            return messages, 0

@@ -198,6 +198,14 @@ class GuardedStore:
                         raise StoreUnavailable(self.breaker.location, describe(exc)) from exc
         return self._inner
 
+    def _reset_connections(self) -> None:
+        inner = self._inner
+        if inner is not None:
+            try:
+                inner.reset_connections()
+            except Exception as exc:  # best effort: the next call reconnects either way
+                log.debug("lcm: dropping the store's connections failed: %s", exc)
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
@@ -213,12 +221,16 @@ class GuardedStore:
             except Exception as exc:
                 if is_outage(exc):
                     breaker.failed(exc)
+                    self._reset_connections()
                     raise StoreUnavailable(breaker.location, describe(exc)) from exc
                 breaker.succeeded()  # the store answered (the call itself was wrong)
                 raise
-            breaker.succeeded()
             if name in _LOCKING:
-                return _GuardedContext(out, breaker)  # (its work is done in __enter__)
+                # Making the context manager touched nothing: its entry is the store call, and
+                # only that may tell the breaker the store answered (else every pass during an
+                # outage would "recover" and warn again).
+                return _GuardedContext(out, breaker, self._reset_connections)
+            breaker.succeeded()
             return out
 
         call.__name__ = name
@@ -232,17 +244,21 @@ _LOCKING = frozenset({"compaction_lock"})  # methods returning a context manager
 class _GuardedContext:
     """A store's context manager whose entry counts as a store call."""
 
-    def __init__(self, cm: Any, breaker: Breaker) -> None:
-        self._cm, self._breaker = cm, breaker
+    def __init__(self, cm: Any, breaker: Breaker, on_outage: Callable[[], None]) -> None:
+        self._cm, self._breaker, self._on_outage = cm, breaker, on_outage
 
     def __enter__(self) -> Any:
         try:
-            return self._cm.__enter__()
+            got = self._cm.__enter__()
         except Exception as exc:
             if is_outage(exc):
                 self._breaker.failed(exc)
+                self._on_outage()
                 raise StoreUnavailable(self._breaker.location, describe(exc)) from exc
+            self._breaker.succeeded()  # the store answered (the call itself was wrong)
             raise
+        self._breaker.succeeded()
+        return got
 
     def __exit__(self, *exc_info: Any) -> Any:
         return self._cm.__exit__(*exc_info)

@@ -18,6 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from .costs import Spend
 from .records import Source
 from .tokens import estimate_text_tokens
 
@@ -62,6 +63,7 @@ class SummaryResult:
     calls: int = 0
     failures: int = 0
     errors: list[str] = field(default_factory=list)
+    spend: Spend = field(default_factory=Spend)  # what the model calls cost (costs.py)
 
 
 SYSTEM_PROMPT = (
@@ -147,17 +149,48 @@ class ModelSummarizer:
 
     name = "model"
 
+    model = ""  # the model name reported in costs (subclasses set it)
+
     def __init__(self, timeout: float = 60.0, redact_text: bool = True) -> None:
         self.timeout = timeout
         self.redact_text = redact_text
+        self._local = threading.local()  # per thread: the spend of the calls since take_spend()
 
     def summarize(self, req: SummaryRequest, level: str, timeout: float | None = None) -> str:
         """One call; `timeout` (seconds) may only shorten the summariser's own timeout."""
         messages = build_messages(req, level, self.redact_text)
         target = req.target_tokens if level == "normal" else max(32, req.target_tokens // 2)
-        reply = self._complete(messages, max_tokens=max(64, int(target * 1.5)), timeout=timeout)
+        self._local.usage = None
+        started = time.perf_counter()
+        reply: str | None = None
+        try:
+            reply = self._complete(messages, max_tokens=max(64, int(target * 1.5)), timeout=timeout)
+        finally:
+            self._account(messages, reply, time.perf_counter() - started)
         source_tokens = sum(estimate_text_tokens(s.text) for s in req.sources)
         return validate_reply(reply, source_tokens, target)
+
+    def _note_usage(self, prompt: Any, completion: Any, model: Any = None) -> None:
+        """Called by `_complete` with the provider's reported usage."""
+        def num(v: Any) -> int | None:
+            return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+        self._local.usage = (num(prompt), num(completion), model if isinstance(model, str) and model else None)
+
+    def _account(self, messages: list[dict[str, str]], reply: str | None, seconds: float) -> None:
+        prompt, completion, model = getattr(self._local, "usage", None) or (None, None, None)
+        if prompt is None:  # no usage reported: chars/4 of what was sent
+            prompt = sum(estimate_text_tokens(m.get("content") or "") for m in messages)
+        if completion is None:
+            completion = estimate_text_tokens(reply) if isinstance(reply, str) else 0
+        spent = getattr(self._local, "spend", None) or Spend()
+        spent.add(Spend(1, prompt, completion, seconds, model or self.model or self.name))
+        self._local.spend = spent
+
+    def take_spend(self) -> Spend:
+        """The spend of this thread's calls since the last take (and reset it)."""
+        spent = getattr(self._local, "spend", None) or Spend()
+        self._local.spend = None
+        return spent
 
     def _complete(self, messages: list[dict[str, str]], max_tokens: int,
                   timeout: float | None = None) -> str | None:
@@ -196,6 +229,9 @@ class OpenAISummarizer(ModelSummarizer):
             raise SummarizerError(f"HTTP {exc.code}") from exc
         except (urllib.error.URLError, TimeoutError, OSError, ValueError) as exc:
             raise SummarizerError(f"request failed: {exc}") from exc
+        usage = data.get("usage") if isinstance(data, dict) else None
+        if isinstance(usage, dict):
+            self._note_usage(usage.get("prompt_tokens"), usage.get("completion_tokens"), data.get("model"))
         try:
             msg = data["choices"][0]["message"]
         except (KeyError, IndexError, TypeError) as exc:
@@ -215,6 +251,11 @@ class HostSummarizer(ModelSummarizer):
                  redact_text: bool = True) -> None:
         super().__init__(timeout, redact_text)
         self._runtime = runtime
+        try:
+            rt = runtime()
+            self.model = str(rt.get("model") or "") if isinstance(rt, dict) else ""
+        except Exception:
+            self.model = ""
 
     def _complete(self, messages: list[dict[str, str]], max_tokens: int,
                   timeout: float | None = None) -> str | None:
@@ -229,6 +270,10 @@ class HostSummarizer(ModelSummarizer):
                             max_tokens=max_tokens, timeout=self._timeout(timeout))
         except Exception as exc:  # the host's client raises many kinds; all mean "escalate"
             raise SummarizerError(f"host call failed: {type(exc).__name__}: {exc}") from exc
+        usage = getattr(resp, "usage", None)
+        if usage is not None:
+            self._note_usage(getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None),
+                             getattr(resp, "model", None))
         try:
             msg = resp.choices[0].message
         except Exception as exc:
@@ -310,6 +355,7 @@ class Escalator:
         calls = failures = 0
         errors: list[str] = []
         if self.model is not None:
+            self.model.take_spend()  # (drop anything a caller outside the escalator left)
             for level in ("normal", "aggressive"):
                 if cancelled is not None and _safe_call(cancelled):
                     errors.append("cancelled by host")
@@ -345,11 +391,12 @@ class Escalator:
                     self.guard.record(True)
                 if self.do_redact:
                     text = _redact(text)
-                return SummaryResult(text, level, self.model.name, calls, failures, errors)
+                return SummaryResult(text, level, self.model.name, calls, failures, errors, self.model.take_spend())
         if errors:
             log.info("lcm: summariser escalated to deterministic level: %s", "; ".join(errors))
         text = deterministic_summary(req, self.do_redact)
-        return SummaryResult(text, "deterministic", "extractive", calls, failures, errors)
+        spend = self.model.take_spend() if self.model is not None else Spend()
+        return SummaryResult(text, "deterministic", "extractive", calls, failures, errors, spend)
 
 
 def deterministic_summary(req: SummaryRequest, do_redact: bool = True) -> str:

@@ -390,6 +390,8 @@ class _Ctx:
                 "children": [f"s{k}" for k in kids] + [f"m{m}" for m in mids[:200]],
                 "children_total": len(kids) + len(mids),
                 "chain": [f"s{x}" for x in self.chain("s", ref)],
+                "cost": self.store.get_summary_costs([ref]).get(ref),  # model, calls, tokens in/out, ms
+                "previous_texts": len(self.store.summary_history(ref)),
                 "text": rec.text,
             }
         rec = self._message(ref)

@@ -62,6 +62,7 @@ def collect(store: Store, session_id: str) -> dict[str, Any]:
     has_parent: set[int] = set()
     first: dict[int, int] = {}
     out_s: list[dict[str, Any]] = []
+    node_costs = store.get_summary_costs([s["id"] for s in summaries])  # model, tokens in/out, ms per node
     for s in summaries:  # ascending ids: children come before their parents
         covered.update(s["messages"])
         has_parent.update(s["children"])
@@ -73,6 +74,9 @@ def collect(store: Store, session_id: str) -> dict[str, Any]:
                              "m": s["messages"], "s": s["children"], "l": s["level"], "z": s["summarizer"]}
         if s["id"] in in_ctx_s:
             d["ctx"] = 1
+        cost = node_costs.get(s["id"])
+        if cost:
+            d["$"] = [cost["model"], cost["input_tokens"], cost["output_tokens"], cost["ms"]]
         out_s.append(d)
 
     roots: list[tuple[int, str, int]] = []

@@ -28,6 +28,20 @@ class StoreError(RuntimeError):
 _KEY_RE = re.compile(r"\bnew(\d+)\b")
 
 
+def cost_totals(rows: Sequence[Sequence[Any]]) -> dict[str, Any]:
+    """(model, nodes, calls, tokens in, tokens out, ms) rows per model → the summed figures."""
+    out: dict[str, Any] = {"nodes": 0, "calls": 0, "input_tokens": 0, "output_tokens": 0, "ms": 0.0, "models": []}
+    for model, nodes, calls, tin, tout, ms in rows:
+        out["nodes"] += int(nodes or 0)
+        out["calls"] += int(calls or 0)
+        out["input_tokens"] += int(tin or 0)
+        out["output_tokens"] += int(tout or 0)
+        out["ms"] += float(ms or 0)
+        out["models"].append(model)
+    out["ms"] = round(out["ms"], 1)
+    return out
+
+
 def resolve_keys(text: str, keymap: dict[str, int]) -> str:
     """Replace a pass's temporary node keys (`new3`) cited in summary text by real ids (`s812`)."""
     if "new" not in text:
@@ -58,6 +72,10 @@ class Store(abc.ABC):
     location: str
     kind: str
     read_only: bool = False  # opened for inspection only (store/sqlite_readonly.py): writes raise
+
+    def reset_connections(self) -> None:
+        """Forget pooled connections after an outage (store_guard.py calls it); the next call
+        reconnects. Nothing to do for a file store."""
 
     # -- sessions -----------------------------------------------------------
     @abc.abstractmethod
@@ -125,6 +143,41 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def aliases_for(self, message_ids: Sequence[int]) -> dict[str, int]:
         """alias ident → message id, for these messages."""
+
+    # -- costs, history and continuity (migration 013 / 009) ------------------
+    @abc.abstractmethod
+    def put_summary_costs(self, rows: Sequence[tuple[int, str, int, int, int, float]]) -> None:
+        """(summary id, model, calls, input tokens, output tokens, ms) per node."""
+
+    @abc.abstractmethod
+    def get_summary_costs(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """summary id → {model, calls, input_tokens, output_tokens, ms} (nodes without a row: absent)."""
+
+    @abc.abstractmethod
+    def summary_cost_totals(self, session_id: str | None = None) -> dict[str, Any]:
+        """Summed node costs of published summaries (one session, or the whole store):
+        {nodes, calls, input_tokens, output_tokens, ms, models}."""
+
+    @abc.abstractmethod
+    def replace_summary(self, summary_id: int, text: str, tokens: int, level: str, summarizer: str) -> None:
+        """New text for a node; the previous text goes to its history (the id stays valid)."""
+
+    @abc.abstractmethod
+    def summary_history(self, summary_id: int) -> list[dict[str, Any]]:
+        """Earlier texts of a node, oldest first."""
+
+    @abc.abstractmethod
+    def get_continuity(self, session_id: str) -> str | None:
+        """The continuity state (JSON) a session's summary block keeps in view."""
+
+    @abc.abstractmethod
+    def set_continuity(self, session_id: str, state: str) -> None: ...
+
+    @abc.abstractmethod
+    def set_representations(self, pairs: Sequence[tuple[int, str]]) -> set[int]:
+        """Show these messages by a representation (a tier-0 stub) from now on: sets
+        `large` and `exploration` of each message that has none yet (the raw message stays
+        verbatim). Returns the ids it set; one that already had one keeps it (stable)."""
 
     @abc.abstractmethod
     def session_messages(self, session_id: str, after_seq: int = -1, limit: int = 1000) -> list[MessageRecord]: ...

@@ -243,12 +243,21 @@ class PostgresConnections:
         return self._read(lambda c: [r[0] for r in c.execute("SELECT name FROM lcm_migrations ORDER BY name")])
 
     def close(self) -> None:
+        self._drop_pools(timeout=5.0)
+
+    def reset_connections(self) -> None:
+        """After an outage: drop the pools. The next call then connects directly (it fails
+        fast and clearly, or the store is back at once) instead of waiting on a pool's
+        reconnect back-off, and no pool keeps retrying (and logging) in the background."""
+        self._drop_pools(timeout=0.0)
+
+    def _drop_pools(self, timeout: float) -> None:
         with self._pool_lock:
             pools, self._pool, self._lock_pool = (self._pool, self._lock_pool), None, None
         for p in pools:
             if p is not None:
                 try:
-                    p.close()
+                    p.close(timeout=timeout)
                 except Exception:  # pragma: no cover - closing must not raise
                     pass
 

@@ -308,6 +308,33 @@ MIGRATIONS: list[tuple[str, str]] = [
         DROP INDEX IF EXISTS messages_text_trgm;
         """,
     ),
+    (
+        "009_summary_costs_history_continuity",
+        r"""
+        CREATE TABLE summary_costs (
+            summary_id BIGINT PRIMARY KEY,
+            model TEXT NOT NULL DEFAULT '',
+            calls BIGINT NOT NULL DEFAULT 0,
+            input_tokens BIGINT NOT NULL DEFAULT 0,
+            output_tokens BIGINT NOT NULL DEFAULT 0,
+            ms DOUBLE PRECISION NOT NULL DEFAULT 0
+        );
+        CREATE TABLE summary_history (
+            summary_id BIGINT NOT NULL,
+            text TEXT NOT NULL,
+            tokens BIGINT NOT NULL,
+            level TEXT NOT NULL,
+            summarizer TEXT NOT NULL,
+            replaced_at DOUBLE PRECISION NOT NULL
+        );
+        CREATE INDEX summary_history_summary ON summary_history(summary_id);
+        CREATE TABLE session_continuity (
+            session_id TEXT PRIMARY KEY,
+            state TEXT NOT NULL,
+            updated_at DOUBLE PRECISION NOT NULL
+        );
+        """,
+    ),
 ]
 
 # Migrations the store can live without (run in a savepoint; retried at the next start).

@@ -278,4 +278,35 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE sessions ADD COLUMN fork_summary_id INTEGER;
         """,
     ),
+    (
+        # Cost per summary node (summariser calls, tokens in/out, ms, model), the earlier
+        # texts of a re-summarised node, and the continuity state a session's summary block
+        # keeps in view (continuity.py). No foreign key on the costs: a discarded staged
+        # node leaves its row behind harmlessly (summary ids are never reused).
+        "013_summary_costs_history_continuity",
+        """
+        CREATE TABLE summary_costs (
+            summary_id INTEGER PRIMARY KEY,
+            model TEXT NOT NULL DEFAULT '',
+            calls INTEGER NOT NULL DEFAULT 0,
+            input_tokens INTEGER NOT NULL DEFAULT 0,
+            output_tokens INTEGER NOT NULL DEFAULT 0,
+            ms REAL NOT NULL DEFAULT 0
+        );
+        CREATE TABLE summary_history (
+            summary_id INTEGER NOT NULL,
+            text TEXT NOT NULL,
+            tokens INTEGER NOT NULL,
+            level TEXT NOT NULL,
+            summarizer TEXT NOT NULL,
+            replaced_at REAL NOT NULL
+        );
+        CREATE INDEX summary_history_summary ON summary_history(summary_id);
+        CREATE TABLE session_continuity (
+            session_id TEXT PRIMARY KEY,
+            state TEXT NOT NULL,
+            updated_at REAL NOT NULL
+        );
+        """,
+    ),
 ]

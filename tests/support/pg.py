@@ -142,12 +142,26 @@ class PgServer:
             res = self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.log),
                             "-w", "-t", "60", "-o", opts, "start")
             if res.returncode == 0:
+                self._opts = opts
                 self.started = True
                 atexit.register(self.stop)
                 return
             last = f"{res.stdout}\n{res.stderr}\n{self._log_tail()}"
             self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
         raise RuntimeError(f"pg_ctl start failed:\n{last}")
+
+    def pause(self) -> None:
+        """Stop the server as an operator's restart would (fast: open connections are cut)."""
+        res = self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
+        if res.returncode != 0:
+            raise RuntimeError(f"pg_ctl stop failed:\n{res.stdout}\n{res.stderr}")
+
+    def resume(self) -> None:
+        """Start the paused server again: same data directory, same port."""
+        res = self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.log),
+                        "-w", "-t", "60", "-o", self._opts, "start")
+        if res.returncode != 0:
+            raise RuntimeError(f"pg_ctl start failed:\n{res.stdout}\n{res.stderr}\n{self._log_tail()}")
 
     def _log_tail(self) -> str:
         try:
