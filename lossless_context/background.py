@@ -19,10 +19,11 @@ import time
 from typing import Any, Callable
 
 from .assemble import Slot
-from .compaction import Budget, Compactor, plan_region, source_text, span_key
+from .compaction import Budget, Compactor, plan_region, show_representations, source_text, span_key
 from .records import Source
 from .messages import tool_call_ids
 from .store.base import Store
+from .stubs import StubPolicy, apply_stubs
 from .summarize import Escalator, SummaryRequest
 from .tokens import estimate_text_tokens
 
@@ -169,9 +170,16 @@ def context_slots(store: Store, session_id: str) -> tuple[list[Slot], dict[int, 
 
 
 def presummarise(store: Store, esc: Escalator, session_id: str, budget: Budget,
-                 stop: Callable[[], bool]) -> int:
-    """Summarise, with the model, the stable chunks the next compaction will take."""
+                 stop: Callable[[], bool], stubs: StubPolicy | None = None) -> int:
+    """Summarise, with the model, the stable chunks the next compaction will take.
+
+    The chunks are planned the way compaction plans them: over what the model is shown
+    (tier-0 stubs, which are made once and persisted, and huge messages' representations),
+    so the spans match and compress() adopts these summaries."""
     slots, records = context_slots(store, session_id)
+    if stubs is not None:
+        apply_stubs(store, slots, records, stubs)
+    show_representations(slots, records)
     h = Compactor.head_end(slots, budget.protect_first_n)
     t = Compactor.tail_start(slots, h, budget.fresh_tail)
     done = 0

@@ -242,14 +242,7 @@ class Compactor:
     # -- pieces ------------------------------------------------------------------------
 
     def _represent_large(self, slots: list[Slot], records: dict[int, MessageRecord], large: int) -> None:
-        for s in slots:
-            if s.kind != "m":
-                continue
-            rec = records.get(s.refs[0])
-            if rec is not None and rec.large and rec.exploration and s.msg is not None:
-                rep = large_representation(s.msg, rec.id, rec.tokens, rec.exploration)
-                s.msg = rep
-                s.tokens = estimate_message_tokens(rep)
+        show_representations(slots, records)
 
     def _existing_nodes(self, slots: Sequence[Slot]) -> dict[int, SummaryRecord]:
         ids = [r for s in slots if s.kind == "S" for r in s.refs]
@@ -520,6 +513,19 @@ def plan_region(slots: Sequence[Slot], a: int, b: int, records: dict[int, Messag
     if chunk:
         out.append(("chunk", chunk, False))
     return out
+
+
+def show_representations(slots: list[Slot], records: dict[int, MessageRecord]) -> None:
+    """Slots of huge messages and tier-0 stubs show their representation (and its size):
+    what the model is shown, and what a pass plans its chunks by."""
+    for s in slots:
+        if s.kind != "m":
+            continue
+        rec = records.get(s.refs[0])
+        if rec is not None and rec.large and rec.exploration and s.msg is not None:
+            rep = large_representation(s.msg, rec.id, rec.tokens, rec.exploration)
+            s.msg = rep
+            s.tokens = estimate_message_tokens(rep)
 
 
 def span_key(message_ids: Sequence[int]) -> str:

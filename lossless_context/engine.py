@@ -741,7 +741,8 @@ class LCMEngine(NewHostHooks, HostSignals, base_class()):  # type: ignore[misc]
             return False
         sid = session_id or self._sid()
         store, budget = self.store, self._budget(self._overhead)
-        return worker.submit(sid, lambda stop: presummarise(store, esc, sid, budget, stop))
+        stubs = stub_policy(self.config) if self.config.tool_stubs else None
+        return worker.submit(sid, lambda stop: presummarise(store, esc, sid, budget, stop, stubs))
 
     def _cancel_check(self) -> Callable[[], bool] | None:
         fn = getattr(self, "_compression_cancelled_check", None)

@@ -280,15 +280,22 @@ def align(
                              "message is stored verbatim and the summary nodes kept")
                     pending.append((-1, msg, memo.ident(msg), None))
                 continue
-        # 2. A large message we represented by its exploration summary.
+        # 2. A large message we represented by its exploration summary (or a tier-0 stub).
         lref = _large_ref(msg)
-        if lref is not None and lref in ctx_by_ref():
-            e = ctx_by_ref()[lref]
-            s = _slot_for(msg, lref, estimate_message_tokens(msg), e.ident)
-            s.text_tokens = e.tokens
-            slots.append(s)
-            last_mid = max(last_mid, lref)
-            continue
+        if lref is not None:
+            e = ctx_by_ref().get(lref)
+            if e is None:
+                # Not in this context (another copy's pass covered it meanwhile): the
+                # representation names its stored message, which is never stored again.
+                rec = store.get_messages([lref]).get(lref)
+                e = ContextEntry("m", lref, rec.ident, rec.role, rec.tokens) if rec is not None \
+                    and rec.large and rec.session_id in scope else None
+            if e is not None:
+                s = _slot_for(msg, lref, estimate_message_tokens(msg), e.ident)
+                s.text_tokens = e.tokens
+                slots.append(s)
+                last_mid = max(last_mid, lref)
+                continue
         uid = message_uid(msg)
         # 3. The active context, in order, with a bounded lookahead (host may drop items).
         found = None

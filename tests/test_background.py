@@ -101,8 +101,13 @@ def test_r19_path_returns_at_once_and_upgrades_later(tmp_path):
             gate.opened.set()  # now the worker's calls are answered: it upgrades the nodes
         worker = BackgroundWorker.for_store(e.store.location, 2)
         assert worker.wait_idle(120)
-        levels = [s.level for s in e.store.get_summaries(range(1, 1000)).values()]
-        assert levels and all(lv in ("normal", "aggressive") for lv in levels), levels
+        nodes = list(e.store.get_summaries(range(1, 1000)).values())
+        # every node is upgraded, except one whose source is too small for the fake's replies to
+        # be shorter than half of it (≤ 900 chars ≈ 225 tokens): with tier 0 a leaf can be a
+        # single stubbed tool result, and a summary no smaller than its source is refused
+        assert nodes and sum(n.level in ("normal", "aggressive") for n in nodes) >= 3
+        assert all(n.level in ("normal", "aggressive") or n.source_tokens < 450 for n in nodes), \
+            [(n.id, n.kind, n.level, n.source_tokens) for n in nodes]
 
 
 def test_changed_span_is_not_adopted(tmp_path):
@@ -110,7 +115,9 @@ def test_changed_span_is_not_adopted(tmp_path):
     edit (a new version under the same uid) the prepared summary of the old span is not used."""
     responder = SummariserResponder(max_chars=900)
     with FakeOpenAI(responder=responder) as srv:
-        e = _engine(tmp_path / "l.db", srv.base_url)
+        # (tier 0 off: which results a pass stubs moves chunk boundaries, and this test needs
+        # the pass to plan the very span the worker prepared, so that adopting it is possible)
+        e = _engine(tmp_path / "l.db", srv.base_url, tool_stubs=False)
         host = NewHost(e, "bg-3")
         host.start(context_length=64_000)
         for turn in list(_turns(coding_session(700, seed=5).messages)):

@@ -57,7 +57,7 @@ def test_bench_quick_writes_results(tmp_path: Path) -> None:
     sbs = parts["side_by_side"]
     if not sbs.get("skipped"):
         assert {(r["session"], r["engine"]) for r in sbs["runs"]} == {
-            (s, e) for s in ("coding", "chat", "mixed") for e in ("lcm", "builtin")}
+            (s, e) for s in ("coding", "chat", "mixed") for e in ("lcm", "lcm_no_tier0", "builtin")}
         for r in sbs["runs"]:
             assert _num(r["compactions"]) and _num(r["summariser"]["calls"]) and _num(r["final_context_tokens"])
             rc = r["recall"]
