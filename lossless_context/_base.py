@@ -79,9 +79,8 @@ class ContextEngine(ABC):
 
 
 def base_class() -> type:
-    try:
-        from agent.context_engine import ContextEngine as HostContextEngine  # type: ignore
+    """The host's ContextEngine when Hermes is installed (so the host's isinstance checks hold),
+    else the stand-in above with the same contract."""
+    from .host import context_engine_class
 
-        return HostContextEngine
-    except Exception:
-        return ContextEngine
+    return context_engine_class() or ContextEngine

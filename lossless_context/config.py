@@ -20,12 +20,11 @@ SUMMARIZERS = ("auto", "host", "openai", "extractive")
 
 def hermes_home() -> Path:
     """The host's HERMES_HOME, resolved lazily (profiles included when the host is installed)."""
-    try:
-        from hermes_constants import get_hermes_home  # type: ignore
+    from .host import hermes_home as hosts_home
 
-        return Path(get_hermes_home())
-    except Exception:
-        pass
+    home = hosts_home()
+    if home is not None:
+        return home
     env = os.environ.get("HERMES_HOME")
     return Path(env).expanduser() if env else Path.home() / ".hermes"
 

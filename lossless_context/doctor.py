@@ -130,7 +130,7 @@ def _depth_check(store: Store, rep: DoctorReport, repair: bool, fanin: int) -> N
         if store.kind == "sqlite":
             roots = _q(store.conn(), SQL_CONTEXT_ROOTS)
         else:
-            with store._connection() as c:  # noqa: SLF001 (the doctor's own backend access, as above)
+            with store.maintenance_connection() as c:
                 roots = c.execute(SQL_CONTEXT_ROOTS).fetchall()
         deep = find_unbalanced(store, fanin, [(r[0], int(r[1])) for r in roots])
     except Exception as exc:  # a report, not a reason to stop the doctor
@@ -248,7 +248,7 @@ def _postgres(store: Any, repair: bool, rep: DoctorReport) -> DoctorReport:
     rep.add("pg_trgm substring index", True, "" if store.has_trigram_index() else
             "notice: pg_trgm is not installed (or may not be created by this role); substring search"
             " over summaries scans instead of using a trigram index")
-    with store._connection() as c:
+    with store.maintenance_connection() as c:
         empty = q(c, SQL_NO_SOURCES)
         rep.add("every summary has sources", not empty,
                 f"{len(empty)} without sources: " + ", ".join(f"s{r[0]}" for r in empty[:10]) if empty else "")
@@ -264,8 +264,7 @@ def _postgres(store: Any, repair: bool, rep: DoctorReport) -> DoctorReport:
     if (stale or orphan) and repair:
         for pid, _sid in stale:
             store.discard_pass(pid)
-        store._write(lambda w: w.execute(
-            "DELETE FROM summaries WHERE state='staged' AND pass_id NOT IN (SELECT pass_id FROM staged_passes)"))
+        store.delete_orphan_staged()
         chk.repaired = True
     _left_out_check(rep, left)
     chk = rep.add("every message reachable from a context or the DAG", not unreachable,
@@ -274,19 +273,7 @@ def _postgres(store: Any, repair: bool, rep: DoctorReport) -> DoctorReport:
         by_session: dict[str, list[int]] = {}
         for mid, sid in unreachable:
             by_session.setdefault(sid, []).append(mid)
-
-        def reattach(w: Any) -> None:
-            for sid, mids in sorted(by_session.items()):
-                type(getattr(store, "inner", store))._lock_sessions(w, sid)  # (an engine's store is guarded)
-                top = w.execute("SELECT COALESCE(MAX(pos), -1) FROM context_items WHERE session_id=%s",
-                                (sid,)).fetchone()[0]
-                with w.cursor() as cur:
-                    cur.executemany(
-                        "INSERT INTO context_items(session_id, pos, message_id) VALUES (%s,%s,%s)",
-                        [(sid, top + 1 + i, mid) for i, mid in enumerate(sorted(mids))])
-                w.execute("UPDATE sessions SET context_version = context_version + 1 WHERE id=%s", (sid,))
-
-        store._write(reattach)
+        store.reattach_messages(by_session)
         chk.repaired = True
     rep.add("each message under at most one leaf", not multi, ", ".join(f"m{r[0]}" for r in multi) if multi else "")
     return rep

@@ -302,6 +302,10 @@ class LCMEngine(NewHostHooks, HostSignals, base_class()):  # type: ignore[misc]
 
     # -- sessions ------------------------------------------------------------------------------
 
+    def current_session(self, kwargs: dict[str, Any] | None = None) -> str:
+        """The session a call acts on: the one the host names in `kwargs`, else the bound one."""
+        return self._sid(kwargs)
+
     def _sid(self, kwargs: dict[str, Any] | None = None) -> str:
         if kwargs:
             sid = kwargs.get("session_id")
@@ -815,12 +819,9 @@ def _worker_or_none(engine: "LCMEngine") -> BackgroundWorker | None:
 
 
 def _host_available() -> bool:
-    try:
-        import agent.auxiliary_client  # type: ignore  # noqa: F401
+    from .host import has_llm
 
-        return True
-    except Exception:
-        return False
+    return has_llm()
 
 
 def _cheap_slots(messages: List[Any]) -> list[Slot]:

@@ -80,13 +80,13 @@ class StoreSQL:
 
     def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
         if self.pg:
-            return self.store._read(lambda c: c.execute(self._sql(sql), tuple(params)).fetchall())  # type: ignore[attr-defined]
+            return self.store.read_sql(lambda c: c.execute(self._sql(sql), tuple(params)).fetchall())  # type: ignore[attr-defined]
         return self.store.conn().execute(sql, tuple(params)).fetchall()  # type: ignore[attr-defined]
 
     def write(self, fn: Callable[[Callable[..., Any]], Any]) -> Any:
         """Run fn(execute) in one write transaction; execute(sql, params) returns a cursor."""
         if self.pg:
-            return self.store._write(lambda c: fn(lambda sql, p=(): c.execute(self._sql(sql), tuple(p))))  # type: ignore[attr-defined]
+            return self.store.write_sql(lambda c: fn(lambda sql, p=(): c.execute(self._sql(sql), tuple(p))))  # type: ignore[attr-defined]
         with self.store.tx() as c:  # type: ignore[attr-defined]
             return fn(lambda sql, p=(): c.execute(sql, tuple(p)))
 

@@ -52,10 +52,13 @@ class HermesImportError(RuntimeError):
 
 
 def _sanitize_context(text: str) -> str:
-    try:
-        from agent.memory_manager import sanitize_context  # type: ignore
+    from .host import memory_sanitizer
 
-        return sanitize_context(text)
+    sanitize = memory_sanitizer()
+    try:
+        if sanitize is None:
+            raise LookupError("no host")
+        return sanitize(text)
     except Exception:
         text = _INTERNAL_CONTEXT_RE.sub("", text)
         text = _INTERNAL_NOTE_RE.sub("", text)

@@ -113,19 +113,12 @@ def cost_lines(st: dict[str, Any]) -> str:
 def _install_pricer() -> None:
     """Prices from Hermes' own pricing metadata (agent/usage_pricing.py), when it has them.
     No endpoint is asked: only the host's built-in price tables are used."""
-    try:
-        from agent.usage_pricing import CanonicalUsage, estimate_usage_cost  # type: ignore
-    except Exception:
-        return
     from .costs import set_pricer
+    from .host import usage_pricer
 
-    def price(model: str, provider: str, input_tokens: int, output_tokens: int) -> float | None:
-        res = estimate_usage_cost(model, CanonicalUsage(input_tokens=input_tokens, output_tokens=output_tokens),
-                                  provider=provider or None)
-        amount = getattr(res, "amount_usd", None)
-        return float(amount) if amount is not None and getattr(res, "status", "") == "estimated" else None
-
-    set_pricer(price)
+    price = usage_pricer()
+    if price is not None:
+        set_pricer(price)
 
 
 def _status_extra(st: dict[str, Any]) -> str:

@@ -545,11 +545,10 @@ def redact_builtin(text: str) -> str:
 @functools.lru_cache(maxsize=1)
 def _host_redactor() -> Callable[[str], str] | None:
     """Import the host redactor once; None if it is absent or unusable."""
-    try:
-        from agent.redact import redact_sensitive_text  # type: ignore[import-not-found]
-    except Exception:
-        return None
-    if not callable(redact_sensitive_text):
+    from .host import secret_redactor
+
+    redact_sensitive_text = secret_redactor()
+    if redact_sensitive_text is None:
         return None
     try:
         params = inspect.signature(redact_sensitive_text).parameters

@@ -238,7 +238,7 @@ class GuardedStore:
         return call
 
 
-_LOCKING = frozenset({"compaction_lock"})  # methods returning a context manager that does store work
+_LOCKING = frozenset({"compaction_lock", "maintenance_connection"})  # methods returning a context manager that does store work
 
 
 class _GuardedContext:

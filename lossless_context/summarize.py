@@ -156,6 +156,10 @@ class ModelSummarizer:
         self.redact_text = redact_text
         self._local = threading.local()  # per thread: the spend of the calls since take_spend()
 
+    def complete(self, messages: list[dict[str, str]], max_tokens: int, timeout: float | None = None) -> str | None:
+        """One plain call to the model (lcm_expand_query's answer); the reply text or None."""
+        return self._complete(messages, max_tokens=max_tokens, timeout=timeout)
+
     def summarize(self, req: SummaryRequest, level: str, timeout: float | None = None) -> str:
         """One call; `timeout` (seconds) may only shorten the summariser's own timeout."""
         messages = build_messages(req, level, self.redact_text)
@@ -261,10 +265,12 @@ class HostSummarizer(ModelSummarizer):
                   timeout: float | None = None) -> str | None:
         # Called on the pass's own thread: a newer host's progress hook (thread-local)
         # sees the streamed reply, so a slow but talking model is not cut off.
+        from .host import llm_call
+
         try:
-            from agent.auxiliary_client import call_llm  # type: ignore
-        except Exception as exc:
-            raise SummarizerError(f"host auxiliary client unavailable: {exc}") from exc
+            call_llm = llm_call()
+        except ImportError as exc:
+            raise SummarizerError(str(exc)) from exc
         try:
             resp = call_llm(task="compression", main_runtime=self._runtime(), messages=messages,
                             max_tokens=max_tokens, timeout=self._timeout(timeout))

@@ -230,7 +230,7 @@ class _Ctx:
         self.engine = engine
         self.args = args
         self.store = engine.store
-        sid = engine._sid()
+        sid = engine.current_session()
         want_all = args.get("session_scope") == "all"
         if want_all and not engine.config.cross_session_search:
             raise ToolError("session_scope=all is disabled (set lcm.cross_session_search: true)")
@@ -526,7 +526,7 @@ class _Ctx:
         excerpts = self._gather(ids, budget, plan)
         answer = None
         error = None
-        model = self.engine._get_escalator().model if excerpts else None
+        model = self.engine.summary_escalator().model if excerpts else None
         if model is not None:
             answer, error = self._ask(model, prompt, excerpts)
         out: dict[str, Any] = {"prompt": prompt, "sources": [e["id"] for e in excerpts]}
@@ -575,7 +575,7 @@ class _Ctx:
     def _ask(self, model, prompt: str, excerpts: list[dict[str, Any]]) -> tuple[str | None, str | None]:
         from .redact import redact
 
-        guard = self.engine._get_escalator().guard
+        guard = self.engine.summary_escalator().guard
         if guard is not None:
             ok, why = guard.allow()
             if not ok:
@@ -592,7 +592,7 @@ class _Ctx:
         ]
         t0 = time.monotonic()
         try:
-            text = model._complete(msgs, max_tokens=800)
+            text = model.complete(msgs, max_tokens=800)
         except Exception as exc:
             if guard is not None:
                 guard.record(False)

@@ -258,3 +258,35 @@ def test_stubbed_output_is_always_valid(tmp_path):
         host.maybe_compress()
         assert not problems(host.messages)
     assert not host.invalid
+
+
+def test_objective_and_todo_state_after_the_real_hosts_compress(tmp_path):
+    """Through hermes-agent's own loop and its /compress: the objective and the state after the
+    agent's last `todo` call are in the context the host continues with."""
+    from tests.support.fake_openai import ChatResponder, Router, ScriptedResponder, ToolCall
+    from tests.support.hermes_host import hermes_available, run_hermes
+
+    if not hermes_available():
+        pytest.skip("hermes-agent not importable")
+    todos = [{"id": "1", "content": "write the LEDGERPLAN schema", "status": "completed"},
+             {"id": "2", "content": "backfill LEDGERPLAN rows", "status": "in_progress"}]
+    chat = ScriptedResponder({"make a plan": ToolCall("todo", {"todos": todos})},
+                             then=ChatResponder(reply_chars=6000))
+    with FakeOpenAI(responder=Router(chat=chat, summariser=SummariserResponder(max_chars=1500))) as srv:
+        turns = ["OBJECTIVE-4412: move billing onto the new ledger.", "First make a plan with the todo tool."]
+        turns += [f"Step {i}: keep going with the backfill." for i in range(8)]
+        turns += [{"command": "/compress"}]
+        run = run_hermes(srv, turns, engine="lcm", workdir=tmp_path, toolsets=["context_engine", "todo"],
+                         extra_config={"lcm": {"summarizer": "auto"}})
+        assert run.ok, run.describe()
+        assert chat.tool_results, "the todo tool ran in the host"
+        out = run.turns[-1]["command_output"]
+        assert out["after"] < out["before"], out
+        text = json.dumps(run.messages)
+        assert "OBJECTIVE-4412" in text
+        # the latest todo state: in our block's continuity section, or verbatim where it stands
+        assert "backfill LEDGERPLAN rows" in text and "in_progress" in text
+        block = next((m["content"] for m in run.messages if "<lcm-summary" in str(m.get("content"))), "")
+        assert block, "the host's /compress went through our engine"
+        assert "backfill LEDGERPLAN rows" in block or any(
+            "backfill LEDGERPLAN rows" in str(m.get("content")) and m.get("role") == "tool" for m in run.messages)

@@ -43,9 +43,10 @@ from ..records import (
 )
 from .base import Store, cost_totals, StoreError, resolve_keys, resolve_new_refs, with_appended
 from .pgtext import pg_text as _t
-from .postgres_conn import _RETRIES, PostgresConnections
+from .postgres_conn import WRITE_RETRIES, PostgresConnections
 from .postgres_index import PostgresIndexer
 from .postgres_records import PostgresRecords
+from .postgres_repair import PostgresRepairs
 from .postgres_search import PostgresSearch
 
 log = logging.getLogger("lossless_context.store")
@@ -75,7 +76,7 @@ def _sum(row: tuple) -> SummaryRecord:
     return SummaryRecord(*row)
 
 
-class PostgresStore(PostgresRecords, PostgresSearch, PostgresConnections, Store):
+class PostgresStore(PostgresRecords, PostgresSearch, PostgresRepairs, PostgresConnections, Store):
     kind = "postgresql"
 
     def __init__(self, location: str, *, background_index: bool = True, **kwargs: Any) -> None:
@@ -604,7 +605,7 @@ class PostgresStore(PostgresRecords, PostgresSearch, PostgresConnections, Store)
             self._discard_stale_tx(c, session_id, keep=None, owner_of=pid)
             return True
 
-        for _ in range(_RETRIES):
+        for _ in range(WRITE_RETRIES):
             try:
                 return self._write(tx)
             except _Retry:

@@ -45,7 +45,7 @@ CONNECT_TIMEOUT = 5.0  # seconds to reach the server
 POOL_TIMEOUT = 5.0  # seconds to wait for a free (or re-established) pooled connection
 STATEMENT_TIMEOUT_MS = 60_000  # one statement; a server that accepts and never answers
 _SESSION_OPTIONS = f"-c statement_timeout={STATEMENT_TIMEOUT_MS}"
-_RETRIES = 6
+WRITE_RETRIES = 6
 
 
 def _lock_key(namespace: str, name: str) -> int:
@@ -186,6 +186,20 @@ class PostgresConnections:
                 raise
             raise StoreError(f"store {self.location}: {exc}") from exc
 
+    def maintenance_connection(self) -> contextlib.AbstractContextManager[Any]:
+        """A pooled connection for the SQL checks of operations (`lcm doctor`): reads only;
+        changes go through the store's own methods."""
+        return self._connection()
+
+    def read_sql(self, fn: Callable[[Any], T]) -> T:
+        """`fn(connection)` for the SQL of operations (export, doctor): reads only."""
+        return self._read(fn)
+
+    def write_sql(self, fn: Callable[[Any], T]) -> T:
+        """`fn(connection)` in one transaction, for operations that write rows as they are
+        (import): the store's own methods are used for everything else."""
+        return self._write(fn)
+
     def _read(self, fn: Callable[[Any], T]) -> T:
         with self._connection() as conn:
             return fn(conn)
@@ -194,13 +208,13 @@ class PostgresConnections:
         """Run `fn(conn)` in one transaction; deadlocks and serialisation failures retry."""
         if pg_errors is None:  # psycopg missing: the install hint, not an AttributeError below
             self._pools()
-        for attempt in range(_RETRIES):
+        for attempt in range(WRITE_RETRIES):
             try:
                 with self._connection() as conn:
                     with conn.transaction():
                         return fn(conn)
             except pg_errors.TransactionRollback as exc:  # rolled back: safe to run again
-                if attempt == _RETRIES - 1:
+                if attempt == WRITE_RETRIES - 1:
                     raise StoreError(f"store {self.location}: {exc}") from exc
                 time.sleep(0.01 * (2 ** attempt) * (1 + random.random()))
         raise AssertionError("unreachable")  # pragma: no cover

