@@ -68,9 +68,9 @@ class NewHostHooks:
         return result
 
     def _context_version(self, sid: str) -> int:
-        # Cheap: one primary-key read; tells whether a pass was committed meanwhile.
-        s = self.store.get_session(sid)  # type: ignore[attr-defined]
-        return int(s["context_version"]) if s else -1
+        # Tells whether a pass was committed meanwhile: one primary-key read on SQLite, none
+        # on PostgreSQL while the listener keeps the version (store/postgres_versions.py).
+        return int(self.store.cached_context_version(sid))  # type: ignore[attr-defined]
 
     def _build_selection(self, req: list, sid: str, budget_tokens: int) -> Optional[list]:
         budget = budget_tokens if isinstance(budget_tokens, int) and budget_tokens > 0 else self.threshold_tokens  # type: ignore[attr-defined]

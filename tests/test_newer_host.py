@@ -25,8 +25,13 @@ def _turns(msgs):
     return [msgs[a:b] for a, b in turn_ranges(msgs)]
 
 
-def test_select_context_is_stable_and_valid(tmp_path):
-    base = _engine(tmp_path / "l.db")
+def _location(request, tmp_path, backend):
+    return request.getfixturevalue("pg_fresh_dsn") if backend == "postgres" else tmp_path / "l.db"
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_select_context_is_stable_and_valid(tmp_path, request, backend):
+    base = _engine(_location(request, tmp_path, backend))
     e = base.clone_for_agent()
     host = NewHost(e, "gw-1")
     host.start()
@@ -51,8 +56,9 @@ def test_select_context_is_stable_and_valid(tmp_path):
     assert_connected(e.store, "gw-1")
 
 
-def test_stale_request_is_swapped_for_the_committed_context(tmp_path):
-    e = _engine(tmp_path / "l.db")
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_stale_request_is_swapped_for_the_committed_context(tmp_path, request, backend):
+    e = _engine(_location(request, tmp_path, backend))
     host = NewHost(e, "gw-2")
     host.start()
     sess = coding_session(700, seed=4)

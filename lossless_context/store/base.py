@@ -191,6 +191,11 @@ class Store(abc.ABC):
         """The session's context version alone (0 for an unknown session): bumped by every
         write of its active context, so a cached copy of the context is valid while equal."""
 
+    def cached_context_version(self, session_id: str) -> int:
+        """The context version, without a query where the store can know it (PostgreSQL:
+        LISTEN/NOTIFY, postgres_versions.py); by default a read of the row."""
+        return self.context_version(session_id)
+
     @abc.abstractmethod
     def set_context(self, session_id: str, entries: Sequence[ContextEntry], expected_version: int | None = None) -> int: ...
 

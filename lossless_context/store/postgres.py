@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -41,13 +43,15 @@ from ..records import (
     StagedPass,
     SummaryRecord,
 )
-from .base import Store, cost_totals, StoreError, resolve_keys, resolve_new_refs, with_appended
+from .base import Store, StoreError, resolve_keys, resolve_new_refs, with_appended
 from .pgtext import pg_text as _t
 from .postgres_conn import WRITE_RETRIES, PostgresConnections
+from .postgres_costs import PostgresCosts
 from .postgres_index import PostgresIndexer
 from .postgres_records import PostgresRecords
 from .postgres_repair import PostgresRepairs
 from .postgres_search import PostgresSearch
+from .postgres_versions import VersionCache, cache_for, peek
 
 log = logging.getLogger("lossless_context.store")
 
@@ -76,7 +80,17 @@ def _sum(row: tuple) -> SummaryRecord:
     return SummaryRecord(*row)
 
 
-class PostgresStore(PostgresRecords, PostgresSearch, PostgresRepairs, PostgresConnections, Store):
+_TOUCHED = threading.local()  # sessions whose context version this thread's transaction bumped
+
+
+def _touched() -> list[str]:
+    t = getattr(_TOUCHED, "sids", None)
+    if t is None:
+        t = _TOUCHED.sids = []
+    return t
+
+
+class PostgresStore(PostgresRecords, PostgresSearch, PostgresCosts, PostgresRepairs, PostgresConnections, Store):
     kind = "postgresql"
 
     def __init__(self, location: str, *, background_index: bool = True, **kwargs: Any) -> None:
@@ -86,6 +100,41 @@ class PostgresStore(PostgresRecords, PostgresSearch, PostgresRepairs, PostgresCo
         super().__init__(location, **kwargs)
         self._indexer = PostgresIndexer(self._write, self._read, self.location)
         self._background_index = bool(background_index)
+        self._version_cache: tuple[int, VersionCache] | None = None
+
+    def _write(self, fn: Callable[[Any], Any]) -> Any:
+        touched = _touched()
+        mark = len(touched)
+        try:
+            return super()._write(fn)
+        finally:
+            # After the commit (or the rollback): this process's next read sees the new version.
+            sids, touched[mark:] = touched[mark:], []
+            cache = peek(self._dsn) if sids else None
+            for sid in sids if cache is not None else ():
+                cache.forget(sid)
+
+    def _versions(self) -> VersionCache:
+        held = self._version_cache
+        if held is None or held[0] != os.getpid():
+            cache = cache_for(self._dsn, self._conn_kwargs())
+            cache.acquire()
+            held = self._version_cache = (os.getpid(), cache)
+        return held[1]
+
+    def version_listener_ready(self, timeout: float = 0.0) -> bool:
+        """Whether context versions are being kept by LISTEN/NOTIFY (starts the listener)."""
+        return self._versions().wait_ready(timeout)
+
+    def cached_context_version(self, session_id: str) -> int:
+        """The context version, from the LISTEN/NOTIFY cache when it has it (no query)."""
+        cache = self._versions()
+        sid = _t(session_id)
+        v = cache.get(sid)
+        if v is None:
+            v = self.context_version(session_id)
+            cache.note(sid, v)
+        return v
 
     def _on_open(self) -> None:
         if self._background_index:
@@ -121,6 +170,9 @@ class PostgresStore(PostgresRecords, PostgresSearch, PostgresRepairs, PostgresCo
 
     def close(self) -> None:
         self._indexer.close()
+        held, self._version_cache = self._version_cache, None
+        if held is not None and held[0] == os.getpid():
+            held[1].release()
         super().close()
 
     @staticmethod
@@ -338,68 +390,6 @@ class PostgresStore(PostgresRecords, PostgresSearch, PostgresRepairs, PostgresCo
 
         self._write(tx)
 
-    def put_summary_costs(self, rows: Sequence[tuple[int, str, int, int, int, float]]) -> None:
-        if not rows:
-            return
-        data = [(int(r[0]), _t(r[1]), int(r[2]), int(r[3]), int(r[4]), float(r[5])) for r in rows]
-
-        def tx(c: Any) -> None:
-            with c.cursor() as cur:
-                cur.executemany(
-                    "INSERT INTO summary_costs(summary_id, model, calls, input_tokens, output_tokens, ms)"
-                    " VALUES (%s,%s,%s,%s,%s,%s) ON CONFLICT (summary_id) DO UPDATE SET model=EXCLUDED.model,"
-                    " calls=EXCLUDED.calls, input_tokens=EXCLUDED.input_tokens,"
-                    " output_tokens=EXCLUDED.output_tokens, ms=EXCLUDED.ms", data)
-
-        self._write(tx)
-
-    def get_summary_costs(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
-        ids = list(dict.fromkeys(int(i) for i in ids))
-        if not ids:
-            return {}
-        rows = self._read(lambda c: c.execute(
-            "SELECT summary_id, model, calls, input_tokens, output_tokens, ms FROM summary_costs"
-            " WHERE summary_id = ANY(%s::bigint[])", (ids,)).fetchall())
-        return {r[0]: {"model": r[1], "calls": r[2], "input_tokens": r[3], "output_tokens": r[4], "ms": r[5]}
-                for r in rows}
-
-    def summary_cost_totals(self, session_id: str | None = None) -> dict[str, Any]:
-        w, p = ("", ()) if session_id is None else (" AND s.session_id=%s", (_t(session_id),))
-        rows = self._read(lambda c: c.execute(
-            "SELECT c.model, COUNT(*), SUM(c.calls), SUM(c.input_tokens), SUM(c.output_tokens), SUM(c.ms)"
-            " FROM summary_costs c JOIN summaries s ON s.id = c.summary_id WHERE s.state='published'"
-            f"{w} GROUP BY c.model ORDER BY c.model", p).fetchall())
-        return cost_totals(rows)
-
-    def replace_summary(self, summary_id: int, text: str, tokens: int, level: str, summarizer: str) -> None:
-        def tx(c: Any) -> None:
-            c.execute("INSERT INTO summary_history(summary_id, text, tokens, level, summarizer, replaced_at)"
-                      " SELECT id, text, tokens, level, summarizer, %s FROM summaries WHERE id=%s",
-                      (time.time(), summary_id))
-            c.execute("UPDATE summaries SET text=%s, tokens=%s, level=%s, summarizer=%s WHERE id=%s",
-                      (_t(text), tokens, _t(level), _t(summarizer), summary_id))
-
-        self._write(tx)
-
-    def summary_history(self, summary_id: int) -> list[dict[str, Any]]:
-        rows = self._read(lambda c: c.execute(
-            "SELECT text, tokens, level, summarizer, replaced_at FROM summary_history WHERE summary_id=%s"
-            " ORDER BY replaced_at", (summary_id,)).fetchall())
-        return [{"text": r[0], "tokens": r[1], "level": r[2], "summarizer": r[3], "replaced_at": r[4]} for r in rows]
-
-    def get_continuity(self, session_id: str) -> str | None:
-        row = self._read(lambda c: c.execute(
-            "SELECT state FROM session_continuity WHERE session_id=%s", (_t(session_id),)).fetchone())
-        return row[0] if row else None
-
-    def set_continuity(self, session_id: str, state: str) -> None:
-        def tx(c: Any) -> None:
-            c.execute("INSERT INTO session_continuity(session_id, state, updated_at) VALUES (%s,%s,%s)"
-                      " ON CONFLICT (session_id) DO UPDATE SET state=EXCLUDED.state, updated_at=EXCLUDED.updated_at",
-                      (_t(session_id), _t(state), time.time()))
-
-        self._write(tx)
-
     def set_representations(self, pairs: Sequence[tuple[int, str]]) -> set[int]:
         if not pairs:
             return set()
@@ -488,6 +478,7 @@ class PostgresStore(PostgresRecords, PostgresSearch, PostgresRepairs, PostgresCo
     @staticmethod
     def _write_context(c: Any, session_id: str, items: Sequence[tuple[str, int]], known: int = 0) -> None:
         # `known`: the caller checked the version, the stored context is items[:known].
+        _touched().append(session_id)
         c.execute("DELETE FROM context_items WHERE session_id=%s AND pos>=%s", (session_id, known))
         tail = items[known:]
         if tail:

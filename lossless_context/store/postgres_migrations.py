@@ -335,6 +335,28 @@ MIGRATIONS: list[tuple[str, str]] = [
         );
         """,
     ),
+    (
+        "010_context_version_notify",
+        # Every change of a session's context version, and every deletion of a session, is
+        # announced on channel lcm_context as "<version> <session id>" (-1: deleted), so
+        # select_context can keep versions without reading them (postgres_versions.py).
+        # Catalog only: no table is rewritten or scanned.
+        """
+        CREATE FUNCTION lcm_notify_context_version() RETURNS trigger
+        LANGUAGE plpgsql AS $fn$
+        BEGIN
+            IF TG_OP = 'DELETE' THEN
+                PERFORM pg_notify('lcm_context', '-1 ' || OLD.id);
+            ELSIF NEW.context_version IS DISTINCT FROM OLD.context_version THEN
+                PERFORM pg_notify('lcm_context', NEW.context_version::text || ' ' || NEW.id);
+            END IF;
+            RETURN NULL;
+        END
+        $fn$;
+        CREATE TRIGGER sessions_notify_context_version AFTER UPDATE OF context_version OR DELETE ON sessions
+            FOR EACH ROW EXECUTE FUNCTION lcm_notify_context_version();
+        """,
+    ),
 ]
 
 # Migrations the store can live without (run in a savepoint; retried at the next start).

@@ -1,0 +1,148 @@
+"""Session context versions on PostgreSQL without a query per call (LISTEN/NOTIFY).
+
+``select_context`` runs before every provider call and only needs to know whether a
+session's published context changed. Migration 010 makes every change of
+``sessions.context_version`` (and every session deletion) send ``NOTIFY lcm_context``. One
+listener per DSN and process holds a dedicated connection that LISTENs; a version read once
+is then kept current by the notifications (other processes and hosts) and dropped by this
+process's own commits (``forget``, called after the transaction), so a call while nothing
+changed asks the server nothing. Versions only grow, so a notification and a concurrent read
+arriving in either order keep the larger. While the listener is not connected (not started
+yet, server restarting) the cache answers nothing and callers read the row as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+log = logging.getLogger("lossless_context.store")
+
+CHANNEL = "lcm_context"
+_RETRY_MAX = 30.0  # seconds between reconnect attempts of a listener that lost its server
+
+
+class VersionCache:
+    """The listener thread of one DSN and the versions it keeps."""
+
+    def __init__(self, dsn: str, conn_kwargs: dict[str, Any]) -> None:
+        self._dsn, self._kwargs = dsn, dict(conn_kwargs)
+        self._lock = threading.Lock()
+        self._versions: dict[str, int] = {}
+        self._live = False
+        self._users = 0
+        self._stop = threading.Event()
+        self._ready = threading.Event()  # set while LISTEN is in effect
+        self._conn: Any = None
+        self._thread: threading.Thread | None = None
+
+    # -- the cache ---------------------------------------------------------------------
+    def get(self, session_id: str) -> int | None:
+        with self._lock:
+            return self._versions.get(session_id) if self._live else None
+
+    def note(self, session_id: str, version: int) -> None:
+        with self._lock:
+            if self._live and version > self._versions.get(session_id, -1):
+                self._versions[session_id] = version
+
+    def forget(self, session_id: str) -> None:
+        with self._lock:
+            self._versions.pop(session_id, None)
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Whether the listener is (or within `timeout` becomes) connected and listening."""
+        return self._ready.wait(timeout)
+
+    # -- the listener ------------------------------------------------------------------
+    def acquire(self) -> None:
+        with self._lock:
+            self._users += 1
+            if self._thread is None:
+                self._stop.clear()
+                self._thread = threading.Thread(target=self._run, name="lcm-pg-versions", daemon=True)
+                self._thread.start()
+
+    def release(self) -> bool:
+        """One user fewer; the last one stops the listener. True when it stopped."""
+        with self._lock:
+            self._users -= 1
+            if self._users > 0:
+                return False
+            self._live, thread = False, self._thread
+            self._ready.clear()
+            self._versions.clear()
+            self._thread = None
+            self._stop.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5.0)
+        return True
+
+    def _run(self) -> None:
+        import psycopg
+
+        delay = 0.5
+        while not self._stop.is_set():
+            conn = None
+            try:
+                conn = psycopg.connect(self._dsn, **{**self._kwargs, "autocommit": True})
+                conn.execute(f"LISTEN {CHANNEL}")
+                with self._lock:
+                    if self._stop.is_set():
+                        return
+                    self._conn = conn
+                    self._versions.clear()  # anything read before LISTEN may have missed a change
+                    self._live = True
+                    self._ready.set()
+                delay = 0.5
+                while not self._stop.is_set():
+                    for n in conn.notifies(timeout=1.0):
+                        self._apply(n.payload)
+            except Exception as exc:  # the server went away: fall back to reading rows
+                log.debug("lcm store: version listener lost its connection: %s", exc)
+            finally:
+                with self._lock:
+                    self._ready.clear()
+                    self._live = False
+                    self._conn = None
+                    self._versions.clear()
+                if conn is not None:
+                    try:
+                        conn.close()
+                    except Exception:  # pragma: no cover
+                        pass
+            self._stop.wait(delay)
+            delay = min(_RETRY_MAX, delay * 2)
+
+    def _apply(self, payload: str) -> None:
+        version, _, sid = payload.partition(" ")
+        try:
+            v = int(version)
+        except ValueError:
+            return
+        with self._lock:
+            if v < 0:
+                self._versions.pop(sid, None)  # the session was deleted
+            elif sid in self._versions and v > self._versions[sid]:
+                self._versions[sid] = v
+
+
+_CACHES: dict[tuple[int, str], VersionCache] = {}
+_CACHES_LOCK = threading.Lock()
+
+
+def cache_for(dsn: str, conn_kwargs: dict[str, Any]) -> VersionCache:
+    """The process's cache of this DSN (a forked child gets its own)."""
+    key = (os.getpid(), dsn)
+    with _CACHES_LOCK:
+        c = _CACHES.get(key)
+        if c is None:
+            c = _CACHES[key] = VersionCache(dsn, conn_kwargs)
+        return c
+
+
+def peek(dsn: str) -> VersionCache | None:
+    """The cache of this DSN if this process made one (writers drop their sessions from it)."""
+    return _CACHES.get((os.getpid(), dsn))

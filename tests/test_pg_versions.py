@@ -1,0 +1,104 @@
+"""select_context on PostgreSQL asks the server nothing while nothing changed (issue #21).
+
+Migration 010 announces every context-version change on channel lcm_context; the store keeps
+versions from those notifications (store/postgres_versions.py). Real server, real second
+connections standing in for other processes and hosts. Reads of the row are counted by a
+recording wrapper around the store's own ``context_version`` (it still runs).
+"""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+import pytest
+
+from lossless_context.store import open_store
+
+HANG_GUARD = 30.0  # seconds: only a broken listener takes this long
+
+
+@pytest.fixture
+def store(pg_fresh_dsn):
+    s = open_store(pg_fresh_dsn)
+    yield s
+    s.close()
+
+
+def _counting(store) -> list[str]:
+    calls: list[str] = []
+    real = store.context_version
+
+    def context_version(sid: str) -> int:
+        calls.append(sid)
+        return real(sid)
+
+    store.context_version = context_version
+    return calls
+
+
+def _until(pred) -> bool:
+    end = time.monotonic() + HANG_GUARD
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_versions_come_from_notifications_not_queries(store, pg_fresh_dsn):
+    store.ensure_session("a")
+    store.set_context("a", [])
+    assert store.version_listener_ready(HANG_GUARD)
+    reads = _counting(store)
+    v1 = store.cached_context_version("a")
+    assert v1 == store.get_session("a")["context_version"]
+    for _ in range(200):
+        assert store.cached_context_version("a") == v1
+    assert reads == ["a"]  # one read, then none while nothing changed
+
+    # This process's own write is seen at once (the cache forgets the session on commit).
+    store.set_context("a", [])
+    assert store.cached_context_version("a") == v1 + 1
+    # So is another store object's in the same process (one cache per DSN and process).
+    other = open_store(pg_fresh_dsn)
+    try:
+        other.set_context("a", [])
+        assert store.cached_context_version("a") == v1 + 2
+    finally:
+        other.close()
+    n = len(reads)
+
+    # Another process or host: a plain connection bumps the version; the notification brings it.
+    with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:
+        c.execute("UPDATE sessions SET context_version = context_version + 5 WHERE id = 'a'")
+    assert _until(lambda: store.cached_context_version("a") == v1 + 7)
+    assert len(reads) == n  # learned without reading the row
+
+
+def test_a_lost_listener_falls_back_to_reading_the_row(store, pg_fresh_dsn):
+    store.ensure_session("b")
+    assert store.version_listener_ready(HANG_GUARD)
+    v = store.cached_context_version("b")
+    with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:
+        # the listener's connection is the one that LISTENs on lcm_context
+        killed = c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                           " WHERE datname = current_database() AND query LIKE 'LISTEN%%'").fetchall()
+        assert killed and all(r[0] for r in killed)
+        assert _until(lambda: not store.version_listener_ready(0))
+        c.execute("UPDATE sessions SET context_version = context_version + 1 WHERE id = 'b'")
+    # While it is away (or just back: it clears what it knew) the row is read: never stale.
+    assert store.cached_context_version("b") == v + 1
+    assert store.version_listener_ready(HANG_GUARD)  # and it comes back by itself
+    assert store.cached_context_version("b") == v + 1
+
+
+def test_a_deleted_session_is_dropped_from_the_cache(store, pg_fresh_dsn):
+    store.ensure_session("c")
+    store.set_context("c", [])
+    assert store.version_listener_ready(HANG_GUARD)
+    assert store.cached_context_version("c") >= 1
+    with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:
+        c.execute("DELETE FROM context_items WHERE session_id = 'c'")
+        c.execute("DELETE FROM sessions WHERE id = 'c'")
+    assert _until(lambda: store.cached_context_version("c") == 0)
