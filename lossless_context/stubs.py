@@ -14,6 +14,7 @@ provider's prompt cache keeps hitting, and leaves summarise what the model was s
 
 from __future__ import annotations
 
+import bisect
 import copy
 import json
 import re
@@ -29,7 +30,7 @@ from .tokens import estimate_message_tokens, estimate_messages_tokens, estimate_
 _LINE_CAP = 240  # chars shown of a head/tail/fact line
 _ERROR_LINE_CAP = 2000  # an error line is kept whole up to this (then marked as cut)
 _ERROR_RE = re.compile(
-    r"Traceback \(most recent call last\)|\b\w*(?:Error|Exception)\b[:(]|\berror[:\[]|\bERROR\b|\bFATAL\b|"
+    r"Traceback \(most recent call last\)|(?:Error|Exception)[:(]|\berror[:\[]|\bERROR\b|\bFATAL\b|"
     r"\bfatal:|\bpanic:|\bFAILED\b|\bFAIL\b|\bfailed\b|exit (?:code|status) [1-9]|Segmentation fault|"
     r"\bERR_[A-Z0-9_]+")
 _PATH_RE = re.compile(r"(?<![\w/.-])(?:\.{0,2}/)?(?:[\w.-]+/)+[\w.-]+|\b[\w-]+\.(?:py|js|ts|tsx|go|rs|java|c|h|cpp|"
@@ -99,9 +100,18 @@ def _cap(line: str, limit: int = _LINE_CAP) -> str:
 def error_lines(lines: Sequence[str]) -> list[tuple[int, str]]:
     """(line number, line) of every error line; a Python traceback is kept whole (its frames
     up to the exception line), because the frames are what the agent needs to act on it."""
+    # One regex scan over the joined text (not one per line): this runs on every old tool
+    # result of a first pass, before the first model call, inside the host's silence budget.
+    text = "\n".join(ln[:4000] for ln in lines)
+    starts = [0]
+    for ln in lines[:-1]:
+        starts.append(starts[-1] + min(len(ln), 4000) + 1)
+    hits = sorted({bisect.bisect_right(starts, m.start()) - 1 for m in _ERROR_RE.finditer(text)})
     out: list[tuple[int, str]] = []
-    i, n = 0, len(lines)
-    while i < n:
+    n, done = len(lines), -1
+    for i in hits:
+        if i <= done:
+            continue
         line = lines[i]
         if "Traceback (most recent call last)" in line:
             j = i + 1
@@ -109,11 +119,10 @@ def error_lines(lines: Sequence[str]) -> list[tuple[int, str]]:
                 j += 1
             end = min(n, j + 1)  # the exception line itself
             out.extend((k + 1, _cap(lines[k], _ERROR_LINE_CAP)) for k in range(i, end) if lines[k].strip())
-            i = end
+            done = end - 1
             continue
-        if _ERROR_RE.search(line, 0, 4000):
-            out.append((i + 1, _cap(line, _ERROR_LINE_CAP)))
-        i += 1
+        out.append((i + 1, _cap(line, _ERROR_LINE_CAP)))
+        done = i
     return out
 
 
@@ -168,7 +177,7 @@ def make_stub(content: str, call: tuple[str, str] | None, policy: StubPolicy, to
     hint = _path_hint(call)
     from .explore import detect_kind, explore  # (first stub: keeps the plugin's load light)
 
-    kind = detect_kind(body[:65_536], hint)
+    kind = detect_kind(body[:8192], hint)
     code = kind.startswith("code:")
     errs = [] if code else error_lines(lines)  # in source code, "raise ValueError" is no error
     orig_tokens = tokens if tokens is not None else estimate_text_tokens(content)
