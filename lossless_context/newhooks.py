@@ -79,8 +79,10 @@ class NewHostHooks:
         body = req[1:] if system is not None else req
         _, ctx = self.store.get_context(sid)  # type: ignore[attr-defined]
         has_summary = any(e.kind == "s" for e in ctx)
-        if not has_summary or (budget and tokens <= budget and not self._request_is_stale(body, ctx)):
+        if budget and tokens <= budget and not self._request_is_stale(body, ctx):
             return None
+        if not has_summary and not self._shows_stubs(ctx):
+            return None  # (a stubs-only pass commits no summary: its stubs are worth swapping in too)
         rendered = self._render_context(sid, body)
         if rendered is None:
             return None
@@ -93,6 +95,11 @@ class NewHostHooks:
         if any(m.get("role") == "tool" and not m.get("tool_call_id") for m in out):
             return None
         return out
+
+    def _shows_stubs(self, ctx: list) -> bool:
+        """Does the committed context show a message by a representation (a tier-0 stub)?"""
+        recs = self.store.get_messages([e.ref for e in ctx if e.kind == "m"])  # type: ignore[attr-defined]
+        return any(r.large and r.exploration for r in recs.values())
 
     def _request_is_stale(self, body: list, ctx: list) -> bool:
         """The request still carries messages our committed context already summarised."""

@@ -74,7 +74,8 @@ def test_stale_request_is_swapped_for_the_committed_context(tmp_path, request, b
     req = [{"role": "system", "content": host.system_prompt}] + stale
     sel = e.select_context(req, budget_tokens=e.threshold_tokens)
     assert isinstance(sel, list) and sel[0] is req[0] or sel[0] == req[0]
-    assert any("<lcm-summary" in str(m.get("content")) for m in sel)
+    # the committed pass shows older messages as a summary, or (a stubs-only tier-0 pass) as stubs
+    assert any("<lcm-summary" in str(m.get("content")) or "[tool-output stub]" in str(m.get("content")) for m in sel)
     assert len(json.dumps(sel)) < len(json.dumps(req))
     assert problems(sel) == []
 
