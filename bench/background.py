@@ -21,7 +21,7 @@ from . import common
 
 def _drive(url: str, store: str, msgs: list[dict], background: bool, think: float) -> dict[str, Any]:
     from lossless_context.background import BackgroundWorker
-    from lossless_context.sessions import turn_ranges
+    from lossless_context.demo.sessions import turn_ranges
     from lossless_context.tokens import estimate_messages_tokens
 
     ctx = 64_000
@@ -65,7 +65,7 @@ def _drive(url: str, store: str, msgs: list[dict], background: bool, think: floa
 
 
 def run(cfg: dict[str, Any]) -> dict[str, Any]:
-    from lossless_context.sessions import coding_session
+    from lossless_context.demo.sessions import coding_session
     from tests.support.fake_openai import Delay, FailureSequence, FakeOpenAI, SummariserResponder
 
     quick = cfg.get("quick")

@@ -130,7 +130,7 @@ def _dag_shape(store: Any) -> dict[str, Any]:
 
 def run_point(window: int, n: int, which: str, session: Any, srv: Any, work: Path,
               fanin: int = 4) -> dict[str, Any]:
-    from lossless_context.sessions import SYSTEM_PROMPT
+    from lossless_context.demo.sessions import SYSTEM_PROMPT
 
     from .side_by_side import _builtin, canary_recall
 
@@ -175,7 +175,7 @@ def run_point(window: int, n: int, which: str, session: Any, srv: Any, work: Pat
 
 
 def run(cfg: dict[str, Any]) -> dict[str, Any]:
-    from lossless_context.sessions import coding_session
+    from lossless_context.demo.sessions import coding_session
 
     quick = cfg["quick"]
     grid = cfg.get("long_grid") or (QUICK_GRID if quick else FULL_GRID)

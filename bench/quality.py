@@ -150,7 +150,7 @@ def aggregate(nodes: list[dict[str, Any]], key: str) -> dict[str, Any]:
 
 
 def run_one(summarizer: str, session: Any, work: Path, ctx: int) -> dict[str, Any]:
-    from lossless_context.sessions import SYSTEM_PROMPT
+    from lossless_context.demo.sessions import SYSTEM_PROMPT
 
     srv = common.fake_server() if summarizer == "openai" else None
     store = str(work / f"quality-{summarizer}.db")
@@ -187,7 +187,7 @@ def run_one(summarizer: str, session: Any, work: Path, ctx: int) -> dict[str, An
 
 
 def run(cfg: dict[str, Any]) -> dict[str, Any]:
-    from lossless_context.sessions import mixed_session
+    from lossless_context.demo.sessions import mixed_session
 
     quick = cfg["quick"]
     n = cfg.get("quality_messages") or (400 if quick else 3000)

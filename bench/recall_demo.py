@@ -1,6 +1,6 @@
 """Our own question set over the generated demo sessions: does ``lcm_grep`` find the planted facts?
 
-``lossless_context.sessions.coding_session`` plants facts (canaries: an error string, a path
+``lossless_context.demo.sessions.coding_session`` plants facts (canaries: an error string, a path
 in a decision, a number in a tool output, a name said once, …), each with a plain-language
 question whose answer it is. A session is driven through the engine (``bench.host.HostDriver``,
 a 64K window, the extractive summariser, so the DAG has leaves and condensed nodes), then:
@@ -69,7 +69,7 @@ def _measure(eng: Any, sess: Any, first_id: int) -> dict[str, Any]:
 
 
 def run(cfg: dict[str, Any]) -> dict[str, Any]:
-    from lossless_context.sessions import coding_session
+    from lossless_context.demo.sessions import coding_session
 
     from .host import HostDriver
 

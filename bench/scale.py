@@ -124,7 +124,7 @@ def build(store: str, n: int, *, seed: int, real_cap: int, base_store: str | Non
           profile: bool, limit: int | None = None, deadline_s: float | None = None) -> dict[str, Any]:
     """Build the history. `limit`/`deadline_s` stop early (at a turn boundary) on the same
     deterministic stream of `n` messages, so two backends can be compared on identical data."""
-    from lossless_context.sessions import SessionStream
+    from lossless_context.demo.sessions import SessionStream
 
     out: dict[str, Any] = {"n_requested": n}
     n_real = min(n, real_cap)
@@ -230,7 +230,7 @@ def build(store: str, n: int, *, seed: int, real_cap: int, base_store: str | Non
 def _profile_ingest(path: str, seed: int) -> dict[str, Any]:
     """cProfile of one typical batch (2,000 new messages appended to a 2,000-message list),
     in a separate throw-away store so the measured history is not touched."""
-    from lossless_context.sessions import SessionStream
+    from lossless_context.demo.sessions import SessionStream
 
     from .profiling import profile
 
@@ -282,7 +282,7 @@ def _replicate(store: str, extra: int) -> int:
 
 def measure(store: str, n_stored: int, *, passes: int, reps: int, identifier: str,
             profile: bool) -> dict[str, Any]:
-    from lossless_context.sessions import SessionStream
+    from lossless_context.demo.sessions import SessionStream
 
     from .host import estimate
 

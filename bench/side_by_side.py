@@ -1,7 +1,7 @@
 """Our engine vs the built-in `ContextCompressor` of the installed hermes-agent, side by side.
 
 Both engines get the same host calls (`bench.host.HostDriver`, R19 order) over the same long
-sessions (coding, chat, mixed from `lossless_context.sessions`), and both summarise through the
+sessions (coding, chat, mixed from `lossless_context.demo.sessions`), and both summarise through the
 SAME FakeOpenAI server with the deterministic `SummariserResponder`: ours with
 `summarizer: openai` + `summary_base_url`, the built-in through the host's auxiliary client
 (`call_llm(task="compression")`), configured to the same server via `$HERMES_HOME/config.yaml`.
@@ -109,7 +109,7 @@ def _builtin(ctx: int, base_url: str):
 
 def _warm_builtin(srv: Any, ctx: int) -> None:
     """The host's first summary call imports the openai SDK (~2-3 s, once per process): pay it here."""
-    from lossless_context.sessions import chat_session
+    from lossless_context.demo.sessions import chat_session
 
     msgs = chat_session(80, 99).messages
     try:
@@ -120,7 +120,7 @@ def _warm_builtin(srv: Any, ctx: int) -> None:
 
 
 def run_one(kind: str, which: str, session: Any, srv: Any, ctx: int, work: Path) -> dict[str, Any]:
-    from lossless_context.sessions import SYSTEM_PROMPT
+    from lossless_context.demo.sessions import SYSTEM_PROMPT
 
     srv.clear()
     store = None
@@ -169,7 +169,7 @@ def run_one(kind: str, which: str, session: Any, srv: Any, ctx: int, work: Path)
 
 
 def run(cfg: dict[str, Any]) -> dict[str, Any]:
-    from lossless_context.sessions import make_session
+    from lossless_context.demo.sessions import make_session
 
     quick = cfg["quick"]
     try:

@@ -10,7 +10,7 @@ from lossless_context import LCMEngine
 from lossless_context.background import BackgroundWorker
 from lossless_context.compaction import span_key
 from lossless_context.config import LCMConfig
-from lossless_context.sessions import coding_session, turn_ranges
+from lossless_context.demo.sessions import coding_session, turn_ranges
 from tests.support.fake_openai import Delay, FailureSequence, FakeOpenAI, SummariserResponder
 from tests.support.hostsim import HostSim
 from tests.support.newhost import NewHost

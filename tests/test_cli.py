@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from lossless_context.demo import with_timestamps
-from lossless_context.sessions import coding_session
+from lossless_context.demo.sessions import coding_session
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_MESSAGES = 600

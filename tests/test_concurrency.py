@@ -35,7 +35,7 @@ from lossless_context.assemble import problems
 from lossless_context.config import LCMConfig
 from lossless_context.doctor import run_doctor
 from lossless_context.messages import safe_json
-from lossless_context.sessions import coding_session
+from lossless_context.demo.sessions import coding_session
 from lossless_context.store import open_store
 from lossless_context.tokens import estimate_messages_tokens
 from tests.support.dagcheck import assert_connected

@@ -45,7 +45,7 @@ import pytest
 from lossless_context import LCMEngine
 from lossless_context.doctor import run_doctor
 from lossless_context.messages import safe_json
-from lossless_context.sessions import coding_session
+from lossless_context.demo.sessions import coding_session
 from lossless_context.store import open_store
 from tests.support.engine_worker import CRASH_SID, crash_config, host_state, last_attempted, resync
 from tests.test_hostile_input import record_counts

@@ -157,7 +157,7 @@ def test_engine_replay_keeps_dag_balanced_valid_and_lossless(window, n, fanin, l
 
     from lossless_context.demo import replay, with_timestamps
     from lossless_context.engine import LCMEngine
-    from lossless_context.sessions import coding_session
+    from lossless_context.demo.sessions import coding_session
     from tests.support.dagcheck import assert_connected
 
     work = Path(tempfile.mkdtemp(prefix="lcm-dag-"))

@@ -415,7 +415,7 @@ def test_a_resumed_session_is_searchable_by_the_agent_the_moment_compress_return
 
     from lossless_context import LCMEngine
     from lossless_context.config import LCMConfig
-    from lossless_context.sessions import coding_session
+    from lossless_context.demo.sessions import coding_session
 
     e = LCMEngine(config=LCMConfig.load({"store": str(tmp_path / "lcm.db"), "summarizer": "extractive"},
                                         read_file=False))

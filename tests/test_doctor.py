@@ -10,7 +10,7 @@ from lossless_context.config import LCMConfig
 from lossless_context.doctor import run_doctor
 from lossless_context.ingest import new_message
 from lossless_context.records import NewSummary
-from lossless_context.sessions import coding_session, turn_ranges
+from lossless_context.demo.sessions import coding_session, turn_ranges
 from tests.support.hostsim import HostSim
 
 

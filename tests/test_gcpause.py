@@ -9,7 +9,7 @@ import pytest
 
 from lossless_context import LCMEngine, gcpause, ingest
 from lossless_context.config import LCMConfig
-from lossless_context.sessions import coding_session
+from lossless_context.demo.sessions import coding_session
 
 
 @pytest.fixture(autouse=True)

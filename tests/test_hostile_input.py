@@ -415,7 +415,7 @@ def test_media_fuzz_actually_reached_the_summariser():
 
 @pytest.fixture(scope="module")
 def populated(tmp_path_factory):
-    from lossless_context.sessions import coding_session
+    from lossless_context.demo.sessions import coding_session
 
     e = make_engine(tmp_path_factory.mktemp("tools") / "lcm.db")
     msgs = coding_session(260, seed=3).messages

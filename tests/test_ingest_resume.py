@@ -14,7 +14,7 @@ import pytest
 
 from lossless_context import LCMEngine, ingest
 from lossless_context.config import LCMConfig
-from lossless_context.sessions import coding_session
+from lossless_context.demo.sessions import coding_session
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ import pytest
 
 from lossless_context import LCMEngine
 from lossless_context.config import LCMConfig
-from lossless_context.sessions import coding_session
+from lossless_context.demo.sessions import coding_session
 
 ALICE_CANARY = "quokka-7731-alice-ZEBRAFISH"
 BOB_CANARY = "pangolin-4419-bob-MARMALADE"

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from lossless_context import LCMEngine
 from lossless_context.assemble import problems
 from lossless_context.config import LCMConfig
-from lossless_context.sessions import coding_session, turn_ranges
+from lossless_context.demo.sessions import coding_session, turn_ranges
 from lossless_context.tokens import estimate_messages_tokens
 from tests.support.dagcheck import assert_connected
 from tests.support.hostsim import HostSim

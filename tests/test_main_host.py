@@ -18,7 +18,7 @@ from lossless_context import LCMEngine
 from lossless_context.assemble import problems
 from lossless_context.config import HostCompression, LCMConfig
 from lossless_context.passbudget import pass_budget, plausible_overhead
-from lossless_context.sessions import coding_session, turn_ranges
+from lossless_context.demo.sessions import coding_session, turn_ranges
 from lossless_context.tokens import estimate_messages_tokens
 from tests.support.fake_openai import Fail, FailureSequence, FakeOpenAI, SummariserResponder
 from tests.support.newhost import MARKER, MainHost, host_aux_client, status_message

@@ -11,7 +11,7 @@ from collections import Counter
 from lossless_context import LCMEngine
 from lossless_context.assemble import problems
 from lossless_context.config import LCMConfig
-from lossless_context.sessions import coding_session, turn_ranges
+from lossless_context.demo.sessions import coding_session, turn_ranges
 from tests.support.dagcheck import assert_connected
 from tests.support.fake_openai import Fail, FailureSequence, FakeOpenAI, SummariserResponder
 from tests.support.newhost import NewHost

@@ -22,7 +22,7 @@ import pytest
 
 from lossless_context import LCMEngine
 from lossless_context.config import LCMConfig
-from lossless_context.sessions import coding_session
+from lossless_context.demo.sessions import coding_session
 from tests.support.fake_openai import FakeOpenAI, SummariserResponder
 from tests.support.hostsim import HostSim
 from tests.test_hostile_input import record_counts

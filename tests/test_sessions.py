@@ -1,4 +1,4 @@
-"""Tests for lossless_context.sessions: deterministic synthetic sessions and the sequence validator."""
+"""Tests for lossless_context.demo.sessions: deterministic synthetic sessions and the sequence validator."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lossless_context.sessions import (
+from lossless_context.demo.sessions import (
     SYSTEM_PROMPT,
     Canary,
     Session,
@@ -55,7 +55,7 @@ def test_different_seeds_differ(kind):
 
 
 def test_identical_across_processes_with_different_hash_seeds():
-    code = ("import hashlib, json; from lossless_context.sessions import make_session; "
+    code = ("import hashlib, json; from lossless_context.demo.sessions import make_session; "
             "print(hashlib.sha256(''.join(json.dumps(make_session(k, 900, 5).messages) "
             "for k in ('coding', 'chat', 'mixed')).encode()).hexdigest())")
     here = hashlib.sha256("".join(dump(make_session(k, 900, 5).messages) for k in KINDS).encode()).hexdigest()
@@ -248,7 +248,7 @@ def test_number_canaries_survive_digit_heavy_output():
 def test_scrub_removes_accidental_number_canaries():
     import re
 
-    from lossless_context.sessions import SessionStream, _trie_regex
+    from lossless_context.demo.sessions import SessionStream, _trie_regex
 
     stream = SessionStream("coding", 10, 0)
     stream._num_re = re.compile(_trie_regex(["12345", "23456"]))

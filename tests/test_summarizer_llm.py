@@ -10,7 +10,7 @@ from lossless_context import LCMEngine
 from lossless_context.config import LCMConfig
 from lossless_context.extractive import Source
 from lossless_context.summarize import CallGuard, Escalator, OpenAISummarizer, SummaryRequest
-from lossless_context.sessions import coding_session
+from lossless_context.demo.sessions import coding_session
 from tests.support.fake_openai import Fail, FailureSequence, FakeOpenAI, SummariserResponder
 from tests.support.hostsim import HostSim
 

@@ -8,7 +8,7 @@ import pytest
 
 from lossless_context import LCMEngine
 from lossless_context.config import LCMConfig
-from lossless_context.sessions import coding_session, turn_ranges
+from lossless_context.demo.sessions import coding_session, turn_ranges
 from tests.support.hostsim import HostSim
 from tests.support.pg import module_store_location
 

@@ -350,7 +350,7 @@ def test_ten_thousand_messages_stay_lazy(tmp_path):
     """10,000 uncompacted messages: the worst case for the top level, which is paged."""
     from lossless_context.config import LCMConfig
     from lossless_context.engine import LCMEngine
-    from lossless_context.sessions import coding_session
+    from lossless_context.demo.sessions import coding_session
 
     store = tmp_path / "big.db"
     engine = LCMEngine(config=LCMConfig.load({"store": str(store), "summarizer": "extractive"}, read_file=False,

@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .config import LCMConfig
+from ..config import LCMConfig
 from .sessions import SYSTEM_PROMPT, Canary, coding_session
-from .tokens import estimate_message_tokens, estimate_messages_tokens, estimate_text_tokens
+from ..tokens import estimate_message_tokens, estimate_messages_tokens, estimate_text_tokens
 
 DEFAULT_MESSAGES = 3000
 DEFAULT_CONTEXT_LENGTH = 64_000  # the smallest window the real host accepts
@@ -268,7 +268,7 @@ def run_demo(
     progress: Callable[[str, int, int], None] | None = None,
 ) -> DemoResult:
     """Generate, replay, verify; `progress(stage, done, total)` is called along the way."""
-    from .engine import LCMEngine
+    from ..engine import LCMEngine
 
     t0 = time.perf_counter()
     if store is None:
@@ -300,7 +300,7 @@ def run_demo(
     status = engine.get_status()
     html_path = None
     if html is not False:
-        from .viewer import write_view
+        from ..viewer import write_view
 
         html_path = str(Path(html) if html else Path(store).parent / "lcm-demo.html")
         write_view(engine.store, host.sid, html_path)

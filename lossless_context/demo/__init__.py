@@ -1,0 +1,18 @@
+"""The demo: a long deterministic coding session replayed through a real engine (`lcm demo`).
+
+Not part of the core: nothing outside this folder and the CLI imports it (tests/test_layout.py).
+
+* `demo.py` — the replay, its canary checks and the tables `lcm demo` prints;
+* `sessions.py` — deterministic synthetic sessions (coding, chat, mixed) with planted canaries;
+* `session_data.py` — the templates and word lists the sessions are generated from;
+* `session_checks.py` — checks over a generated session (OpenAI sequence, canaries present).
+"""
+
+from .demo import (  # noqa: F401 - the demo's entry points, as `lossless_context.demo.X`
+    DemoResult,
+    expand_message,
+    print_tables,
+    replay,
+    run_demo,
+    with_timestamps,
+)
