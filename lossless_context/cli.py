@@ -15,13 +15,10 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import click
 
 from . import __version__
-
-SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
 class UserError(Exception):
@@ -58,31 +55,16 @@ class App:
     def check_location(self, loc: str, must_exist: bool = True) -> None:
         if _is_dsn(loc):
             return
-        p = Path(loc)
-        if p.is_dir():
-            raise UserError(f"{p} is a directory; give the store file (e.g. {p / 'lcm.db'})")
-        if not p.exists():
-            if must_exist:
-                raise UserError(f"no store at {p} yet: it is created when Hermes first runs with the lcm engine "
-                                f"(`lcm demo` shows the engine at work in a store of its own)")
-            return
-        try:
-            with open(p, "rb") as fh:
-                head = fh.read(16)
-        except OSError as exc:
-            raise UserError(f"cannot read {p}: {exc.strerror or exc}") from exc
-        if not head:
-            return  # an empty file: a store that was created and never written
-        if head != SQLITE_MAGIC:
-            raise UserError(f"{p} is not an lcm store (not an SQLite database)")
-        from .store.sqlite_readonly import table_names
+        from .store.sqlite_file import StoreFileError, check_store_file
 
+        p = Path(loc)
         try:
-            tables = table_names(str(p))
-        except sqlite3.Error as exc:
-            raise UserError(f"cannot open {p}: {exc}") from exc
-        if tables and "lcm_migrations" not in tables:
-            raise UserError(f"{p} is an SQLite database but not an lcm store (refusing to touch it)")
+            exists = check_store_file(p)
+        except StoreFileError as exc:
+            raise UserError(str(exc)) from exc
+        if not exists and must_exist:
+            raise UserError(f"no store at {p} yet: it is created when Hermes first runs with the lcm engine "
+                            f"(`lcm demo` shows the engine at work in a store of its own)")
 
     def open_store(self, must_exist: bool = True):
         from .store import open_store
@@ -571,32 +553,16 @@ def backup(app: App, output: str, force: bool) -> None:
         raise UserError(f"{dest} exists (use --force to overwrite)")
     if dest.resolve() == Path(loc).resolve():
         raise UserError("the backup file must differ from the store")
-    fd, tmp = tempfile.mkstemp(prefix=".lcm-backup.", suffix=".db", dir=str(dest.parent.resolve()))
-    os.close(fd)
+    from .store.sqlite_file import StoreFileError, backup_store_file
+
     err = _console(stderr=True)
     try:
-        src = sqlite3.connect(f"file:{quote(str(Path(loc).resolve()))}?mode=ro", uri=True, timeout=30)
-        dst = sqlite3.connect(tmp)
-        try:
-            with _progress(err) as prog:
-                task = prog.add_task("backing up", total=None)
-
-                def cb(status: int, remaining: int, total: int) -> None:
-                    prog.update(task, completed=total - remaining, total=total)
-
-                src.backup(dst, pages=1024, progress=cb)
-            dst.execute("PRAGMA journal_mode=DELETE")
-            ok = dst.execute("PRAGMA quick_check").fetchone()[0]
-        finally:
-            dst.close()
-            src.close()
-        if ok != "ok":
-            raise UserError(f"the backup failed its integrity check: {ok}")
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        with _progress(err) as prog:
+            task = prog.add_task("backing up", total=None)
+            backup_store_file(Path(loc), dest,
+                              lambda done, total: prog.update(task, completed=done, total=total))
+    except StoreFileError as exc:
+        raise UserError(str(exc)) from exc
     click.echo(f"backed up {loc} → {dest} ({dest.stat().st_size:,} bytes)")
 
 

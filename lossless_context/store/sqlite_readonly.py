@@ -34,24 +34,6 @@ def is_read_only(location: str) -> bool:
     return not os.access(path, os.W_OK) or not os.access(path.parent, os.W_OK | os.X_OK)
 
 
-def table_names(location: str) -> set[str]:
-    """The tables of an SQLite file, read without writing anything (not even a WAL's -shm:
-    falls back to reading the file as immutable). Raises sqlite3.Error if it is unreadable."""
-    uri = Path(location).expanduser().resolve().as_uri()
-    last: sqlite3.Error | None = None
-    for params in ("?mode=ro", "?mode=ro&immutable=1"):
-        try:
-            c = sqlite3.connect(uri + params, uri=True)
-            try:
-                return {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-            finally:
-                c.close()
-        except sqlite3.Error as exc:
-            last = exc
-    assert last is not None
-    raise last
-
-
 class ReadOnlySQLiteStore(SQLiteStore):
     """SQLiteStore that never writes: reads work, writes raise StoreError."""
 
