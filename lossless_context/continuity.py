@@ -216,3 +216,12 @@ def render(st: State, visible: set[int], limit_tokens: int) -> str:
     if estimate_text_tokens(text) > limit_tokens:
         text = text[: limit_tokens * 4]
     return text
+
+
+def stored_section(store: Any, session_id: str, visible: set[int], limit_tokens: int) -> str:
+    """The section as the last committed pass left it (for renderings outside a pass, such as
+    `select_context`): the state persisted per session, minus what is `visible` verbatim."""
+    if limit_tokens <= 0:
+        return ""
+    data = store.get_continuity(session_id)
+    return render(State.from_json(data), visible, limit_tokens) if data else ""

@@ -14,6 +14,7 @@ import threading
 from typing import Any, Dict, List, Optional
 
 from .assemble import large_representation, render_summary, repair
+from .continuity import stored_section
 from .messages import content_ident, provider_view, role_of
 from .tokens import estimate_messages_tokens
 
@@ -120,6 +121,9 @@ class NewHostHooks:
         out: list[dict] = []
         block: list = []
         prev_role = None
+        # The continuity section, as compress() renders it (continuity.py), minus what is shown verbatim.
+        visible = {e.ref for e in ctx if e.kind == "m"}
+        extra = stored_section(self.store, sid, visible, int(getattr(self.config, "continuity_tokens", 0) or 0))  # type: ignore[attr-defined]
 
         def flush_block(next_role: str | None) -> None:
             nonlocal block
@@ -129,7 +133,8 @@ class NewHostHooks:
                 role = choose_summary_role(prev_role, next_role) or "user"
                 # Within the block budget, as compress() renders it (summary_view.py).
                 limit = self._budget(self._overhead).summary_block  # type: ignore[attr-defined]
-                out.append(render_summary(block, sum(n.n_messages for n in block), role, max_tokens=limit))
+                out.append(render_summary(block, sum(n.n_messages for n in block), role, max_tokens=limit,
+                                          extra=extra))
                 block = []
 
         for i, e in enumerate(ctx):
