@@ -64,7 +64,8 @@ class LCMEngine(NewHostHooks, HostSignals, base_class()):  # type: ignore[misc]
         self._overrides = dict(overrides)
         # Shared by every copy made for an agent: lets the registered engine (the one a
         # plugin slash command holds) find the session the agents are working on.
-        self._family: dict[str, Any] = {"last_session": None, "live": None, "bound_with_db": False}
+        self._family: dict[str, Any] = {"last_session": None, "live": None, "bound_with_db": False,
+                                        "stores": {}, "store_lock": threading.Lock()}
         self._init_runtime_state()
         self.last_prompt_tokens = 0
         self.last_completion_tokens = 0
@@ -79,7 +80,6 @@ class LCMEngine(NewHostHooks, HostSignals, base_class()):  # type: ignore[misc]
 
     def _init_runtime_state(self) -> None:
         self._store: Store | None = None
-        self._store_lock = threading.Lock()
         self._escalator: Escalator | None = None
         self._session_id: str | None = None
         self._conversation_id: str | None = None
@@ -128,11 +128,19 @@ class LCMEngine(NewHostHooks, HostSignals, base_class()):  # type: ignore[misc]
     @property
     def store(self) -> Store:
         if self._store is None:
-            with self._store_lock:
+            fam = self._family
+            with fam["store_lock"]:
                 if self._store is None:
-                    # Every call goes through the location's circuit breaker (store_guard.py).
-                    self._store = GuardedStore(self.config.store_location(), open_store,
-                                               self.config.store_retry_seconds)
+                    # One store per location for every copy of this engine: a gateway makes a
+                    # copy per agent, and a store per copy would open a connection pool per
+                    # agent (PostgreSQL refuses clients past max_connections).
+                    location = self.config.store_location()
+                    shared = fam["stores"].get(location)
+                    if shared is None:
+                        # Every call goes through the location's circuit breaker (store_guard.py).
+                        shared = fam["stores"][location] = GuardedStore(location, open_store,
+                                                                        self.config.store_retry_seconds)
+                    self._store = shared
         return self._store  # type: ignore[return-value]
 
     # -- copies: each agent gets a fresh engine sharing the durable store --------------
