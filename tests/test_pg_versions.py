@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from lossless_context.store import open_store
+from lossless_context.store.postgres_versions import APPLICATION_NAME
 
 HANG_GUARD = 30.0  # seconds: only a broken listener takes this long
 
@@ -81,9 +82,10 @@ def test_a_lost_listener_falls_back_to_reading_the_row(store, pg_fresh_dsn):
     assert store.version_listener_ready(HANG_GUARD)
     v = store.cached_context_version("b")
     with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:
-        # the listener's connection is the one that LISTENs on lcm_context
+        # the listener's session names itself
         killed = c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                           " WHERE datname = current_database() AND query LIKE 'LISTEN%%'").fetchall()
+                           " WHERE datname = current_database() AND application_name = %s",
+                           (APPLICATION_NAME,)).fetchall()
         assert killed and all(r[0] for r in killed)
         assert _until(lambda: not store.version_listener_ready(0))
         c.execute("UPDATE sessions SET context_version = context_version + 1 WHERE id = 'b'")

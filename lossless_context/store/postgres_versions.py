@@ -21,6 +21,8 @@ from typing import Any
 log = logging.getLogger("lossless_context.store")
 
 CHANNEL = "lcm_context"
+APPLICATION_NAME = "lcm-versions"  # names the listener's session in pg_stat_activity
+PROBE_SECONDS = 10.0  # how long the listener waits for its own test notification
 _RETRY_MAX = 30.0  # seconds between reconnect attempts of a listener that lost its server
 
 
@@ -87,8 +89,16 @@ class VersionCache:
         while not self._stop.is_set():
             conn = None
             try:
-                conn = psycopg.connect(self._dsn, **{**self._kwargs, "autocommit": True})
+                conn = psycopg.connect(self._dsn, **{**self._kwargs, "autocommit": True,
+                                                     "application_name": APPLICATION_NAME})
                 conn.execute(f"LISTEN {CHANNEL}")
+                if not self._delivers(conn):
+                    # e.g. a transaction-mode pooler between us and the server: stay off for
+                    # good rather than trust a channel that never speaks (versions are read).
+                    log.info("lcm store: LISTEN/NOTIFY does not reach this connection (a transaction"
+                             " pooler?); select_context reads the context version on every call")
+                    conn.close()
+                    return
                 with self._lock:
                     if self._stop.is_set():
                         return
@@ -115,6 +125,14 @@ class VersionCache:
                         pass
             self._stop.wait(delay)
             delay = min(_RETRY_MAX, delay * 2)
+
+    @staticmethod
+    def _delivers(conn: Any) -> bool:
+        """Whether a notification this connection sends comes back to it (a session hears
+        its own NOTIFY when LISTEN and NOTIFY reach the same server session)."""
+        token = f"-2 probe-{os.getpid()}-{threading.get_ident()}"
+        conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, token))
+        return any(n.payload == token for n in conn.notifies(timeout=PROBE_SECONDS, stop_after=50))
 
     def _apply(self, payload: str) -> None:
         version, _, sid = payload.partition(" ")
