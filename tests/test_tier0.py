@@ -126,14 +126,7 @@ def test_make_stub_is_deterministic_and_keeps_every_error_line():
 def _continuity_session(host: HostSim, turns: int) -> None:
     host.add({"role": "user", "content": "OBJECTIVE-7781: migrate the billing service to the new ledger."})
     for i in range(turns):
-        cid = f"todo_{i}"
-        todos = [{"id": "1", "content": "schema", "status": "completed"},
-                 {"id": "2", "content": f"backfill batch {i}", "status": "in_progress"}]
-        host.add({"role": "user", "content": f"Continue with batch {i}."},
-                 {"role": "assistant", "content": "", "tool_calls": [
-                     {"id": cid, "type": "function", "function": {"name": "todo", "arguments": json.dumps({"todos": todos})}}]},
-                 {"role": "tool", "tool_call_id": cid, "content": json.dumps({"todos": todos})},
-                 {"role": "assistant", "content": f"Batch {i} done. " + "details " * 900})
+        _continuity_session_step(host, i)
 
 
 @pytest.mark.parametrize("passes", [1, 10, 100])
