@@ -23,7 +23,7 @@ from .messages import SUMMARY_OPEN, flatten_content
 from .records import MessageRecord
 from .tokens import estimate_text_tokens
 
-TODO_TOOLS = ("todo", "todo_write", "TodoWrite", "update_plan")  # Hermes' is "todo"
+PLAN_TOOLS = ("todo", "todo_write", "TodoWrite", "update_plan")  # Hermes' is "todo"
 EDIT_TOOLS = ("write_file", "patch", "edit_file", "str_replace", "str_replace_editor", "apply_patch",
               "create_file", "replace_in_file", "multi_edit", "edit", "write")
 _PATH_KEYS = ("path", "file_path", "filename", "file", "target_file")
@@ -147,7 +147,7 @@ def gather(prev: State, slots: Sequence[Slot], records: Mapping[int, MessageReco
             calls = raw.get("tool_calls") if isinstance(raw.get("tool_calls"), list) else []
             for tc in calls:
                 name, args = _args(tc)
-                if name in TODO_TOOLS:
+                if name in PLAN_TOOLS:
                     res = results.get(tc.get("id")) if isinstance(tc, Mapping) else None
                     plan = _todo_state(args, res[1] if res else None)
                     if plan and (st.plan is None or mid >= st.plan.mid):
