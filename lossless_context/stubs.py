@@ -52,12 +52,13 @@ class StubPolicy:
     stub_tokens: int = 250  # size of a stub (error lines may exceed it: they are never cut)
     head_lines: int = 2
     tail_lines: int = 2
+    redact: bool = True  # secrets out of the stub (it stands in the model's context like a summary)
 
 
 def stub_policy(cfg: Any) -> StubPolicy:
     """The policy an LCMConfig asks for."""
     return StubPolicy(bool(cfg.tool_stubs), int(cfg.tool_stub_keep_results), int(cfg.tool_stub_keep_tokens),
-                      int(cfg.tool_stub_min_tokens), int(cfg.tool_stub_tokens))
+                      int(cfg.tool_stub_min_tokens), int(cfg.tool_stub_tokens), redact=bool(cfg.redact))
 
 
 # -- making one stub ------------------------------------------------------------------------
@@ -322,6 +323,10 @@ def apply_stubs(store: Any, slots: list[Slot], records: dict[int, MessageRecord]
         content = rec.raw.get("content") if isinstance(rec.raw, Mapping) else None
         text = content if isinstance(content, str) else rec.text
         stub = make_stub(text, calls.get(s.result_for or ""), policy, rec.tokens)
+        if policy.redact:
+            from .redact import redact  # (first stub: keeps the plugin's load light)
+
+            stub = redact(stub)  # its fact lines keep `KEY=value` lines whole: never a secret's value
         rep = large_representation(s.msg, rec.id, rec.tokens, stub)
         if estimate_message_tokens(rep) * 10 > rec.tokens * 7:
             continue  # would save under 30%: not worth hiding the original
