@@ -390,7 +390,7 @@ class LCMEngine(NewHostHooks, HostSignals, base_class()):  # type: ignore[misc]
                 try:
                     self._ensure(session_id, parent_id=parent)
                     # a new /branch: bounded at the fork, starting from the parent's context
-                    forks.seed_branch(self.store, session_id, parent, host_copy=self._host_history(session_id),
+                    forks.seed_branch(self.store, session_id, parent, host_copy=lambda: self._host_history(session_id),
                                       store_parent=lambda msgs: self.ingest(msgs, session_id=parent))
                 except Exception as exc:
                     log.debug("lcm: cannot record the parent of %s: %s", session_id, exc)

@@ -62,13 +62,15 @@ BRANCH = "branch"  # the boundary_reason of a host /branch copy
 
 
 def seed_branch(store: Any, session_id: str, parent_id: str,
-                store_parent: Callable[[list[Any]], Any] | None = None, host_copy: list[Any] | None = None) -> bool:
+                store_parent: Callable[[list[Any]], Any] | None = None,
+                host_copy: Callable[[], list[Any]] | None = None) -> bool:
     """A new host branch of `parent_id`: it starts from the parent's active context (so the
     copied history aligns with the parent's rows and is not stored again) and sees the
     parent's history only up to now (its fork point). False when `session_id` already has
     a history of its own (a resumed session, a rotation child): nothing is changed then.
 
-    `host_copy` is the history the host copied into the branch. Below the compression
+    `host_copy` reads the history the host copied into the branch (only when seeding: a
+    resumed session or a rotation child never pays for reading its whole record). Below the compression
     threshold the host never handed the parent's latest turns to the engine, so they are
     stored into the parent first (`store_parent`), before the fork point is taken: else the
     branch would store them again as its own, and the parent's copy would count as written
@@ -76,8 +78,9 @@ def seed_branch(store: Any, session_id: str, parent_id: str,
     _v, own = store.get_context(session_id)
     if own or store.session_message_ids(session_id):
         return False
-    if host_copy and store_parent is not None:
-        store_parent(host_copy)
+    copied = host_copy() if host_copy is not None and store_parent is not None else []
+    if copied:
+        store_parent(copied)
     store.ensure_session(session_id, parent_id=parent_id, boundary_reason=BRANCH)
     store.set_fork_point(session_id)
     _v, ctx = store.get_context(parent_id)

@@ -163,14 +163,19 @@ def _continuity_session_step(host: HostSim, i: int) -> None:
              {"role": "assistant", "content": f"Batch {i} done. " + "details " * 900})
 
 
+def _chat_turns(host: HostSim, n: int = 30) -> None:
+    """Long chat turns without tool output (so the pass must summarise)."""
+    for i in range(n):
+        host.add({"role": "user", "content": f"Question {i}: " + "context words " * 400},
+                 {"role": "assistant", "content": f"Answer {i}: " + "reply words " * 400})
+
+
 def test_costs_are_what_the_provider_reported(tmp_path):
     with FakeOpenAI(responder=FixedUsage()) as srv:
         e = _engine(str(tmp_path / "k.db"), srv.base_url, tool_stubs=False)
         host = HostSim(e, "cost")
         host.start(context_length=64_000)
-        for i in range(30):
-            host.add({"role": "user", "content": f"Question {i}: " + "context words " * 400},
-                     {"role": "assistant", "content": f"Answer {i}: " + "reply words " * 400})
+        _chat_turns(host)
         assert host.maybe_compress()
         calls = len(srv.chat_requests)
         assert calls >= 1
@@ -203,9 +208,7 @@ def test_resummarize_replaces_the_text_and_keeps_the_old_one(tmp_path):
     e = _engine(str(tmp_path / "r.db"), tool_stubs=False)
     host = HostSim(e, "rs")
     host.start(context_length=64_000)
-    for i in range(30):
-        host.add({"role": "user", "content": f"Question {i}: " + "context words " * 400},
-                 {"role": "assistant", "content": f"Answer {i}: " + "reply words " * 400})
+    _chat_turns(host)
     assert host.maybe_compress()
     sid = int(_first_summary_id(host.messages)[1:])
     before = e.store.get_summaries([sid])[sid]
