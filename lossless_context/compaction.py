@@ -26,12 +26,13 @@ from .assemble import (
 from . import continuity
 from .costs import Spend
 from .dag_balance import next_condensation
+from .digest import digest
 from .records import Source
 from .messages import content_ident
 from .owners import new_pass_id
 from .records import MessageRecord, NewSummary, SummaryRecord
 from .store.base import Store
-from .stubs import StubPolicy, apply_stubs, swap_stubs
+from .stubs import StubPolicy, apply_stubs, is_stub, swap_stubs
 from .summarize import Escalator, SummaryRequest, deterministic_summary
 from .tokens import estimate_message_tokens, estimate_text_tokens
 
@@ -478,11 +479,13 @@ def source_text(s: Slot, records: dict[int, MessageRecord]) -> str | None:
     if s.kind == "x" or rec is None or rec.role in ("invalid", "unknown"):
         return None
     if rec.large and rec.exploration:
-        return rec.exploration
-    text = rec.text
+        # A stub is cut further (its head/tail lines); an exploration summary goes in whole.
+        return digest(rec.role, rec.raw, rec.text, f"m{rec.id}", rec.exploration) if is_stub(rec.exploration) \
+            else rec.exploration
+    text = digest(rec.role, rec.raw, rec.text, f"m{rec.id}")
     if len(text) > SOURCE_TEXT_LIMIT:
         half = SOURCE_TEXT_LIMIT // 2
-        text = text[:half] + f"\n…[{len(rec.text) - SOURCE_TEXT_LIMIT} chars omitted]…\n" + text[-half:]
+        text = text[:half] + f"\n…[{len(text) - SOURCE_TEXT_LIMIT} chars omitted]…\n" + text[-half:]
     return text
 
 

@@ -130,7 +130,9 @@ def test_changed_span_is_not_adopted(tmp_path):
         with sqlite3.connect(tmp_path / "l.db") as c:
             prepared = dict(c.execute("SELECT span_key, text FROM presummaries WHERE session_id='bg-3'"))
         # edit an early message under its uid: the span it belonged to is no longer the same
-        target = host.history[5]
+        # (a plain-text message: appending to a JSON tool result would change its digest's size
+        # and so move the chunk's boundaries, and this test needs the very same span)
+        target = next(m for m in host.history[3:] if m.get("role") == "assistant" and not m.get("tool_calls"))
         target["content"] = (target.get("content") or "") + " (edited)"
         calls_before = len(responder.inputs)
         host.request()
