@@ -473,8 +473,20 @@ def block_limit(budget: Budget) -> int:
     return budget.summary_block
 
 
+def shown_text(s: Slot, records: dict[int, MessageRecord]) -> str | None:
+    """The text of one message as the model is shown it (a stub or an exploration summary for
+    a represented message), the size leaf chunks are planned by; None: not summarisable."""
+    rec = records.get(s.refs[0])
+    if s.kind == "x" or rec is None or rec.role in ("invalid", "unknown"):
+        return None
+    if rec.large and rec.exploration:
+        return rec.exploration
+    return _limited(rec.text)
+
+
 def source_text(s: Slot, records: dict[int, MessageRecord]) -> str | None:
-    """What a summariser sees of one message (None: not summarisable, stored verbatim only)."""
+    """What a summariser is sent of one message: the digest of what the model is shown
+    (None: not summarisable, stored verbatim only)."""
     rec = records.get(s.refs[0])
     if s.kind == "x" or rec is None or rec.role in ("invalid", "unknown"):
         return None
@@ -482,7 +494,10 @@ def source_text(s: Slot, records: dict[int, MessageRecord]) -> str | None:
         # A stub is cut further (its head/tail lines); an exploration summary goes in whole.
         return digest(rec.role, rec.raw, rec.text, f"m{rec.id}", rec.exploration) if is_stub(rec.exploration) \
             else rec.exploration
-    text = digest(rec.role, rec.raw, rec.text, f"m{rec.id}")
+    return _limited(digest(rec.role, rec.raw, rec.text, f"m{rec.id}"))
+
+
+def _limited(text: str) -> str:
     if len(text) > SOURCE_TEXT_LIMIT:
         half = SOURCE_TEXT_LIMIT // 2
         text = text[:half] + f"\n…[{len(text) - SOURCE_TEXT_LIMIT} chars omitted]…\n" + text[-half:]
@@ -506,7 +521,9 @@ def plan_region(slots: Sequence[Slot], a: int, b: int, records: dict[int, Messag
             out.append(("S", list(grp[0].refs), True))
             continue
         for s in grp:
-            text = source_text(s, records)
+            # Chunks are cut by what the model is shown, not by the (smaller) digest a
+            # summariser is sent: a leaf stands for as much of the context as before.
+            text = shown_text(s, records)
             st = estimate_text_tokens(text) if text else 1
             if chunk and used + st > leaf_chunk:
                 out.append(("chunk", chunk, True))

@@ -18,28 +18,36 @@ than the message's own text.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Mapping
 
 from .messages import flatten_content
 
-STRING_CHARS = 360  # a JSON string value longer than this is cut in the middle
-STRING_HEAD = 240  # ... keeping this many characters of its start
-STRING_TAIL = 80  # ... and this many of its end
+STRING_CHARS = 240  # a JSON string value longer than this is cut in the middle
+STRING_HEAD = 160  # ... keeping this many characters of its start
+STRING_TAIL = 60  # ... and this many of its end
 ARGS_CHARS = 1500  # non-JSON tool-call arguments beyond this are cut
 _STUB_DROPPED_SECTIONS = ("head:", "tail:")
+# A stub's header: "<mark> tool: NAME(ARGS) · KIND, N chars, N lines, ~N tokens[ · ERROR]".
+_STUB_HEADER_RE = re.compile(r"^(?P<lead>.*? tool: [\w.:-]+)\(.*\)(?P<size> · [^·]*?, [\d,]+ chars, [\d,]+ lines, "
+                             r"~[\d,]+ tokens(?: · ERROR)?)$")
 
 
 def stub_digest(stub: str) -> str:
     """A tier-0 stub without its head/tail lines and the sketch after them.
 
     Everything before the first `head:`/`tail:` label stays: the header (tool, size, ERROR),
-    the exit status and JSON facts, every error line, and the paths/ids/numbers lines.
+    the exit status and JSON facts, every error line, and the paths/ids/numbers lines. The
+    header names the tool without its arguments: the call just before the result shows them.
     """
     lines = stub.split("\n")
+    m = _STUB_HEADER_RE.match(lines[0])
+    if m:
+        lines[0] = f"{m.group('lead')}(…){m.group('size')}"
     for i, line in enumerate(lines):
         if i and line in _STUB_DROPPED_SECTIONS:
             return "\n".join(lines[:i])
-    return stub
+    return "\n".join(lines)
 
 
 def _shorten(value: Any, ref: str) -> Any:

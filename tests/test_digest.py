@@ -32,7 +32,10 @@ def test_stub_digest_keeps_header_errors_and_facts_and_drops_head_and_tail():
     stub = make_stub(_log(), ("terminal", '{"command": "make all"}'), StubPolicy())
     assert "head:" in stub and "tail:" in stub  # the stub the model sees has them
     d = stub_digest(stub)
-    assert d.split("\n")[0] == stub.split("\n")[0]  # header: tool, size, ERROR
+    header = stub.split("\n")[0]
+    assert header.startswith("[tool-output stub] tool: terminal({") and header.endswith("tokens · ERROR")
+    # header: the tool, its size and ERROR; its arguments are in the call just before
+    assert d.split("\n")[0] == header.split("(", 1)[0] + "(…) · " + header.split(") · ", 1)[1]
     assert ERROR in d
     assert "paths: " in d  # the facts lines stay
     assert "head:" not in d and "tail:" not in d and "step 0000" not in d
@@ -41,7 +44,7 @@ def test_stub_digest_keeps_header_errors_and_facts_and_drops_head_and_tail():
 
 
 def test_a_stub_without_head_or_tail_goes_in_whole():
-    stub = "[tool-output stub] tool: x() · text, 900 chars\nerror lines (1):\n  L3 boom"
+    stub = "[tool-output stub] tool: (unknown call) · text, 900 chars, 3 lines, ~225 tokens\nerror lines (1):\n  L3 boom"
     assert stub_digest(stub) == stub
 
 
@@ -52,7 +55,7 @@ def test_long_json_strings_are_cut_in_the_middle_with_the_id_to_expand():
     assert short is not None and len(short) < len(args)
     data = json.loads(short)
     assert data["path"] == "src/app.py" and data["n"] == 3
-    assert data["content"].startswith("A" * 200) and data["content"].endswith("Z" * 80)
+    assert data["content"].startswith("A" * 160) and data["content"].endswith("Z" * 60)
     assert "expand m42" in data["content"] and "MIDDLE" not in data["content"]
 
 
