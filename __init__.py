@@ -54,7 +54,7 @@ def register(ctx) -> None:
     """Register the LCM context engine (and the /lcm command) with the host."""
     _check_requirements()
     _load_package()
-    from lossless_context.hermes_plugin import register as _register
+    from lossless_context.hermes.plugin import register as _register
 
     _register(ctx)
 

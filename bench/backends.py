@@ -55,9 +55,9 @@ def _pg_server() -> tuple[Any, str | None]:
     except ImportError as exc:
         return None, f"psycopg 3 / psycopg-pool missing: {exc}"
     try:
-        from lossless_context.store.postgres import PostgresStore  # noqa: F401
+        from lossless_context.store.postgres.store import PostgresStore  # noqa: F401
     except Exception as exc:
-        return None, f"lossless_context.store.postgres not importable: {type(exc).__name__}: {exc}"
+        return None, f"lossless_context.store.postgres.store not importable: {type(exc).__name__}: {exc}"
     srv = pgsupport.PgServer(bindir)
     try:
         srv.start()

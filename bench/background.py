@@ -20,7 +20,7 @@ from . import common
 
 
 def _drive(url: str, store: str, msgs: list[dict], background: bool, think: float) -> dict[str, Any]:
-    from lossless_context.background import BackgroundWorker
+    from lossless_context.pipeline.background import BackgroundWorker
     from lossless_context.demo.sessions import turn_ranges
     from lossless_context.tokens import estimate_messages_tokens
 

@@ -206,7 +206,7 @@ class SummariserClock:
         self._orig: Callable | None = None
 
     def __enter__(self) -> "SummariserClock":
-        from lossless_context.summarize import Escalator
+        from lossless_context.summarizers.summarize import Escalator
 
         self._orig = Escalator.summarize
         clock = self
@@ -224,7 +224,7 @@ class SummariserClock:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        from lossless_context.summarize import Escalator
+        from lossless_context.summarizers.summarize import Escalator
 
         if self._orig is not None:
             Escalator.summarize = self._orig  # type: ignore[method-assign]

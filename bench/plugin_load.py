@@ -34,7 +34,7 @@ if route == "root":
     spec = importlib.util.spec_from_file_location("hermes_plugins.lcm", sys.argv[2])
     mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
 else:
-    mod = importlib.import_module("lossless_context.hermes_plugin")
+    mod = importlib.import_module("lossless_context.hermes.plugin")
 t1 = time.perf_counter()
 ctx = Ctx(); mod.register(ctx)
 t2 = time.perf_counter(); c2 = time.process_time()

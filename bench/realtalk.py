@@ -176,7 +176,7 @@ def grep_arm(store_path: str, chat: Chat, *, context_length: int) -> Callable[[s
 
 def fts5_arm(chat: Chat) -> Callable[[str, int], list[str]]:
     """A plain FTS5 index of the chat's turns, queried with the OR of the question's terms."""
-    from lossless_context.query import plan_query
+    from lossless_context.search.query import plan_query
 
     db = sqlite3.connect(":memory:")
     db.execute("CREATE VIRTUAL TABLE t USING fts5(text, tokenize='porter unicode61 remove_diacritics 2')")

@@ -25,7 +25,7 @@ from . import common, realtalk
 
 def sweep(data: str, store: str, half: str, context: int, variants: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """R@k tables (for ``half``) of each variant, in order; constants are restored afterwards."""
-    from lossless_context import ranking, textsearch
+    from lossless_context.search import ranking, textsearch
 
     chats = realtalk.load(data)
     if not os.path.exists(store):

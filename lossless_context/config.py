@@ -20,7 +20,7 @@ SUMMARIZERS = ("auto", "host", "openai", "extractive")
 
 def hermes_home() -> Path:
     """The host's HERMES_HOME, resolved lazily (profiles included when the host is installed)."""
-    from .host import hermes_home as hosts_home
+    from .contract.host import hermes_home as hosts_home
 
     home = hosts_home()
     if home is not None:

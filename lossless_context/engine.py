@@ -15,24 +15,25 @@ import time
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional
 
-from . import forget, owners
-from ._base import base_class
-from .assemble import Slot
-from .background import BackgroundWorker, presummarise, upgrade_nodes
-from .compaction import Budget, Compactor, PassResult
-from .dag_balance import node_targets
+from .pipeline import forget
+from .store import owners
+from .contract.base import base_class
+from .pipeline.assemble import Slot
+from .pipeline.background import BackgroundWorker, presummarise, upgrade_nodes
+from .pipeline.compaction import Budget, Compactor, PassResult
+from .pipeline.dag_balance import node_targets
 from .config import LCMConfig, model_threshold
-from .ingest import align
-from .lifecycle import SessionLifecycle, session_lock
+from .pipeline.ingest import align
+from .contract.lifecycle import SessionLifecycle, session_lock
 from .messages import role_of, summary_node_ids, tool_call_ids
-from .hosthooks import HostSignals
-from .newhooks import NewHostHooks
-from .passbudget import pass_budget, plausible_overhead
+from .contract.hooks_r19 import HostSignals
+from .contract.hooks_main import NewHostHooks
+from .contract.passbudget import pass_budget, plausible_overhead
 from .store import Store, open_store
-from .costs import SpendLedger
-from .stubs import stub_policy
-from .store_guard import GuardedStore, StoreUnavailable, trim_without_store
-from .summarize import Escalator, HostSummarizer, ModelSummarizer, OpenAISummarizer, guard_for
+from .summarizers.costs import SpendLedger
+from .pipeline.stubs import stub_policy
+from .store.guard import GuardedStore, StoreUnavailable, trim_without_store
+from .summarizers.summarize import Escalator, HostSummarizer, ModelSummarizer, OpenAISummarizer, guard_for
 from .tokens import estimate_messages_tokens, estimate_message_tokens
 
 log = logging.getLogger("lossless_context")
@@ -621,7 +622,7 @@ def _worker_or_none(engine: "LCMEngine") -> BackgroundWorker | None:
 
 
 def _host_available() -> bool:
-    from .host import has_llm
+    from .contract.host import has_llm
 
     return has_llm()
 

@@ -16,10 +16,11 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .messages import flatten_content, safe_json
-from . import forget, forks, textsearch
-from .query import compile_regex, plan_query, score_hit, snippet
+from .pipeline import forget, forks
+from .search import textsearch
+from .search.query import compile_regex, plan_query, score_hit, snippet
 from .tokens import estimate_text_tokens
-from .store_guard import StoreUnavailable
+from .store.guard import StoreUnavailable
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import LCMEngine
@@ -573,7 +574,7 @@ class _Ctx:
         return out
 
     def _ask(self, model, prompt: str, excerpts: list[dict[str, Any]]) -> tuple[str | None, str | None]:
-        from .redact import redact
+        from .summarizers.redact import redact
 
         guard = self.engine.summary_escalator().guard
         if guard is not None:
@@ -604,7 +605,7 @@ class _Ctx:
 
 
 def _regex_snippet(regex, text: str, width: int = 160) -> str:
-    from .query import regex_search_bounded
+    from .search.query import regex_search_bounded
 
     span = regex_search_bounded(regex, text)
     if not span:

@@ -7,8 +7,8 @@ import threading
 import time
 
 from lossless_context import LCMEngine
-from lossless_context.background import BackgroundWorker
-from lossless_context.compaction import span_key
+from lossless_context.pipeline.background import BackgroundWorker
+from lossless_context.pipeline.compaction import span_key
 from lossless_context.config import LCMConfig
 from lossless_context.demo.sessions import coding_session, turn_ranges
 from tests.support.fake_openai import Delay, FailureSequence, FakeOpenAI, SummariserResponder

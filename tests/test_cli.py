@@ -36,7 +36,7 @@ def lcm_env(home: Path) -> dict[str, str]:
 
 
 def run_lcm(*args: str, home: Path, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lossless_context.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "lossless_context.cli.commands", *args], capture_output=True, text=True,
                           env=lcm_env(home), cwd=str(cwd or home), timeout=timeout)
 
 
@@ -379,7 +379,7 @@ def test_install_uninstall_preserves_config(tmp_path):
     assert data["model"] == {"default": "my-model", "provider": "custom", "context_length": 128000}
     assert data["display"] == {"skin": "mono"}
     plugin = home / "plugins" / "lcm"
-    pkg = ROOT / "lossless_context" / "plugin_files"
+    pkg = ROOT / "lossless_context" / "hermes" / "plugin_files"
     for name in ("plugin.yaml", "__init__.py"):
         assert (plugin / name).read_bytes() == (pkg / name).read_bytes()
     # idempotent

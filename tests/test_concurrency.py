@@ -31,9 +31,9 @@ from pathlib import Path
 import pytest
 
 from lossless_context import LCMEngine
-from lossless_context.assemble import problems
+from lossless_context.pipeline.assemble import problems
 from lossless_context.config import LCMConfig
-from lossless_context.doctor import run_doctor
+from lossless_context.ops.doctor import run_doctor
 from lossless_context.messages import safe_json
 from lossless_context.demo.sessions import coding_session
 from lossless_context.store import open_store

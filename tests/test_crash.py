@@ -43,7 +43,7 @@ from pathlib import Path
 import pytest
 
 from lossless_context import LCMEngine
-from lossless_context.doctor import run_doctor
+from lossless_context.ops.doctor import run_doctor
 from lossless_context.messages import safe_json
 from lossless_context.demo.sessions import coding_session
 from lossless_context.store import open_store

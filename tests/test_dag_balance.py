@@ -16,8 +16,8 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lossless_context.assemble import problems, render_summary
-from lossless_context.dag_balance import condense_run, depth_bound, next_condensation, node_targets, partial_run
+from lossless_context.pipeline.assemble import problems, render_summary
+from lossless_context.pipeline.dag_balance import condense_run, depth_bound, next_condensation, node_targets, partial_run
 from lossless_context.records import SummaryRecord
 from lossless_context.tokens import estimate_message_tokens
 

@@ -20,10 +20,10 @@ import uuid
 
 import pytest
 
-from lossless_context.query import plan_query
+from lossless_context.search.query import plan_query
 from lossless_context.records import NewMessage
-from lossless_context.store import sqlite_append, sqlite_index
-from lossless_context.store.sqlite import SQLiteStore
+from lossless_context.store.sqlite import append as sqlite_append, index as sqlite_index
+from lossless_context.store.sqlite.store import SQLiteStore
 
 T0 = 1_700_000_000.0
 
@@ -82,7 +82,7 @@ def child_script(path: str, body: str) -> str:
         import itertools, os, sys, uuid
         sys.path.insert(0, {os.getcwd()!r})
         from lossless_context.records import NewMessage
-        from lossless_context.store.sqlite import SQLiteStore
+        from lossless_context.store.sqlite.store import SQLiteStore
         s = SQLiteStore({path!r})
         s.ensure_session("a")
     """)
@@ -135,7 +135,7 @@ def test_a_backlog_left_by_a_dead_process_is_indexed_by_the_next_search(tmp_path
     assert fts_ids(path, f"token{lo - ids[0]}x") == [] and fts_ids(path, "token899x") == []
     t = SQLiteStore(path)  # a later process
     assert t.stats()["unindexed_messages"] == hi - lo + 1
-    out = subprocess.run([sys.executable, "-m", "lossless_context.cli", "--store", path, "status"],
+    out = subprocess.run([sys.executable, "-m", "lossless_context.cli.commands", "--store", path, "status"],
                          capture_output=True, text=True, timeout=60)
     assert "not yet full-text indexed" in out.stdout and f"{hi - lo + 1}" in out.stdout, out.stdout + out.stderr
     hits = t.search("messages", ["a"], plan_query("token899x"), limit=5)
@@ -261,7 +261,7 @@ def test_search_on_other_threads_never_misses_a_committed_row(tmp_path):
 
 
 def test_doctor_indexes_a_backlog_and_its_rebuild_clears_the_list(tmp_path, unindexed, one_idle_step, monkeypatch):
-    from lossless_context.doctor import run_doctor
+    from lossless_context.ops.doctor import run_doctor
 
     path, s = opened(tmp_path)
     s.append_messages("a", lazy(rows(800)))

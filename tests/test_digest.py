@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from lossless_context import LCMEngine
 from lossless_context.config import LCMConfig
-from lossless_context.digest import STRING_CHARS, digest, shorten_json, stub_digest
-from lossless_context.stubs import StubPolicy, make_stub
+from lossless_context.pipeline.digest import STRING_CHARS, digest, shorten_json, stub_digest
+from lossless_context.pipeline.stubs import StubPolicy, make_stub
 from tests.support.fake_openai import FakeOpenAI, SummariserResponder
 from tests.support.hostsim import HostSim
 

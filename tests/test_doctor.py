@@ -7,8 +7,8 @@ import pytest
 
 from lossless_context import LCMEngine
 from lossless_context.config import LCMConfig
-from lossless_context.doctor import run_doctor
-from lossless_context.ingest import new_message
+from lossless_context.ops.doctor import run_doctor
+from lossless_context.pipeline.ingest import new_message
 from lossless_context.records import NewSummary
 from lossless_context.demo.sessions import coding_session, turn_ranges
 from tests.support.hostsim import HostSim
@@ -80,7 +80,7 @@ def test_turn_the_host_did_not_keep_is_information_not_failure(tmp_path, request
 
 def _chain_session(store, n_leaves: int) -> tuple[str, int, list[int]]:
     """A 0.1.x-style chain: each node condenses the previous top with the newest leaf."""
-    from lossless_context.owners import new_pass_id
+    from lossless_context.store.owners import new_pass_id
 
     msgs = coding_session(20 * n_leaves, seed=4).messages
     e = LCMEngine(config=LCMConfig.load({"store": store.location, "summarizer": "extractive"}, read_file=False))
@@ -109,7 +109,7 @@ def _chain_session(store, n_leaves: int) -> tuple[str, int, list[int]]:
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_doctor_reports_depth_against_bound_and_rebalances_a_chain(tmp_path, request, backend):
-    from lossless_context.dag_balance import depth_bound
+    from lossless_context.pipeline.dag_balance import depth_bound
     from lossless_context.store import open_store
     from tests.support.dagcheck import assert_connected
 

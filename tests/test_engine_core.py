@@ -10,7 +10,7 @@ import pytest
 from agent.context_engine import ContextEngine as HostContextEngine
 
 from lossless_context import LCMEngine
-from lossless_context.assemble import problems
+from lossless_context.pipeline.assemble import problems
 from lossless_context.config import LCMConfig
 from lossless_context.demo.sessions import coding_session, turn_ranges
 from lossless_context.tokens import estimate_messages_tokens

@@ -1,4 +1,4 @@
-"""Tests for lossless_context.extractive: budget, determinism, what survives, hostile input."""
+"""Tests for lossless_context.summarizers.extractive: budget, determinism, what survives, hostile input."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lossless_context.extractive import Source, extractive_summary
+from lossless_context.summarizers.extractive import Source, extractive_summary
 
 
 def est(text: str) -> int:
@@ -228,7 +228,7 @@ def test_deterministic_across_processes() -> None:
     script = (
         "import json, sys\n"
         "from tests.test_extractive import boring_transcript, CANARIES\n"
-        "from lossless_context.extractive import extractive_summary\n"
+        "from lossless_context.summarizers.extractive import extractive_summary\n"
         "src = boring_transcript(150, CANARIES)\n"
         "print(json.dumps([extractive_summary(src, t, focus=f, aggressive=a)\n"
         "  for t in (20, 200) for f in (None, 'retry budget QX-1234') for a in (False, True)]))\n"
@@ -272,7 +272,7 @@ def test_many_small_messages_are_fast_enough() -> None:
 
 
 def test_markers_are_never_cut_and_redacting_again_keeps_the_budget() -> None:
-    from lossless_context.redact import redact
+    from lossless_context.summarizers.redact import redact
 
     secret_lines = {i: f"export API_TOKEN=tok_{i:04d}abcdef and password=hunter{i}" for i in range(5, 95, 7)}
     sources = [Source(s.id, s.role, redact(s.text), s.timestamp) for s in boring_transcript(100, secret_lines)]

@@ -7,7 +7,8 @@ import threading
 
 import pytest
 
-from lossless_context import LCMEngine, gcpause, ingest
+from lossless_context import LCMEngine
+from lossless_context.pipeline import gcpause, ingest
 from lossless_context.config import LCMConfig
 from lossless_context.demo.sessions import coding_session
 

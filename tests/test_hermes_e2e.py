@@ -97,7 +97,7 @@ def test_lcm_slash_command_and_manual_compress(tmp_path):
 def test_bundled_location_install(tmp_path):
     """`lcm install --mode bundled` puts the plugin in the host's own plugins/context_engine/lcm/;
     the host then loads it by `context.engine: lcm` alone (no plugins.enabled entry)."""
-    from lossless_context.install import bundled_folder, install, uninstall
+    from lossless_context.hermes.install import bundled_folder, install, uninstall
 
     folder = bundled_folder()
     home = tmp_path / "home-for-install"

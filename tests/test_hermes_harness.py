@@ -160,7 +160,7 @@ def test_directory_plugin_with_other_key_needs_no_hiding(tmp_path):
         assert run.plugins["lcm-dir"]["enabled"] and not run.plugins["lcm"]["enabled"]
 
 
-@pytest.mark.skipif(not lcm_plugin_module_exists(), reason="lossless_context/hermes_plugin.py not written yet")
+@pytest.mark.skipif(not lcm_plugin_module_exists(), reason="lossless_context/hermes/plugin.py not written yet")
 @pytest.mark.parametrize("mode", ["entrypoint", "directory"])
 def test_lcm_plugin_loads(tmp_path, mode):
     with FakeOpenAI(responder=Router(chat=ChatResponder(reply_chars=300))) as srv:

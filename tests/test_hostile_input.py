@@ -38,7 +38,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from lossless_context import LCMEngine
-from lossless_context.assemble import problems
+from lossless_context.pipeline.assemble import problems
 from lossless_context.config import LCMConfig
 from lossless_context.messages import content_ident
 from tests.support.fake_openai import FakeOpenAI, SummariserResponder

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from lossless_context import messages as M
 from lossless_context import tokens as T
-from lossless_context.ingest import new_message
-from lossless_context.store.sqlite import SQLiteStore
+from lossless_context.pipeline.ingest import new_message
+from lossless_context.store.sqlite.store import SQLiteStore
 from tests.support import ingest_oracle as ORACLE
 
 SPECIAL = ["\ud800", "x\udc00y", "\x00", "a\x00b", "\U0001f642", "\\", '"', "é", "→", "数据库", "가나", "カナ",

@@ -12,7 +12,8 @@ import random
 
 import pytest
 
-from lossless_context import LCMEngine, ingest
+from lossless_context import LCMEngine
+from lossless_context.pipeline import ingest
 from lossless_context.config import LCMConfig
 from lossless_context.demo.sessions import coding_session
 

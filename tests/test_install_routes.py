@@ -3,7 +3,7 @@
 * `hermes plugins install <local git URL>`: the repository root is itself a plugin folder;
   the host's own plugin loader then registers our engine from the cloned checkout.
 * The root `__init__.py` has no import-time effects and reports a missing dependency.
-* Another plugin claiming `lcm` (as LCM-X does): `lossless_context.nameclash` predicts which
+* Another plugin claiming `lcm` (as LCM-X does): `lossless_context.hermes.nameclash` predicts which
   engine the real host loader registers, and `lcm install` says so and how to choose ours.
 """
 
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from lossless_context.cli import lcm as lcm_main
-from lossless_context.nameclash import resolve
+from lossless_context.cli.commands import lcm as lcm_main
+from lossless_context.hermes.nameclash import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 HERMES = Path(sys.executable).with_name("hermes")

@@ -7,6 +7,9 @@ Read with `ast` from lossless_context/, lazy imports inside functions included, 
 * only `host.py` imports the host (`agent.*`, `hermes_*`, `run_agent`); the adapter may too;
 * nothing uses another module's private names (`x._name` on anything but `self`/`cls`), but
   for the few listed below, each with the reason it is not such a use;
+* inside the core, layers import only downwards: the host module, the kernel (config, records,
+  messages, tokens), search, stores, summarisers, the pipeline, operations, the rest of the
+  host contract, and on top the engine and its tools (`CORE_LAYERS`, lowest first);
 * no import cycles among the package's modules;
 * no file over 800 lines, but for the listed ones, which are due to be split.
 
@@ -21,12 +24,24 @@ import textwrap
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "lossless_context"
-CLI = {"lossless_context.cli", "lossless_context.cli_render", "lossless_context.cli_session_cmds"}
-ADAPTER = {"lossless_context.hermes_plugin", "lossless_context.install", "lossless_context.hermes_import",
-           "lossless_context.plugin_files", "lossless_context.nameclash"}
-DEMO_PACKAGE = "lossless_context.demo"  # the demo and its generated sessions: a subpackage
+CLI_PACKAGE = "lossless_context.cli"  # the `lcm` command line
+ADAPTER_PACKAGE = "lossless_context.hermes"  # the Hermes adapter
+ADAPTER_COMPAT = {"lossless_context.hermes_plugin"}  # the plugin's former path (old directory installs)
+DEMO_PACKAGE = "lossless_context.demo"  # the demo and its generated sessions
 HOST_PACKAGES = {"agent", "hermes_constants", "hermes_cli", "hermes_state", "run_agent", "model_tools", "tools"}
-HOST_MODULE = "lossless_context.host"
+HOST_MODULE = "lossless_context.contract.host"
+CORE_LAYERS = [  # lowest first: a core module imports only from its own layer or lower ones
+    ("host", {"lossless_context.contract.host"}),
+    ("kernel", {"lossless_context.config", "lossless_context.records", "lossless_context.messages",
+                "lossless_context.tokens"}),
+    ("search", {"lossless_context.search"}),
+    ("store", {"lossless_context.store"}),
+    ("summarizers", {"lossless_context.summarizers"}),
+    ("pipeline", {"lossless_context.pipeline"}),
+    ("ops", {"lossless_context.ops"}),
+    ("contract", {"lossless_context.contract"}),
+    ("engine", {"lossless_context.engine", "lossless_context.tools", "lossless_context"}),
+]
 # (module, name, attribute): private names used on something other than self/cls, and why that is fine
 PRIVATE_OK = {
     ("lossless_context.engine", "engine", "_config"): "another LCMEngine, inside LCMEngine's own module",
@@ -36,7 +51,7 @@ PRIVATE_OK = {
        for a in ("_config", "_family", "_init_runtime_state", "_model", "_overrides", "_provider", "_runtime")},
     ("lossless_context.config", "cfg", "_apply"): "an LCMConfig, inside LCMConfig's own module",
     ("lossless_context.config", "cfg", "_cross_check"): "an LCMConfig, inside LCMConfig's own module",
-    ("lossless_context.cli", "h", "_lcm_cli"): "a marker the CLI sets on its own log handler",
+    ("lossless_context.cli.commands", "h", "_lcm_cli"): "a marker the CLI sets on its own log handler",
 }
 PRIVATE_IMPORT_OK = {  # (module, relative module it imports private names from): why that is fine
     ("lossless_context.demo.sessions", "session_data"): "the demo's data tables, split out of their only user",
@@ -92,8 +107,11 @@ def imports(mods: dict[str, tuple[Path, ast.Module]]) -> dict[str, set[str]]:
 
 def _outer(m: str) -> bool:
     """The CLI, the Hermes adapter and the demo: they may import the core, never the reverse."""
-    return m in CLI or m in ADAPTER or m == DEMO_PACKAGE or m.startswith(DEMO_PACKAGE + ".") \
-        or m.startswith("lossless_context.plugin_files")
+    return _in(m, CLI_PACKAGE) or _in(m, ADAPTER_PACKAGE) or m in ADAPTER_COMPAT or _in(m, DEMO_PACKAGE)
+
+
+def _in(m: str, package: str) -> bool:
+    return m == package or m.startswith(package + ".")
 
 
 def layer_violations(mods: dict) -> list[str]:
@@ -104,10 +122,34 @@ def layer_violations(mods: dict) -> list[str]:
     return sorted(bad)
 
 
+def core_layer(m: str) -> int | None:
+    """The index in CORE_LAYERS of a core module (the longest matching prefix); None outside."""
+    best: tuple[int, int] | None = None
+    for i, (_, prefixes) in enumerate(CORE_LAYERS):
+        for p in prefixes:
+            if (m == p or m.startswith(p + ".")) and (best is None or len(p) > best[1]):
+                best = (i, len(p))
+    return best[0] if best else None
+
+
+def layering_violations(mods: dict) -> list[str]:
+    """Core modules importing a higher core layer."""
+    bad = []
+    for m, targets in sorted(imports(mods).items()):
+        lm = core_layer(m)
+        if lm is None or _outer(m):
+            continue
+        for t in sorted(targets):
+            lt = core_layer(t) if t.startswith("lossless_context") else None
+            if lt is not None and lt > lm:
+                bad.append(f"{m} ({CORE_LAYERS[lm][0]}) imports {t} ({CORE_LAYERS[lt][0]})")
+    return bad
+
+
 def host_import_violations(mods: dict) -> list[str]:
     bad = []
     for m, targets in imports(mods).items():
-        if m == HOST_MODULE or m in ADAPTER or m in CLI:
+        if m == HOST_MODULE or _in(m, ADAPTER_PACKAGE) or m in ADAPTER_COMPAT or _in(m, CLI_PACKAGE):
             continue
         for t in targets:
             if t.split(".")[0] in HOST_PACKAGES:
@@ -187,6 +229,15 @@ def test_the_core_never_imports_the_cli_the_adapter_or_the_demo():
     assert layer_violations(load(PKG)) == []
 
 
+def test_core_layers_import_only_downwards():
+    assert layering_violations(load(PKG)) == []
+
+
+def test_every_core_module_has_a_layer():
+    mods = load(PKG)
+    assert [m for m in mods if not _outer(m) and core_layer(m) is None] == []
+
+
 def test_only_the_host_module_imports_hermes():
     assert host_import_violations(load(PKG)) == []
 
@@ -203,6 +254,34 @@ def test_files_stay_small():
     over = long_files(PKG)
     assert over <= LONG_FILES, f"over 800 lines: {sorted(over - LONG_FILES)}"
     assert LONG_FILES <= over, f"split already: drop {sorted(LONG_FILES - over)} from LONG_FILES"
+
+
+def readme_layout(readme: Path) -> list[tuple[list[str], str]]:
+    """(paths, layer) of each row of the README's layout table."""
+    text = readme.read_text(encoding="utf-8")
+    block = text.split("<!-- layout:", 1)[1].split("\n\n", 1)[0]
+    rows = []
+    for line in block.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 3 or cells[0] in ("path", "---") or not cells[0].startswith("`"):
+            continue
+        rows.append(([p.strip("`/ ") for p in cells[0].split(",")], cells[1]))
+    return rows
+
+
+def test_the_readme_layout_table_matches_the_package():
+    rows = readme_layout(PKG.parent / "README.md")
+    listed = {p: layer for paths, layer in rows for p in paths}
+    top = {p.name for p in PKG.iterdir() if p.suffix == ".py" and p.stem != "__init__"} - {"hermes_plugin.py"}
+    folders = {p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert set(listed) == top | folders, "README's layout table and the package differ"
+    names = {name for name, _ in CORE_LAYERS}
+    for path, layer in listed.items():
+        mod = "lossless_context." + path.removesuffix(".py")
+        if _outer(mod):
+            continue
+        assert layer in names, (path, layer)
+        assert CORE_LAYERS[core_layer(mod)][0] == layer, (path, layer)
 
 
 # -- the checker itself fails on violations -------------------------------------------------------
@@ -232,8 +311,11 @@ def test_the_checks_catch_violations(tmp_path):
         "tools.py": "from .engine import f\n",
         "a.py": "def g():\n    from . import b\n",
         "b.py": "from . import a\n",
-        "cli.py": "",
+        "cli/__init__.py": "",
+        "store/__init__.py": "",
+        "store/x.py": "def h():\n    from ..engine import f\n",  # a store reaching up to the engine
     })
+    assert layering_violations(mods) == ["lossless_context.store.x (store) imports lossless_context.engine (engine)"]
     assert layer_violations(mods) == ["lossless_context.engine imports lossless_context.cli"]
     assert host_import_violations(mods) == ["lossless_context.engine imports agent.redact"]
     assert private_violations(mods) == ["lossless_context.c:1 imports b._hidden", "lossless_context.engine:8 store._write"]

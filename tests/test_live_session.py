@@ -15,10 +15,10 @@ import pytest
 
 from lossless_context import LCMEngine
 from lossless_context.config import LCMConfig
-from lossless_context.forks import BACKGROUND, is_review_list, latest_real_session
-from lossless_context.hermes_plugin import register
+from lossless_context.pipeline.forks import BACKGROUND, is_review_list, latest_real_session
+from lossless_context.hermes.plugin import register
 from lossless_context.tokens import estimate_messages_tokens
-from lossless_context.viewer import latest_session
+from lossless_context.ops.viewer import latest_session
 
 CANARY = "EARLYFACT-4411"
 

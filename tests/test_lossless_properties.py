@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from lossless_context import LCMEngine
-from lossless_context.assemble import problems
+from lossless_context.pipeline.assemble import problems
 from lossless_context.config import LCMConfig
 from lossless_context.demo.sessions import coding_session, turn_ranges
 from lossless_context.tokens import estimate_messages_tokens

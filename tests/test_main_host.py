@@ -15,9 +15,9 @@ import threading
 import pytest
 
 from lossless_context import LCMEngine
-from lossless_context.assemble import problems
+from lossless_context.pipeline.assemble import problems
 from lossless_context.config import HostCompression, LCMConfig
-from lossless_context.passbudget import pass_budget, plausible_overhead
+from lossless_context.contract.passbudget import pass_budget, plausible_overhead
 from lossless_context.demo.sessions import coding_session, turn_ranges
 from lossless_context.tokens import estimate_messages_tokens
 from tests.support.fake_openai import Fail, FailureSequence, FakeOpenAI, SummariserResponder

@@ -9,7 +9,7 @@ import pytest
 from collections import Counter
 
 from lossless_context import LCMEngine
-from lossless_context.assemble import problems
+from lossless_context.pipeline.assemble import problems
 from lossless_context.config import LCMConfig
 from lossless_context.demo.sessions import coding_session, turn_ranges
 from tests.support.dagcheck import assert_connected

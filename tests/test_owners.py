@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from lossless_context import owners
+from lossless_context.store import owners
 
 
 class _Engine:  # any object stands for an engine: ownership only needs it to be alive

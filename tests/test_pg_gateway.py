@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from lossless_context import LCMEngine
-from lossless_context.assemble import problems
+from lossless_context.pipeline.assemble import problems
 from lossless_context.config import LCMConfig
 from lossless_context.store import open_store
 from tests.support.pg import start_server

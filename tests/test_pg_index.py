@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from lossless_context.doctor import run_doctor
-from lossless_context.query import plan_query
+from lossless_context.ops.doctor import run_doctor
+from lossless_context.search.query import plan_query
 from lossless_context.records import NewMessage
-from lossless_context.store.postgres import PostgresStore
-from lossless_context.store.postgres_migrations import MIGRATIONS
+from lossless_context.store.postgres.store import PostgresStore
+from lossless_context.store.postgres.migrations import MIGRATIONS
 
 psycopg = pytest.importorskip("psycopg")
 
@@ -77,7 +77,7 @@ def test_backlog_left_by_a_dead_process_is_seen_and_indexed(pg_fresh_dsn):
     child = (
         "import os, sys, time, uuid\n"
         "from lossless_context.records import NewMessage\n"
-        "from lossless_context.store.postgres import PostgresStore\n"
+        "from lossless_context.store.postgres.store import PostgresStore\n"
         "st = PostgresStore(sys.argv[1], background_index=False)\n"
         "st.ensure_session('dead')\n"
         "rows = [NewMessage(raw={'role': 'user', 'content': t}, role='user', ident=uuid.uuid4().hex, uid=None,\n"

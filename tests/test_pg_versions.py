@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from lossless_context.store import open_store
-from lossless_context.store.postgres_versions import APPLICATION_NAME
+from lossless_context.store.postgres.versions import APPLICATION_NAME
 
 HANG_GUARD = 30.0  # seconds: only a broken listener takes this long
 

@@ -21,8 +21,8 @@ ctx = Ctx(); hermes_plugin.register(ctx)
 print(json.dumps(sorted(m for m in sys.modules if m.startswith("lossless_context"))))
 """
 
-DEFERRED = ("lossless_context.explore", "lossless_context.redact", "lossless_context.extractive",
-            "lossless_context.cli", "lossless_context.viewer", "lossless_context.demo")
+DEFERRED = ("lossless_context.summarizers.explore", "lossless_context.summarizers.redact", "lossless_context.summarizers.extractive",
+            "lossless_context.cli.commands", "lossless_context.ops.viewer", "lossless_context.demo")
 
 
 def test_register_leaves_the_heavy_modules_unimported(tmp_path):

@@ -1,4 +1,4 @@
-"""Tests for lossless_context.query: hostile input, FTS5 validity, ranking, regex safety."""
+"""Tests for lossless_context.search.query: hostile input, FTS5 validity, ranking, regex safety."""
 
 from __future__ import annotations
 
@@ -11,17 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lossless_context.query import (
-    MAX_QUERY_CHARS,
-    QueryPlan,
-    compile_regex,
-    like_escape,
-    like_pattern,
-    plan_query,
-    regex_search_bounded,
-    score_hit,
-    snippet,
-)
+from lossless_context.search.query import MAX_QUERY_CHARS, QueryPlan, compile_regex, like_escape, like_pattern, plan_query, regex_search_bounded, score_hit, snippet
 
 TOKENIZE = "porter unicode61 remove_diacritics 2"
 

@@ -21,7 +21,7 @@ import pytest
 from lossless_context import LCMEngine
 from lossless_context.config import LCMConfig
 from lossless_context.store import open_store
-from lossless_context.store.sqlite_readonly import ReadOnlySQLiteStore
+from lossless_context.store.sqlite.readonly import ReadOnlySQLiteStore
 
 ROOT = Path(__file__).resolve().parents[1]
 CANARY = "READONLY-CANARY-5150"
@@ -58,7 +58,7 @@ def as_nobody(store: Path, *args: str) -> subprocess.CompletedProcess:
     env = {"PATH": os.environ.get("PATH", ""), "HOME": "/tmp", "PYTHONPATH": str(ROOT), "COLUMNS": "200",
            "HERMES_HOME": "/tmp/lcm-ro-no-home"}
     return subprocess.run([SETPRIV, "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable,
-                           "-m", "lossless_context.cli", "--store", str(store), *args],
+                           "-m", "lossless_context.cli.commands", "--store", str(store), *args],
                           capture_output=True, text=True, env=env, cwd="/tmp", timeout=120)
 
 

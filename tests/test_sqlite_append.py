@@ -14,11 +14,11 @@ import uuid
 
 import pytest
 
-from lossless_context.query import plan_query
+from lossless_context.search.query import plan_query
 from lossless_context.records import ContextEntry, NewMessage
 from lossless_context.store import open_store
-from lossless_context.store import sqlite_append, sqlite_wal
-from lossless_context.store.sqlite import SQLiteStore
+from lossless_context.store.sqlite import append as sqlite_append, wal as sqlite_wal
+from lossless_context.store.sqlite.store import SQLiteStore
 
 T0 = 1_700_000_000.0
 CJK = "数据库迁移计划"

@@ -13,10 +13,10 @@ import uuid
 import pytest
 
 from lossless_context.messages import clean_text, safe_json
-from lossless_context.query import compile_regex, plan_query
+from lossless_context.search.query import compile_regex, plan_query
 from lossless_context.records import ContextEntry, NewMessage, NewSummary
 from lossless_context.store import StoreError, open_store
-from lossless_context.store.sqlite import SQLiteStore
+from lossless_context.store.sqlite.store import SQLiteStore
 
 BACKENDS = ["sqlite", "postgres"]
 T0 = 1_700_000_000.0
@@ -111,7 +111,7 @@ def test_backends_have_the_same_methods():
     import inspect
 
     from lossless_context.store.base import Store
-    from lossless_context.store.postgres import PostgresStore
+    from lossless_context.store.postgres.store import PostgresStore
 
     assert not PostgresStore.__abstractmethods__ and not SQLiteStore.__abstractmethods__
     skip = {"conn", "tx"}  # SQLite connection plumbing
@@ -650,7 +650,7 @@ def test_search_substring_cjk(store):
     rows = store.search("messages", ["s"], plan_query("重试次数上限"), mode="substring")
     assert ids_of(rows) == [ids[4]] and rows[0]["rank"] == 0.0
     assert ids_of(store.search("messages", None, plan_query("UPLOADER"), mode="substring")) == []  # no substrings planned
-    from lossless_context.query import QueryPlan
+    from lossless_context.search.query import QueryPlan
 
     p = QueryPlan(query="x", substrings=("RETRY LIMIT", "file size"))
     assert ids_of(store.search("messages", None, p, mode="substring")) == [ids[1], ids[0]]  # newest first
@@ -686,7 +686,7 @@ def test_search_filters_and_scope(store):
     rx, _ = compile_regex("retry")
     assert ids_of(store.search("messages", ["s"], plan_query("x"), mode="regex", regex=rx, role="user")) == [ids[0]]
     assert ids_of(store.search("messages", ["t2"], plan_query("x"), mode="regex", regex=rx)) == [other[0]]
-    from lossless_context.query import QueryPlan
+    from lossless_context.search.query import QueryPlan
 
     p = QueryPlan(query="x", substrings=("retry",))
     assert ids_of(store.search("messages", ["s"], p, mode="substring", since=T0 + 2)) == [ids[3]]
@@ -712,7 +712,7 @@ def test_search_under_summary(store):
     rx, _ = compile_regex("retry (summary|condensed)")
     got = store.search("summaries", ["s"], plan_query("x"), mode="regex", regex=rx, under_summary=km["C"])
     assert set(ids_of(got)) == {km["A"], km["C"]}
-    from lossless_context.query import QueryPlan
+    from lossless_context.search.query import QueryPlan
 
     got = store.search("messages", ["s"], QueryPlan(query="x", substrings=("retry",)), mode="substring",
                        under_summary=km["A"])
@@ -749,7 +749,7 @@ def test_stats(store):
 
 
 def test_postgres_location_hides_password(pg_fresh_dsn):
-    from lossless_context.store.postgres import PostgresStore
+    from lossless_context.store.postgres.store import PostgresStore
 
     dsn = pg_fresh_dsn.replace("lcm@", "lcm:s3cret@")
     s = PostgresStore(dsn)
@@ -763,7 +763,7 @@ def test_postgres_location_hides_password(pg_fresh_dsn):
 
 def test_postgres_without_trigram_extension(pg_fresh_dsn, monkeypatch, caplog):
     """An optional migration that fails (no pg_trgm) is skipped, not recorded, retried later."""
-    from lossless_context.store import postgres as pgmod, postgres_conn
+    from lossless_context.store.postgres import store as pgmod, conn as postgres_conn
 
     broken = [(n, "CREATE EXTENSION IF NOT EXISTS lcm_no_such_extension;" if n == "002_trigram" else sql)
               for n, sql in postgres_conn.MIGRATIONS]
@@ -786,7 +786,7 @@ def test_postgres_without_trigram_extension(pg_fresh_dsn, monkeypatch, caplog):
 
 
 def test_postgres_unreachable_fails_fast():
-    from lossless_context.store.postgres import PostgresStore
+    from lossless_context.store.postgres.store import PostgresStore
     import socket
 
     with socket.socket() as sock:
@@ -794,7 +794,7 @@ def test_postgres_unreachable_fails_fast():
         port = sock.getsockname()[1]
     import psycopg
 
-    from lossless_context.store import postgres_conn
+    from lossless_context.store.postgres import conn as postgres_conn
 
     # "Fast" is shown by the mechanism, not a stopwatch: one direct connection attempt under
     # the DSN's connect_timeout, and no pool (whose background reconnect loop would retry).

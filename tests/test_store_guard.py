@@ -15,11 +15,11 @@ import threading
 import pytest
 
 from lossless_context import LCMEngine
-from lossless_context.assemble import problems
+from lossless_context.pipeline.assemble import problems
 from lossless_context.config import LCMConfig
-from lossless_context.hermes_plugin import make_command_handler
+from lossless_context.hermes.plugin import make_command_handler
 from lossless_context.store import open_store
-from lossless_context.store_guard import Breaker, GuardedStore, StoreUnavailable, trim_without_store
+from lossless_context.store.guard import Breaker, GuardedStore, StoreUnavailable, trim_without_store
 from lossless_context.tokens import estimate_messages_tokens
 
 
@@ -122,7 +122,7 @@ def test_breaker_fails_fast_during_the_cool_down_and_probes_after_it(tmp_path):
 def test_a_busy_lock_is_not_an_outage(tmp_path):
     import sqlite3
 
-    from lossless_context.store_guard import is_outage
+    from lossless_context.store.guard import is_outage
 
     assert not is_outage(sqlite3.OperationalError("database is locked"))
     assert is_outage(sqlite3.OperationalError("attempt to write a readonly database"))
@@ -198,7 +198,7 @@ def test_hung_postgres_costs_one_timeout_then_fails_fast(tmp_path):
 
 def test_postgres_connections_carry_hot_path_timeouts():
     pytest.importorskip("psycopg")
-    from lossless_context.store.postgres_conn import PostgresConnections
+    from lossless_context.store.postgres.conn import PostgresConnections
 
     kw = PostgresConnections("postgresql://u@127.0.0.1:1/db")._conn_kwargs()
     assert kw["connect_timeout"] <= 5 and "statement_timeout" in kw["options"]
@@ -207,7 +207,7 @@ def test_postgres_connections_carry_hot_path_timeouts():
 
 
 def test_missing_psycopg_gives_the_install_hint(monkeypatch):
-    from lossless_context.store import postgres_conn
+    from lossless_context.store.postgres import conn as postgres_conn
 
     monkeypatch.setattr(postgres_conn, "psycopg", None)
     monkeypatch.setattr(postgres_conn, "pg_errors", None)

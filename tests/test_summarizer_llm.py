@@ -8,8 +8,8 @@ import pytest
 
 from lossless_context import LCMEngine
 from lossless_context.config import LCMConfig
-from lossless_context.extractive import Source
-from lossless_context.summarize import CallGuard, Escalator, OpenAISummarizer, SummaryRequest
+from lossless_context.summarizers.extractive import Source
+from lossless_context.summarizers.summarize import CallGuard, Escalator, OpenAISummarizer, SummaryRequest
 from lossless_context.demo.sessions import coding_session
 from tests.support.fake_openai import Fail, FailureSequence, FakeOpenAI, SummariserResponder
 from tests.support.hostsim import HostSim

@@ -10,7 +10,8 @@ import json
 
 import pytest
 
-from lossless_context import LCMEngine, textsearch
+from lossless_context import LCMEngine
+from lossless_context.search import textsearch
 from lossless_context.config import LCMConfig
 from tests.support.pg import module_store_location
 

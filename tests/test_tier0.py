@@ -13,11 +13,11 @@ import re
 import pytest
 
 from lossless_context import LCMEngine
-from lossless_context.assemble import STUB_MARK, problems
+from lossless_context.pipeline.assemble import STUB_MARK, problems
 from lossless_context.config import LCMConfig
-from lossless_context.resummarize import resummarize
+from lossless_context.pipeline.resummarize import resummarize
 from lossless_context.store import open_store
-from lossless_context.stubs import StubPolicy, make_stub
+from lossless_context.pipeline.stubs import StubPolicy, make_stub
 from tests.support.fake_openai import FakeOpenAI, Reply, SummariserResponder
 from tests.support.hostsim import HostSim
 

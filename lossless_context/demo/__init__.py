@@ -8,11 +8,4 @@ Not part of the core: nothing outside this folder and the CLI imports it (tests/
 * `session_checks.py` — checks over a generated session (OpenAI sequence, canaries present).
 """
 
-from .demo import (  # noqa: F401 - the demo's entry points, as `lossless_context.demo.X`
-    DemoResult,
-    expand_message,
-    print_tables,
-    replay,
-    run_demo,
-    with_timestamps,
-)
+from .demo import DemoResult, expand_message, print_tables, replay, run_demo, with_timestamps

@@ -300,7 +300,7 @@ def run_demo(
     status = engine.get_status()
     html_path = None
     if html is not False:
-        from ..viewer import write_view
+        from ..ops.viewer import write_view
 
         html_path = str(Path(html) if html else Path(store).parent / "lcm-demo.html")
         write_view(engine.store, host.sid, html_path)

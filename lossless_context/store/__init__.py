@@ -8,14 +8,14 @@ from .base import Store, StoreError
 def open_store(location: str) -> Store:
     """Open (lazily connecting) the store named by a path or a postgresql:// DSN."""
     if location.startswith(("postgresql://", "postgres://")):
-        from .postgres import PostgresStore
+        from .postgres.store import PostgresStore
 
         return PostgresStore(location)
-    from .sqlite_readonly import ReadOnlySQLiteStore, is_read_only
+    from .sqlite.readonly import ReadOnlySQLiteStore, is_read_only
 
     if is_read_only(location):  # someone else's store, a read-only mount: inspect, never write
         return ReadOnlySQLiteStore(location)
-    from .sqlite import SQLiteStore
+    from .sqlite.store import SQLiteStore
 
     return SQLiteStore(location)
 

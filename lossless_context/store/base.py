@@ -11,14 +11,7 @@ import re
 import contextlib
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from ..records import (
-    ContextEntry,
-    MessageRecord,
-    NewMessage,
-    NewSummary,
-    StagedPass,
-    SummaryRecord,
-)
+from ..records import ContextEntry, MessageRecord, NewMessage, NewSummary, StagedPass, SummaryRecord
 
 
 class StoreError(RuntimeError):

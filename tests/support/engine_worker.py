@@ -141,7 +141,7 @@ class _Capture(logging.Handler):
 
 
 def writer_main(workdir: Path, name: str, seed: int, n_messages: int, force_every: int) -> None:
-    from lossless_context import compaction
+    from lossless_context.pipeline import compaction
     from lossless_context.demo.sessions import coding_session
 
     cap = _Capture()

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from lossless_context import LCMEngine  # noqa: E402
-from lossless_context.assemble import problems  # noqa: E402
+from lossless_context.pipeline.assemble import problems  # noqa: E402
 from lossless_context.config import LCMConfig  # noqa: E402
 from lossless_context.tokens import estimate_messages_tokens  # noqa: E402
 

@@ -29,11 +29,11 @@ clean-up (``shutdown_memory_provider(messages)`` -> ``on_session_end``, then
 
 Plugin installation modes (``plugin_mode``):
 
-* ``"entrypoint"`` -- the pip entry point ``lcm = lossless_context.hermes_plugin``
+* ``"entrypoint"`` -- the pip entry point ``lcm = lossless_context.hermes.plugin``
   of our editable install (the normal way); ``plugins.enabled: [lcm]``.
 * ``"directory"`` -- a plugin folder ``$HERMES_HOME/plugins/<dir_name>/``
   (``plugin.yaml`` + ``__init__.py`` whose ``register(ctx)`` delegates to
-  ``lossless_context.hermes_plugin.register``; or your own
+  ``lossless_context.hermes.plugin.register``; or your own
   ``plugin_init_source``, e.g. :data:`DUMMY_ENGINE_INIT`).  The R19 loader
   keys a folder plugin by the ``name:`` in its plugin.yaml
   (hermes_cli/plugins.py:1581), scans entry points last and lets the later
@@ -146,7 +146,7 @@ DIRECTORY_PLUGIN_INIT = '''\
 
 
 def register(ctx):
-    from lossless_context.hermes_plugin import register as _register
+    from lossless_context.hermes.plugin import register as _register
 
     return _register(ctx)
 '''
@@ -215,8 +215,8 @@ def register(ctx):
 
 
 def lcm_plugin_module_exists() -> bool:
-    """True once ``lossless_context/hermes_plugin.py`` (the entry point target) exists."""
-    return (REPO_ROOT / "lossless_context" / "hermes_plugin.py").exists()
+    """True once ``lossless_context/hermes/plugin.py`` (the entry point target) exists."""
+    return (REPO_ROOT / "lossless_context" / "hermes" / "plugin.py").exists()
 
 
 @dataclass

@@ -12,7 +12,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from lossless_context.assemble import problems
+from lossless_context.pipeline.assemble import problems
 from lossless_context.tokens import estimate_messages_tokens
 
 

@@ -1,0 +1,12 @@
+"""The `lcm` command line: `commands` (the click group and its commands), `render` (how results
+print) and `session_cmds` (`lcm context`, `lcm forget`). Only this package knows click and rich.
+"""
+
+from __future__ import annotations
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The `lcm` console script (imports click and the commands only when run)."""
+    from .commands import main as run
+
+    run(argv)

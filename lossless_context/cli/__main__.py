@@ -1,0 +1,5 @@
+"""`python -m lossless_context.cli`: the `lcm` command."""
+
+from . import main
+
+main()

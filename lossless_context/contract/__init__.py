@@ -1,0 +1,14 @@
+"""The host contract: what Hermes calls on the engine, and what the engine uses of Hermes.
+
+* `base`       — the 0.19.0 `ContextEngine` surface (the host's class when installed, a
+                 stand-in otherwise): every method the host calls and attribute it reads;
+* `hooks_r19`  — signals the 0.19.0 host sends besides compress() (usage, resets, /compress);
+* `hooks_main` — upstream main's additions (status line, select_context, prune, cooldowns);
+* `lifecycle`  — session binding, the live session and forks, start/end/reset, the commit signal;
+* `forks`      — the host's /branch and background-review forks, told apart and linked;
+* `passbudget` — how much of the host's figure a pass may spend (its overhead, its silence budget);
+* `host`       — every Hermes symbol the core uses, imported here and only here.
+
+Nothing here is imported by the pipeline, the stores or the summarisers: the contract sits on
+top of them (LCMEngine in `engine.py` mixes these in).
+"""

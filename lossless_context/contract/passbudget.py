@@ -1,0 +1,85 @@
+"""How long one compaction pass may take, and how much of the host's token figure to trust.
+
+A newer host runs the whole pass on a worker thread and throws its result away when the
+pass stays *silent* longer than `compression.context_timeout_seconds` (120 s), or runs past
+`context_total_ceiling_seconds` (600 s); gateway hygiene uses 30 s. Only progress reported
+through the host's own auxiliary client extends the silence budget. So a pass plans to end
+in half of whatever budget applies: model calls stop at that deadline (each call's own
+timeout is cut to what is left), the rest of the pass is summarised deterministically, and
+the remaining half is the margin for ingestion, the deterministic work and the commit.
+
+The host's `current_tokens` may legitimately exceed our own estimate of the messages
+(system prompt, tool schemas, images); but it is a hint, not truth: the overhead taken
+from it is bounded by a share of the window and re-derived on every call.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import HostCompression
+
+SAFETY = 0.5  # share of a host budget a pass plans to use
+# A hygiene pass is huge (5,000 messages): its deterministic rest can itself take seconds.
+HYGIENE_SAFETY = 1 / 3
+MIN_CALL_SECONDS = 1.0  # below this, a model call is not worth starting
+OVERHEAD_SHARE = 0.25  # at most this share of the window is "outside the messages"
+
+
+@dataclass(frozen=True)
+class PassBudget:
+    seconds: float  # from the start of compress(): no model call starts after this
+    call_timeout: float  # cap on one model call
+    host_limit: float  # the host budget that applies (0: the host runs no timeout)
+    hygiene: bool  # the pass is as large as a gateway hygiene pass
+
+
+def pass_budget(host: HostCompression, *, time_budget: float, summary_timeout: float,
+                progress_visible: bool, message_count: int) -> PassBudget:
+    """The deadline and per-call cap for one pass.
+
+    `progress_visible`: the summariser's calls go through the host's auxiliary client on the
+    pass's own thread, so a streamed reply counts as progress; then the silence budget bounds
+    each call and the ceiling bounds the pass. Otherwise the host sees nothing until the pass
+    returns, so the whole pass must fit the silence budget.
+    """
+    silence = float(host.context_timeout_seconds)
+    ceiling = float(host.context_total_ceiling_seconds)
+    hygiene = message_count >= max(1, int(host.hygiene_hard_message_limit))
+    if hygiene:
+        # A gateway force-compresses such a session with its own, shorter budget.
+        silence = min(silence, host.hygiene_timeout_seconds) if silence > 0 else host.hygiene_timeout_seconds
+        ceiling = min(ceiling, host.hygiene_total_ceiling_seconds)
+    time_budget = max(0.0, float(time_budget))
+    summary_timeout = max(0.1, float(summary_timeout))
+    if silence <= 0:
+        return PassBudget(time_budget, summary_timeout, 0.0, hygiene)
+    share = HYGIENE_SAFETY if hygiene else SAFETY
+    if progress_visible:
+        seconds = min(time_budget, share * ceiling)
+        call = min(summary_timeout, share * silence)
+        limit = ceiling
+    else:
+        seconds = min(time_budget, share * silence)
+        call = min(summary_timeout, seconds)
+        limit = silence
+    return PassBudget(seconds, max(0.1, call), limit, hygiene)
+
+
+def plausible_overhead(current_tokens: Any, ours: int, window: int) -> int | None:
+    """Tokens the host counts outside the message list, or None when the figure is unusable.
+
+    Missing, negative, NaN/inf, boolean or non-numeric figures give None (keep what was known);
+    a figure below our own estimate gives 0; anything else is capped at `OVERHEAD_SHARE` of
+    the window, so one absurd figure cannot make every later pass target the floor.
+    """
+    if isinstance(current_tokens, bool) or not isinstance(current_tokens, (int, float)):
+        return None
+    if isinstance(current_tokens, float) and not math.isfinite(current_tokens):
+        return None
+    if current_tokens < 0:
+        return None
+    cap = int(max(0, window) * OVERHEAD_SHARE)
+    return max(0, min(int(current_tokens) - int(ours), cap))

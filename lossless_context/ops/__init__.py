@@ -1,0 +1,3 @@
+"""Operations on a store, through the public store API only: `doctor` (checks and safe
+repairs), `export` (JSONL export/import, the data behind the viewer) and `viewer` (the
+self-contained HTML view of a session's DAG)."""

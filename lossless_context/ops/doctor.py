@@ -1,0 +1,279 @@
+"""Store integrity checks (`lcm doctor`) and the safe repairs (`--repair`).
+
+Checks: the database's own integrity check, foreign keys, full-text indexes in sync with
+their tables, every message reachable from an active context or the DAG, no cycles in the
+DAG, no summary without sources, no leftover staged work. Reported as information: messages
+of a turn the host did not keep, and summary chains deeper than ⌈log_fanin(leaves)⌉ + 1
+(made before balanced condensation). Repairs only what is safe: rebuild indexes, drop stale
+staged passes, re-attach unreachable messages to their session's active context, rebalance
+chains in place (dag_rebalance.py); nothing is ever deleted that holds user data.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..store.base import Store
+
+STALE_STAGE_SECONDS = 3600
+
+# Checks both backends run as they are (no parameters, portable SQL).
+SQL_NO_SOURCES = (
+    "SELECT s.id FROM summaries s WHERE NOT EXISTS (SELECT 1 FROM summary_messages m WHERE m.summary_id=s.id)"
+    " AND NOT EXISTS (SELECT 1 FROM summary_parents p WHERE p.parent_id=s.id)")
+SQL_CYCLES = """
+    WITH RECURSIVE walk(start, node, depth) AS (
+        SELECT parent_id, child_id, 1 FROM summary_parents
+        UNION ALL
+        SELECT w.start, p.child_id, w.depth + 1 FROM walk w JOIN summary_parents p ON p.parent_id = w.node
+        WHERE w.depth < 200)
+    SELECT DISTINCT start FROM walk WHERE start = node LIMIT 10"""
+SQL_ORPHAN_STAGED = ("SELECT COUNT(*) FROM summaries WHERE state='staged'"
+                     " AND pass_id NOT IN (SELECT pass_id FROM staged_passes)")
+# A message is reachable when it is in an active context or under any summary (a staged one
+# belongs to a pass still waiting for the host's commit).
+SQL_UNREACHABLE = """
+    SELECT m.id, m.session_id FROM messages m
+    WHERE NOT EXISTS (SELECT 1 FROM context_items ci WHERE ci.message_id = m.id)
+      AND NOT EXISTS (SELECT 1 FROM summary_messages sm WHERE sm.message_id = m.id)
+      AND NOT EXISTS (SELECT 1 FROM message_retractions r WHERE r.message_id = m.id)
+    ORDER BY m.id LIMIT 100000"""
+# The newest message of each session the conversation still holds (context or a leaf): a
+# message stored before it but held by neither was left out by the host (see _split).
+SQL_LATEST_HELD = """
+    SELECT session_id, MAX(mid) FROM (
+        SELECT ci.session_id AS session_id, MAX(ci.message_id) AS mid FROM context_items ci
+        WHERE ci.message_id IS NOT NULL GROUP BY ci.session_id
+        UNION ALL
+        SELECT m.session_id AS session_id, MAX(sm.message_id) AS mid FROM summary_messages sm
+        JOIN messages m ON m.id = sm.message_id GROUP BY m.session_id) t
+    GROUP BY session_id"""
+SQL_CONTEXT_ROOTS = ("SELECT session_id, summary_id FROM context_items WHERE summary_id IS NOT NULL"
+                     " ORDER BY session_id, pos")
+SQL_MULTI_LEAF = """
+    SELECT sm.message_id FROM summary_messages sm JOIN summaries s ON s.id = sm.summary_id
+    WHERE s.state='published' GROUP BY sm.message_id HAVING COUNT(*) > 1 LIMIT 10"""
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str = ""
+    repaired: bool = False
+    info: bool = False  # a finding to know about, not a failure (never makes the report unhealthy)
+
+
+@dataclass
+class DoctorReport:
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok or c.repaired for c in self.checks)
+
+    def add(self, name: str, ok: bool, detail: str = "", info: bool = False) -> Check:
+        c = Check(name, ok or info, detail, info=info)
+        self.checks.append(c)
+        return c
+
+    def render_text(self) -> str:
+        lines = []
+        for c in self.checks:
+            mark = "info" if c.info else "ok" if c.ok else ("repaired" if c.repaired else "FAIL")
+            lines.append(f"[{mark:>8}] {c.name}" + (f" — {c.detail}" if c.detail else ""))
+        lines.append("healthy" if self.ok else "problems found (run `lcm doctor --repair`)")
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "checks": [c.__dict__ for c in self.checks]}
+
+
+def run_doctor(store: Store, repair: bool = False, fanin: int = 4) -> DoctorReport:
+    """`fanin` is the configured `condense_fanin` (the depth bound depends on it)."""
+    rep = _sqlite(store, repair) if store.kind == "sqlite" else _postgres(store, repair, DoctorReport())
+    _depth_check(store, rep, repair, fanin)
+    return rep
+
+
+def _split(unreachable: list[tuple], latest: list[tuple]) -> tuple[list[tuple], list[tuple]]:
+    """(left out by the host, others). A message stored before the newest message its session
+    still holds, yet held by neither context nor DAG, belongs to a turn the host did not keep
+    (killed before the host saved it, or a history the host rewound): still stored and
+    searchable, but not part of the conversation the host continues — information, not damage.
+    The others are the newest rows (an append whose context update did not happen): repaired."""
+    newest = {sid: mid for sid, mid in latest if mid is not None}
+    left, other = [], []
+    for mid, sid in unreachable:
+        (left if mid < newest.get(sid, -1) else other).append((mid, sid))
+    return left, other
+
+
+def _left_out_check(rep: DoctorReport, left: list[tuple]) -> None:
+    if left:
+        sessions = sorted({sid for _m, sid in left})
+        rep.add("messages the host's conversation left out", True,
+                f"{len(left)} stored message(s) of {len(sessions)} session(s) are in no context or summary: a turn "
+                "the host did not keep (killed before it was saved, or rewound); still stored and searchable, "
+                f"e.g. m{left[0][0]} in {sessions[0]}", info=True)
+
+
+def _depth_check(store: Store, rep: DoctorReport, repair: bool, fanin: int) -> None:
+    """Depth of each active context's summaries against ⌈log_fanin(leaves)⌉ + 1; chains left by
+    0.1.x are information (nothing is wrong with their data) and `--repair` rebalances them."""
+    from ..pipeline.dag_rebalance import find_unbalanced, rebalance
+
+    name = f"summary DAG depth within ⌈log_{fanin}(leaves)⌉ + 1"
+    try:
+        if store.kind == "sqlite":
+            roots = _q(store.conn(), SQL_CONTEXT_ROOTS)
+        else:
+            with store.maintenance_connection() as c:
+                roots = c.execute(SQL_CONTEXT_ROOTS).fetchall()
+        deep = find_unbalanced(store, fanin, [(r[0], int(r[1])) for r in roots])
+    except Exception as exc:  # a report, not a reason to stop the doctor
+        rep.add(name, True, f"not measured: {type(exc).__name__}: {exc}", info=True)
+        return
+    if not deep:
+        rep.add(name, True, f"{len(roots)} summar{'y' if len(roots) == 1 else 'ies'} in active contexts, all within"
+                if roots else "")
+        return
+    worst = max(deep, key=lambda u: u.depth)
+    detail = (f"{len(deep)} summar{'y' if len(deep) == 1 else 'ies'} in active contexts deeper than the bound (a chain "
+              f"made before 0.2), worst s{worst.summary_id} of {worst.session_id}: depth {worst.depth} over "
+              f"{worst.leaves} leaves, bound {worst.bound}")
+    if not repair:
+        rep.add(name, True, detail + "; `lcm doctor --repair` rebalances (keeps every id and message)", info=True)
+        return
+    made = sum(rebalance(store, u.summary_id, fanin) for u in deep)
+    chk = rep.add(name, False, detail + f"; rebalanced with {made} new condensed nodes (ids kept)")
+    chk.repaired = True
+
+
+def _q(c, sql: str, *params: Any) -> list[tuple]:
+    return c.execute(sql, params).fetchall()
+
+
+def _sqlite(store: Any, repair: bool) -> DoctorReport:
+    rep = DoctorReport()
+    c = store.conn()
+    integ = _q(c, "PRAGMA integrity_check")
+    rep.add("sqlite integrity_check", integ == [("ok",)], "; ".join(r[0] for r in integ[:5]) if integ != [("ok",)] else "")
+    fk = _q(c, "PRAGMA foreign_key_check")
+    rep.add("foreign keys", not fk, f"{len(fk)} violations" if fk else "")
+
+    # A large append's rows are full-text indexed after its commit: index any backlog
+    # (left by a crash, or still running) before comparing the index with the rows.
+    store.wait_indexed()
+    for table in ("messages", "summaries"):
+        if store.read_only:  # FTS5's integrity check is issued as an INSERT: a write
+            rep.add(f"full-text index {table}_fts in sync", True, "not checked: the store is open read-only",
+                    info=True)
+            continue
+        bad = False
+        try:
+            c.execute(f"INSERT INTO {table}_fts({table}_fts, rank) VALUES ('integrity-check', 1)")
+        except Exception as exc:
+            bad = True
+            detail = str(exc)
+        else:
+            detail = ""
+        chk = rep.add(f"full-text index {table}_fts in sync", not bad, detail)
+        if bad and repair:
+            with store.tx() as w:
+                w.execute(f"INSERT INTO {table}_fts({table}_fts) VALUES ('rebuild')")
+                if table == "messages":  # the rebuild indexed every row, listed or not
+                    w.execute("DELETE FROM lcm_index_pending")
+            chk.repaired = True
+
+    empty = _q(c, SQL_NO_SOURCES)
+    rep.add("every summary has sources", not empty, f"{len(empty)} without sources: " + ", ".join(f"s{r[0]}" for r in empty[:10]) if empty else "")
+
+    cyc = _q(c, SQL_CYCLES)
+    rep.add("summary DAG has no cycles", not cyc, ", ".join(f"s{r[0]}" for r in cyc) if cyc else "")
+
+    stale_before = time.time() - STALE_STAGE_SECONDS
+    stale = _q(c, "SELECT pass_id, session_id FROM staged_passes WHERE created_at < ?", stale_before)
+    orphan_staged = _q(c, SQL_ORPHAN_STAGED)[0][0]
+    chk = rep.add("no stale staged work", not stale and not orphan_staged,
+                  f"{len(stale)} stale staged passes, {orphan_staged} orphan staged summaries" if stale or orphan_staged else "")
+    if (stale or orphan_staged) and repair:
+        for pid, _sid in stale:
+            store.discard_pass(pid)
+        with store.tx() as w:
+            w.execute("DELETE FROM summaries WHERE state='staged' AND pass_id NOT IN (SELECT pass_id FROM staged_passes)")
+        chk.repaired = True
+
+    # Reachability: every message is in an active context or under a published summary
+    # (directly, or through a staged summary of a pending pass).
+    left, unreachable = _split(_q(c, SQL_UNREACHABLE), _q(c, SQL_LATEST_HELD))
+    _left_out_check(rep, left)
+    chk = rep.add("every message reachable from a context or the DAG", not unreachable,
+                  f"{len(unreachable)} unreachable (still stored; searchable)" if unreachable else "")
+    if unreachable and repair:
+        by_session: dict[str, list[int]] = {}
+        for mid, sid in unreachable:
+            by_session.setdefault(sid, []).append(mid)
+        with store.tx() as w:
+            for sid, mids in by_session.items():
+                top = w.execute("SELECT COALESCE(MAX(pos), -1) FROM context_items WHERE session_id=?", (sid,)).fetchone()[0]
+                # Re-attached in front would reorder; append keeps them reachable and ordered.
+                w.executemany("INSERT INTO context_items(session_id, pos, message_id) VALUES (?,?,?)",
+                              [(sid, top + 1 + i, mid) for i, mid in enumerate(sorted(mids))])
+                w.execute("UPDATE sessions SET context_version = context_version + 1 WHERE id=?", (sid,))
+        chk.repaired = True
+
+    multi = _q(c, SQL_MULTI_LEAF)
+    rep.add("each message under at most one leaf", not multi, ", ".join(f"m{r[0]}" for r in multi) if multi else "")
+    return rep
+
+
+def _postgres(store: Any, repair: bool, rep: DoctorReport) -> DoctorReport:
+    """`lcm doctor` for PostgreSQL: the checks of the SQLite doctor that apply here."""
+
+    def q(c: Any, sql: str, *params: Any) -> list[tuple]:
+        return c.execute(sql, params).fetchall()
+
+    # Messages are full-text indexed after their commit: index any backlog (left by a dead
+    # process, or still running) before comparing the index with the rows, as on SQLite.
+    store.wait_indexed()
+    missing = store.index_missing()
+    chk = rep.add("full-text index message_index in sync", not missing,
+                  f"{missing} messages neither indexed nor listed for indexing" if missing else "")
+    if missing and repair:
+        store.repair_index()
+        chk.repaired = True
+    rep.add("pg_trgm substring index", True, "" if store.has_trigram_index() else
+            "notice: pg_trgm is not installed (or may not be created by this role); substring search"
+            " over summaries scans instead of using a trigram index")
+    with store.maintenance_connection() as c:
+        empty = q(c, SQL_NO_SOURCES)
+        rep.add("every summary has sources", not empty,
+                f"{len(empty)} without sources: " + ", ".join(f"s{r[0]}" for r in empty[:10]) if empty else "")
+        cyc = q(c, SQL_CYCLES)
+        rep.add("summary DAG has no cycles", not cyc, ", ".join(f"s{r[0]}" for r in cyc) if cyc else "")
+        stale = q(c, "SELECT pass_id, session_id FROM staged_passes WHERE created_at < %s",
+                  time.time() - STALE_STAGE_SECONDS)
+        orphan = q(c, SQL_ORPHAN_STAGED)[0][0]
+        left, unreachable = _split(q(c, SQL_UNREACHABLE), q(c, SQL_LATEST_HELD))
+        multi = q(c, SQL_MULTI_LEAF)
+    chk = rep.add("no stale staged work", not stale and not orphan,
+                  f"{len(stale)} stale staged passes, {orphan} orphan staged summaries" if stale or orphan else "")
+    if (stale or orphan) and repair:
+        for pid, _sid in stale:
+            store.discard_pass(pid)
+        store.delete_orphan_staged()
+        chk.repaired = True
+    _left_out_check(rep, left)
+    chk = rep.add("every message reachable from a context or the DAG", not unreachable,
+                  f"{len(unreachable)} unreachable (still stored; searchable)" if unreachable else "")
+    if unreachable and repair:
+        by_session: dict[str, list[int]] = {}
+        for mid, sid in unreachable:
+            by_session.setdefault(sid, []).append(mid)
+        store.reattach_messages(by_session)
+        chk.repaired = True
+    rep.add("each message under at most one leaf", not multi, ", ".join(f"m{r[0]}" for r in multi) if multi else "")
+    return rep

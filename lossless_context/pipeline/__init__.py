@@ -1,0 +1,17 @@
+"""The one-way pipeline, in reading order: host list → stored messages → summary DAG → context.
+
+1. `ingest`        — align the host's list with the known context; store what is new, verbatim
+                     (`gcpause`: the collector paused while a large list is aligned);
+2. `stubs`         — tier 0: old tool results shown as stubs, before any summary;
+3. `digest`        — what a summariser is sent of each message;
+4. `compaction`    — pick the span, build leaf and condensed nodes (`dag_balance`,
+                     `dag_rebalance` keep the DAG a hierarchy; `continuity` keeps the task in view);
+5. `assemble`      — system + head + summary message + tail: a valid OpenAI list by construction;
+6. `owners`        — which engine staged a pass (a pass is published only when the host commits);
+7. `background`    — summarising ahead of time and upgrading deterministic nodes off the hot path;
+8. views and edits — `context_view`, `summary_view`, `originals` (what the model sees, what a node
+                     covers, the exact originals); `forget`, `resummarize`.
+
+Modules here use the stores through `store.base.Store` and summarisers through
+`summarizers.summarize`; they never import the contract, the CLI, the adapter or the demo.
+"""

@@ -1,0 +1,215 @@
+"""Context assembly: slots → a valid OpenAI message list.
+
+A *slot* is one element of the host's list as the engine understands it: a stored raw
+message, or our summary block. Groups keep an assistant `tool_calls` message together with
+all its results, so a list cut at group boundaries is valid by construction. The final
+`repair` pass guarantees validity whatever the input was: no orphan results, no call
+without its result, nothing invented.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Mapping, Sequence
+
+from ..messages import SUMMARY_OPEN, provider_view, tool_call_ids
+from ..records import SummaryRecord
+from .summary_view import fit_block
+from ..tokens import estimate_message_tokens
+
+log = logging.getLogger("lossless_context.pipeline.assemble")
+
+LARGE_OPEN = '<lcm-large id="'
+STUB_MARK = "[tool-output stub]"  # first line of a tier-0 stub (stubs.py makes them)
+
+
+@dataclass(slots=True)  # (thousands live per session: no per-instance dict)
+class Slot:
+    kind: str  # "m" raw message | "S" summary block | "x" unusable input (stored, never sent)
+    refs: list[int]
+    msg: dict[str, Any] | None  # the dict to emit for "m" slots
+    role: str
+    tokens: int
+    call_ids: Sequence[str] = ()  # assistant tool_calls ids
+    result_for: str | None = None  # tool result's tool_call_id
+    text_tokens: int = 0  # tokens of the stored original (before large-message representation)
+    ident: str = ""  # the stored row's content identity ("m" slots), as the context holds it
+
+
+def groups(slots: Sequence[Slot]) -> list[tuple[int, int]]:
+    """Half-open index ranges; an assistant with tool_calls owns the tool results after it."""
+    out: list[tuple[int, int]] = []
+    i, n = 0, len(slots)
+    while i < n:
+        s = slots[i]
+        j = i + 1
+        if s.kind == "m" and s.call_ids:
+            pending = set(s.call_ids)
+            while j < n and slots[j].kind == "m" and slots[j].role == "tool" and pending:
+                pending.discard(slots[j].result_for or "")
+                j += 1
+        out.append((i, j))
+        i = j
+    return out
+
+
+def fmt_time(ts: float | None) -> str:
+    if not ts:
+        return "?"
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M")
+
+
+def render_summary(nodes: Sequence[SummaryRecord], covered: int, role: str,
+                   max_tokens: int | None = None, extra: str = "") -> dict[str, Any]:
+    """The summary block; with `max_tokens` (the message's tokens), node bodies are shortened to fit
+    (summary_view.py) — every node is still named, so every older message is represented."""
+    ids = ",".join(f"s{n.id}" for n in nodes)
+    starts = [n.t_start for n in nodes if n.t_start]
+    ends = [n.t_end for n in nodes if n.t_end]
+    span = f" ({fmt_time(min(starts))} – {fmt_time(max(ends))})" if starts and ends else ""
+    head = [
+        f'{SUMMARY_OPEN}{ids}">',
+        f"[Lossless context: {covered} earlier messages{span} are condensed below; nothing was "
+        "deleted. While the lcm tools are offered, lcm_grep(query) searches the full history and "
+        "lcm_describe(id) / lcm_expand(id) open any id below (s… = summary, m… = original message) "
+        "verbatim.]",
+    ]
+
+    def render(bodies: Sequence[str] | None) -> str:
+        lines = list(head)
+        if bodies is None:
+            lines.append(f"[{len(nodes)} summaries, oldest first, too many to show here: "
+                         + ", ".join(f"s{n.id} (depth {n.depth}, {n.n_messages} messages)" for n in nodes) + "]")
+            if measure("\n".join(lines + ["</lcm-summary>"])) > (max_tokens or 0):
+                lines[-1] = f"[{len(nodes)} summaries listed in the marker above, oldest first]"
+        else:
+            for n, body in zip(nodes, bodies):
+                lines.append("")
+                lines.append(
+                    f"## s{n.id} · depth {n.depth} · {n.n_messages} messages · "
+                    f"{fmt_time(n.t_start)} – {fmt_time(n.t_end)}"
+                )
+                if body:
+                    lines.append(body)
+        if extra:  # the continuity section (continuity.py): inside the block, so a merge keeps it ours
+            lines.append("")
+            lines.append(extra.strip())
+        lines.append("</lcm-summary>")
+        return "\n".join(lines)
+
+    def measure(text: str) -> int:
+        return estimate_message_tokens({"role": role, "content": text})
+
+    bodies = [n.text.strip() for n in nodes]
+    if max_tokens is None:
+        return {"role": role, "content": render(bodies)}
+    return {"role": role, "content": fit_block(render, bodies, [n.id for n in nodes], max_tokens, measure)}
+
+
+def large_representation(msg: Mapping[str, Any], mid: int, tokens: int, exploration: str) -> dict[str, Any]:
+    """A huge message shown as its exploration summary; pairing fields kept intact."""
+    out = provider_view(msg)
+    if exploration.startswith(STUB_MARK):  # a tier-0 stub of an older tool result (stubs.py)
+        note = f"[Older tool output shown as a stub; lcm_expand(id=\"m{mid}\") returns it verbatim.]"
+    else:
+        note = (f"[Large content ({tokens} tokens) kept verbatim in the store. lcm_expand(id=\"m{mid}\") "
+                "pages through it; lcm_grep searches it.]")
+    out["content"] = f'{LARGE_OPEN}m{mid}" tokens="{tokens}">\n{note}\n{exploration}\n</lcm-large>'
+    return out
+
+
+def choose_summary_role(prev_role: str | None, next_role: str | None) -> str | None:
+    """A role differing from both neighbours (the host merges same-role neighbours)."""
+    for cand in ("user", "assistant"):
+        if cand != prev_role and cand != next_role:
+            return cand
+    return None
+
+
+def repair(messages: list[Any], changes: list[tuple[dict, dict]] | None = None) -> list[dict[str, Any]]:
+    """Drop what cannot be valid: non-dicts, orphan tool results, calls without results.
+
+    An assistant message whose calls lack results keeps its text (if any) without the
+    unanswered calls, so nothing is invented and no provider rejects the list. Each
+    message replaced by a repaired copy is reported in `changes` as (original, copy).
+    """
+    out: list[dict[str, Any]] = []
+    n = len(messages)
+    i = 0
+    while i < n:
+        m = messages[i]
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            i += 1
+            continue
+        role = m["role"]
+        if role == "tool":
+            i += 1  # a tool result not consumed by its assistant below is an orphan
+            continue
+        ids = tool_call_ids(m)
+        if role == "assistant" and isinstance(m.get("tool_calls"), list) and m.get("tool_calls"):
+            j = i + 1
+            results: list[dict[str, Any]] = []
+            seen: set[str] = set()
+            while j < n and isinstance(messages[j], dict) and messages[j].get("role") == "tool":
+                tid = messages[j].get("tool_call_id")
+                if tid in ids and tid not in seen:
+                    results.append(messages[j])
+                    seen.add(tid)
+                j += 1
+            answered = [tc for tc in m["tool_calls"]
+                        if isinstance(tc, Mapping) and tc.get("id") in seen]
+            if len(answered) == len(m["tool_calls"]) and len(ids) == len(m["tool_calls"]):
+                out.append(m)
+                out.extend(results)
+            elif answered:
+                fixed = dict(m)
+                fixed["tool_calls"] = answered
+                out.append(fixed)
+                if changes is not None:
+                    changes.append((m, fixed))
+                by_id = {r.get("tool_call_id"): r for r in results}
+                out.extend(by_id[tc["id"]] for tc in answered)
+            else:
+                text = m.get("content")
+                if text:
+                    fixed = {k: v for k, v in m.items() if k != "tool_calls"}
+                    out.append(fixed)
+                    if changes is not None:
+                        changes.append((m, fixed))
+            i = j
+            continue
+        out.append(m)
+        i += 1
+    return out
+
+
+def problems(messages: Sequence[Any]) -> list[str]:
+    """Why a list is not a valid OpenAI sequence (empty when valid)."""
+    errs = []
+    pending: list[str] = []
+    for idx, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            errs.append(f"{idx}: not a message")
+            continue
+        role = m["role"]
+        if role == "tool":
+            tid = m.get("tool_call_id")
+            if tid not in pending:
+                errs.append(f"{idx}: orphan tool result {tid!r}")
+            else:
+                pending.remove(tid)
+            continue
+        if pending:
+            errs.append(f"{idx}: tool calls without results: {pending}")
+            pending = []
+        if role == "assistant":
+            pending = list(tool_call_ids(m))
+    if pending:
+        errs.append(f"end: tool calls without results: {pending}")
+    return errs
+
+
+def total_tokens(messages: Sequence[Any]) -> int:
+    return sum(estimate_message_tokens(m) for m in messages)

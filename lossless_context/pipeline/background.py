@@ -1,0 +1,238 @@
+"""Zero-wait compaction: a bounded background worker that summarises between turns.
+
+Above the soft threshold the worker summarises the spans the next compaction will take
+and keeps them as *presummaries* keyed by the exact stored messages they cover; compress()
+then adopts them without a model call. On the released host, compress() summarises
+missing spans deterministically (milliseconds) and the worker upgrades those nodes with
+the model afterwards; the better text is used from the next pass on. The worker never
+holds a store transaction while waiting on the network, runs one job per session at a
+time, and its daemon threads never keep a process alive.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import queue
+import threading
+import time
+from typing import Any, Callable
+
+from .assemble import Slot
+from .compaction import Budget, Compactor, plan_region, show_representations, source_text, span_key
+from ..records import Source
+from ..messages import tool_call_ids
+from ..store.base import Store
+from .stubs import StubPolicy, apply_stubs
+from ..summarizers.summarize import Escalator, SummaryRequest
+from ..tokens import estimate_text_tokens
+
+log = logging.getLogger("lossless_context.pipeline.background")
+
+_WORKERS: dict[str, "BackgroundWorker"] = {}
+_WORKERS_LOCK = threading.Lock()
+
+
+class BackgroundWorker:
+    """Daemon threads fed by a queue; at most one job per session in flight."""
+
+    def __init__(self, concurrency: int = 2) -> None:
+        self.concurrency = max(1, int(concurrency))
+        self._q: queue.Queue[tuple[str, Callable[[Callable[[], bool]], None]] | None] = queue.Queue()
+        self._busy: set[str] = set()
+        self._queued: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.jobs_done = 0
+        self.jobs_failed = 0
+        self.model_seconds = 0.0  # time spent summarising off the critical path
+        self.max_parallel = 0
+        self._running = 0
+        for i in range(self.concurrency):
+            t = threading.Thread(target=self._loop, name=f"lcm-bg-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    @classmethod
+    def for_store(cls, location: str, concurrency: int) -> "BackgroundWorker":
+        with _WORKERS_LOCK:
+            w = _WORKERS.get(location)
+            if w is None or w.stopped:
+                w = _WORKERS[location] = cls(concurrency)
+            return w
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    @property
+    def backlog(self) -> int:
+        with self._lock:
+            return len(self._queued) + len(self._busy)
+
+    def submit(self, session_id: str, job: Callable[[Callable[[], bool]], None]) -> bool:
+        """Queue a job unless one for this session is already queued (the newest plan wins
+        when it runs, so coalescing loses nothing)."""
+        if self._stop.is_set():
+            return False
+        with self._lock:
+            if session_id in self._queued:
+                return False
+            self._queued.add(session_id)
+        self._q.put((session_id, job))
+        return True
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                item = self._q.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if item is None:
+                return
+            sid, job = item
+            with self._lock:
+                if sid in self._busy:  # one job per session: wait behind the running one
+                    requeue = True  # (stays marked as queued, so the backlog never reads 0 here)
+                else:
+                    self._queued.discard(sid)
+                    self._busy.add(sid)
+                    self._running += 1
+                    self.max_parallel = max(self.max_parallel, self._running)
+                    requeue = False
+            if requeue:
+                time.sleep(0.05)
+                self._q.put((sid, job))
+                continue
+            started = time.monotonic()
+            ok = False
+            try:
+                job(self._stop.is_set)
+                ok = True
+            except Exception as exc:  # a failed job loses only staged work
+                log.warning("lcm background job for %s failed: %s", sid, exc)
+            finally:
+                # The counters are read-modify-write from several threads: under the lock, or a
+                # count may be lost.
+                with self._lock:
+                    if ok:
+                        self.jobs_done += 1
+                    else:
+                        self.jobs_failed += 1
+                    self.model_seconds += time.monotonic() - started
+                    self._busy.discard(sid)
+                    self._running -= 1
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.backlog == 0:
+                return True
+            time.sleep(0.02)
+        return False
+
+    def shutdown(self) -> None:
+        """Stop promptly: jobs see the stop flag before their next model call."""
+        self._stop.set()
+        for _ in self._threads:
+            self._q.put(None)
+
+
+@atexit.register
+def _shutdown_all() -> None:
+    with _WORKERS_LOCK:
+        for w in _WORKERS.values():
+            w.shutdown()
+
+
+def context_slots(store: Store, session_id: str) -> tuple[list[Slot], dict[int, Any]]:
+    """The session's published context as slots, with its message records."""
+    _, ctx = store.get_context(session_id)
+    records = store.get_messages([e.ref for e in ctx if e.kind == "m"])
+    slots: list[Slot] = []
+    for e in ctx:
+        if e.kind == "s":
+            if slots and slots[-1].kind == "S":
+                slots[-1].refs.append(e.ref)
+            else:
+                slots.append(Slot("S", [e.ref], None, "summary", e.tokens))
+            continue
+        rec = records.get(e.ref)
+        if rec is None or not isinstance(rec.raw, dict) or rec.role in ("invalid", "unknown"):
+            slots.append(Slot("x", [e.ref], None, e.role, 0))
+            continue
+        raw = rec.raw
+        slots.append(Slot("m", [e.ref], raw, rec.role, e.tokens, call_ids=tool_call_ids(raw),
+                          result_for=raw.get("tool_call_id") if rec.role == "tool" else None,
+                          text_tokens=e.tokens))
+    return slots, records
+
+
+def presummarise(store: Store, esc: Escalator, session_id: str, budget: Budget,
+                 stop: Callable[[], bool], stubs: StubPolicy | None = None) -> int:
+    """Summarise, with the model, the stable chunks the next compaction will take.
+
+    The chunks are planned the way compaction plans them: over what the model is shown
+    (tier-0 stubs, which are made once and persisted, and huge messages' representations),
+    so the spans match and compress() adopts these summaries."""
+    slots, records = context_slots(store, session_id)
+    if stubs is not None:
+        apply_stubs(store, slots, records, stubs)
+    show_representations(slots, records)
+    h = Compactor.head_end(slots, budget.protect_first_n)
+    t = Compactor.tail_start(slots, h, budget.fresh_tail)
+    done = 0
+    for kind, chunk, full in plan_region(slots, h, t, records, budget.leaf_chunk):
+        if kind != "chunk" or not full or stop():
+            continue
+        mids = [s.refs[0] for s in chunk]
+        key = span_key(mids)
+        if store.get_presummary(session_id, key) is not None:
+            continue
+        sources = [Source(f"m{s.refs[0]}", s.role, text, None)
+                   for s in chunk if (text := source_text(s, records)) is not None]
+        if not sources:
+            continue
+        src_tokens = sum(estimate_text_tokens(x.text) for x in sources)
+        target = min(budget.leaf_summary, max(32, src_tokens // 2))
+        res = esc.summarize(SummaryRequest(sources, target, "leaf"), cancelled=stop)
+        if res.level == "deterministic":
+            continue  # the model was unavailable: compress() will do it
+        store.put_presummary(session_id, key, res.text, estimate_text_tokens(res.text), src_tokens,
+                             res.level, res.summarizer)
+        done += 1
+    return done
+
+
+def upgrade_nodes(store: Store, esc: Escalator, session_id: str, node_ids: list[int], budget: Budget,
+                  stop: Callable[[], bool]) -> int:
+    """Replace deterministic summaries written on the critical path by model summaries."""
+    done = 0
+    for nid in node_ids:
+        if stop():
+            break
+        rec = store.get_summaries([nid], include_staged=True).get(nid)
+        if rec is None or rec.level != "deterministic":
+            continue  # discarded stage, or already upgraded
+        kids, mids = store.summary_children(nid)
+        if rec.kind == "leaf":
+            records = store.get_messages(mids)
+            sources = [Source(f"m{m}", records[m].role, text, None) for m in mids if m in records
+                       and (text := source_text(Slot("m", [m], None, records[m].role, 0), records)) is not None]
+            target = min(budget.leaf_summary, max(32, rec.source_tokens // 2))
+        else:
+            children = store.get_summaries(kids, include_staged=True)
+            sources = [Source(f"s{k}", "summary", children[k].text, None) for k in kids if k in children]
+            target = min(budget.condensed_summary, max(32, rec.source_tokens // 2))
+        if not sources:
+            continue
+        res = esc.summarize(SummaryRequest(sources, target, rec.kind), cancelled=stop)
+        if res.level == "deterministic":
+            continue
+        store.update_summary_text(nid, res.text, estimate_text_tokens(res.text), res.level, res.summarizer)
+        if rec.kind == "leaf":
+            store.put_presummary(session_id, span_key(mids), res.text, estimate_text_tokens(res.text),
+                                 rec.source_tokens, res.level, res.summarizer)
+        done += 1
+    return done

@@ -1,0 +1,553 @@
+"""Compaction: pick the span to summarise, build leaf and condensed nodes, assemble output.
+
+The protected head and a token-bounded fresh tail (whole tool groups) stay verbatim; the
+span between them becomes leaf summaries (chunks bounded in tokens), and summaries that
+pile up at one depth are condensed into a deeper node. Everything is *staged*: the host
+publishes it by committing the pass. Model calls happen before any write transaction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from .assemble import Slot, choose_summary_role, groups, large_representation, render_summary, repair, total_tokens
+from . import continuity
+from ..summarizers.costs import Spend
+from .dag_balance import next_condensation
+from .digest import digest
+from ..records import Source
+from ..messages import content_ident
+from ..store.owners import new_pass_id
+from ..records import MessageRecord, NewSummary, SummaryRecord
+from ..store.base import Store
+from .stubs import StubPolicy, apply_stubs, is_stub, swap_stubs
+from ..summarizers.summarize import Escalator, SummaryRequest, deterministic_summary
+from ..tokens import estimate_message_tokens, estimate_text_tokens
+
+log = logging.getLogger("lossless_context.pipeline.compaction")
+
+SOURCE_TEXT_LIMIT = 24_000  # chars of one message given to a summariser
+MIN_MODEL_TOKENS = 300  # spans smaller than this are summarised deterministically
+
+
+@dataclass
+class Budget:
+    target: int  # tokens the assembled messages should fit in
+    fresh_tail: int
+    summary_block: int
+    leaf_chunk: int
+    leaf_summary: int
+    condensed_summary: int
+    fanin: int
+    protect_first_n: int
+    large_tokens: int
+
+
+@dataclass
+class PassResult:
+    output: list[dict[str, Any]]
+    pass_id: str | None = None
+    progressed: bool = False
+    new_nodes: int = 0
+    calls: int = 0
+    failures: int = 0
+    tokens_before: int = 0
+    tokens_after: int = 0
+    reason: str = ""
+    levels: dict[str, int] = field(default_factory=dict)
+    upgrade_ids: list[int] = field(default_factory=list)
+    adopted: int = 0
+    stubs: int = 0  # tool results shown as tier-0 stubs in the output
+    spend: Spend = field(default_factory=Spend)  # the pass's summariser calls (costs.py)
+
+
+@dataclass
+class _Node:
+    key: str | int  # int = existing published/staged id, str = new
+    depth: int
+    tokens: int
+    text: str
+    t_start: float | None
+    t_end: float | None
+    n_messages: int
+
+
+class Compactor:
+    def __init__(self, store: Store, escalator: Escalator, *,
+                 cancelled: Callable[[], bool] | None = None, time_budget: float = 240.0,
+                 fast: bool = False, owner: str | None = None, stubs: StubPolicy | None = None,
+                 continuity_tokens: int = 0, call_timeout: float | None = None) -> None:
+        self.store = store
+        self.continuity_tokens = continuity_tokens  # 0: no continuity section
+        self._cont: tuple[continuity.State, dict[int, list[str]]] | None = None
+        self.stub_policy = stubs  # tier 0 (stubs.py); None: no stubs
+        self.owner = owner  # the engine that will commit the staged pass (owners.py)
+        self.fast = fast  # background mode: no model calls on the critical path
+        self.to_upgrade: list[str] = []  # keys of deterministic nodes the worker should upgrade
+        self.adopted = 0  # leaves taken from summaries prepared ahead of time
+        self.esc = escalator
+        self.cancelled = cancelled
+        self.deadline = time.monotonic() + time_budget
+        self.call_timeout = call_timeout  # cap on one model call (the host's silence budget)
+        self.new: list[NewSummary] = []
+        self.calls = 0
+        self.failures = 0
+        self.levels: dict[str, int] = {}
+        self.spend = Spend()
+        self.node_spend: dict[str, Spend] = {}  # new node key → its model calls
+        self.budget: Budget | None = None  # the pass's budget (the block is rendered within it)
+
+    # -- planning ------------------------------------------------------------------
+
+    @staticmethod
+    def head_end(slots: Sequence[Slot], protect_first_n: int) -> int:
+        end = count = 0
+        for a, b in groups(slots):
+            if count >= protect_first_n or any(s.kind == "S" for s in slots[a:b]):
+                break
+            end = b
+            count += sum(1 for s in slots[a:b] if s.kind == "m")
+        return end
+
+    @staticmethod
+    def tail_start(slots: Sequence[Slot], head_end: int, budget: int) -> int:
+        start = len(slots)
+        used = 0
+        gs = [g for g in groups(slots) if g[0] >= head_end]
+        for a, b in reversed(gs):
+            if any(s.kind == "S" for s in slots[a:b]):
+                break
+            gt = sum(s.tokens for s in slots[a:b])
+            if start < len(slots) and used + gt > budget:
+                break
+            start, used = a, used + gt
+        return start
+
+    # -- the pass ------------------------------------------------------------------------
+
+    def run(self, session_id: str, system: dict | None, slots: list[Slot], budget: Budget,
+            *, focus: str | None, memory_context: str, force: bool, base_version: int,
+            base_len: int, tokens_before: int, host_messages: list[Any] | None = None) -> PassResult:
+        self.budget = budget
+        ids = [s.refs[0] for s in slots if s.kind in ("m", "x")]
+        records = self.store.get_messages(ids)
+        originals = [s.msg for s in slots]
+        stubbed = apply_stubs(self.store, slots, records, self.stub_policy) if self.stub_policy else 0
+        if self.continuity_tokens > 0:
+            self._cont = continuity.gather(continuity.State.from_json(self.store.get_continuity(session_id)),
+                                           slots, records)
+        self._represent_large(slots, records, budget.large_tokens)
+        if stubbed and not force and host_messages is not None:
+            done = swap_stubs(host_messages, originals, slots, self.store)
+            if done is not None and total_tokens(done) <= budget.target:
+                # Tier 0 alone reached the target: no model call and no new node, but the pass is
+                # staged like any other (the same context, its stubs held by the message rows),
+                # so the host's commit publishes it — into a rotation child too, which must
+                # know the stubbed list it is handed as the messages it already stores.
+                pass_id = new_pass_id(self.owner)
+                items: list[tuple[str, Any]] = []
+                for s in slots:
+                    if s.kind == "S":
+                        items.extend(("s", r) for r in s.refs)
+                    elif s.kind in ("m", "x"):
+                        items.append(("m", s.refs[0]))
+                self.store.stage_pass(session_id, pass_id, [], items, base_version, base_len)
+                return PassResult(done, pass_id, True, tokens_before=tokens_before,
+                                  tokens_after=total_tokens(done), reason="", stubs=stubbed)
+        sys_tokens = estimate_message_tokens(system) if system else 0
+        h = self.head_end(slots, budget.protect_first_n)
+        head_tokens = sum(s.tokens for s in slots[:h])
+        existing = self._existing_nodes(slots)
+        tail_budget = max(0, min(budget.fresh_tail,
+                                 budget.target - sys_tokens - head_tokens - budget.summary_block))
+        nodes: list[_Node] = []
+        region_end = h  # everything before this index (after head) is already in `nodes`
+        t = self.tail_start(slots, h, tail_budget)
+        output: list[dict[str, Any]] = []
+        if self.fast:
+            t = self._cached_prefix_end(session_id, slots, h, t, records, budget)
+        for _round in range(4):
+            t = max(t, region_end)
+            t = self._fix_roles(slots, h, t)
+            nodes = self._summarise_region(session_id, slots, records, region_end, t, nodes,
+                                           existing, budget, focus, memory_context)
+            region_end = t
+            nodes = self._condense(session_id, nodes, budget, focus, memory_context)
+            output, role_ok = self._assemble(system, slots, h, t, nodes, records)
+            if total_tokens(output) <= budget.target or t >= len(slots) - 1:
+                break
+            # Over target: give the tail's oldest groups to the region and go again.
+            gs = [g for g in groups(slots) if g[0] >= t]
+            if len(gs) <= 1:
+                break
+            half = max(1, len(gs) // 2)
+            t = gs[half][0] if half < len(gs) else gs[-1][0]
+        if not nodes:
+            return PassResult(self._plain(system, slots), reason="nothing outside the protected head and tail",
+                              tokens_before=tokens_before, tokens_after=tokens_before)
+        tokens_after = total_tokens(output)
+        if tokens_after >= tokens_before and not force:
+            return PassResult(self._plain(system, slots), reason="compaction would not shrink the context",
+                              tokens_before=tokens_before, tokens_after=tokens_before, calls=self.calls,
+                              failures=self.failures, spend=self.spend)
+        if self.cancelled is not None and _safe(self.cancelled):
+            return PassResult(self._plain(system, slots), reason="cancelled by the host",
+                              tokens_before=tokens_before, tokens_after=tokens_before, calls=self.calls,
+                              failures=self.failures, spend=self.spend)
+        pass_id = new_pass_id(self.owner)
+        held = self._cover_unemitted(slots, h, t, output, nodes, records)
+        items: list[tuple[str, Any]] = []
+        for s in slots[:h]:
+            if s.refs[0] not in held:
+                items.append(("m", s.refs[0]) if s.kind != "S" else ("s", s.refs[0]))
+        items.extend(("s", n.key) for n in nodes)
+        for s in slots[t:]:
+            if s.kind in ("m", "x") and s.refs[0] not in held:
+                items.append(("m", s.refs[0]))
+        keymap, _ = self.store.stage_pass(session_id, pass_id, self.new, items, base_version, base_len)
+        if self.node_spend:
+            self.store.put_summary_costs([(keymap[k], sp.model, sp.calls, sp.input_tokens, sp.output_tokens,
+                                           round(sp.seconds * 1000, 1)) for k, sp in self.node_spend.items()
+                                          if k in keymap])
+        if self.new:
+            # Real ids are known only now: re-render the block with them.
+            for n in nodes:
+                if isinstance(n.key, str):
+                    n.key = keymap[n.key]
+            output, _ = self._assemble(system, slots, h, t, nodes, records)
+            tokens_after = total_tokens(output)
+        self._record_aliases(slots, output)
+        if self._cont is not None:
+            self.store.set_continuity(session_id, continuity.with_files(*self._cont, h, t).to_json())
+        reason = "" if tokens_after <= budget.target else (
+            f"target {budget.target} unreachable: head {head_tokens} + system {sys_tokens} tokens "
+            "are protected; returned the smallest valid list")
+        if reason:
+            log.warning("lcm: %s", reason)
+        return PassResult(output, pass_id, True, len(self.new), self.calls, self.failures,
+                          tokens_before, tokens_after, reason, dict(self.levels),
+                          [keymap[k] for k in self.to_upgrade if k in keymap], self.adopted, stubbed, self.spend)
+
+    # -- pieces ------------------------------------------------------------------------
+
+    def _represent_large(self, slots: list[Slot], records: dict[int, MessageRecord], large: int) -> None:
+        show_representations(slots, records)
+
+    def _existing_nodes(self, slots: Sequence[Slot]) -> dict[int, SummaryRecord]:
+        ids = [r for s in slots if s.kind == "S" for r in s.refs]
+        return self.store.get_summaries(ids, include_staged=True) if ids else {}
+
+    def _fix_roles(self, slots: Sequence[Slot], h: int, t: int) -> int:
+        """Move the tail boundary so the summary's role differs from both neighbours."""
+        prev = slots[h - 1].role if h > 0 else None
+        gs = [g for g in groups(slots) if g[0] >= t]
+        for k in range(min(3, len(gs))):
+            start = gs[k][0]
+            nxt = slots[start].role if start < len(slots) else None
+            if choose_summary_role(prev, nxt) is not None:
+                return start
+        return t
+
+    def _summarise_region(self, session_id: str, slots: Sequence[Slot], records: dict[int, MessageRecord],
+                          a: int, b: int, nodes: list[_Node], existing: dict[int, SummaryRecord],
+                          budget: Budget, focus: str | None, memory: str) -> list[_Node]:
+        nodes = list(nodes)
+        for kind, item, _full in plan_region(slots, a, b, records, budget.leaf_chunk):
+            if kind == "S":
+                for ref in item:
+                    rec = existing.get(ref)
+                    if rec is not None:
+                        nodes.append(_Node(ref, rec.depth, rec.tokens, rec.text, rec.t_start, rec.t_end,
+                                           rec.n_messages))
+            else:
+                nodes.append(self._leaf(session_id, item, records, budget, focus, memory))
+        return nodes
+
+    def _leaf(self, session_id: str, chunk: Sequence[Slot], records: dict[int, MessageRecord],
+              budget: Budget, focus: str | None, memory: str) -> _Node:
+        sources = []
+        mids = []
+        for s in chunk:
+            mid = s.refs[0]
+            mids.append(mid)
+            text = source_text(s, records)
+            if text is None:
+                log.info("lcm: message m%s left out of its summary (unparseable input; stored verbatim)", mid)
+                continue
+            rec = records.get(mid)
+            sources.append(Source(f"m{mid}", rec.role if rec else s.role, text, None))
+        times = [records[m].created_at for m in mids if m in records]
+        src_tokens = sum(estimate_text_tokens(x.text) for x in sources)
+        target = min(budget.leaf_summary, max(32, src_tokens // 2))
+        cached = None if focus else self.store.get_presummary(session_id, span_key(mids))
+        key = f"new{len(self.new)}"
+        if cached is not None:
+            # Summarised ahead of time by the background worker for exactly these messages.
+            text, level, summarizer = cached["text"], cached["level"], cached["summarizer"]
+            self.adopted += 1
+            self.levels[level] = self.levels.get(level, 0) + 1
+        elif self.fast and self.esc.model is not None:
+            text, level, summarizer = self._summarise(sources, target, "leaf", focus, memory, deterministic=True)
+            self.to_upgrade.append(key)
+        else:
+            text, level, summarizer = self._summarise(sources, target, "leaf", focus, memory)
+        tokens = estimate_text_tokens(text)
+        self.new.append(NewSummary(key, "leaf", 0, text, tokens, src_tokens, level, summarizer,
+                                   min(times) if times else None, max(times) if times else None,
+                                   len(mids), message_ids=mids))
+        return _Node(key, 0, tokens, text, min(times) if times else None, max(times) if times else None,
+                     len(mids))
+
+    def _summarise(self, sources: list[Source], target: int, kind: str, focus: str | None,
+                   memory: str, deterministic: bool = False) -> tuple[str, str, str]:
+        if not sources:
+            return "(no summarisable content: the covered messages are stored verbatim)", "deterministic", "extractive"
+        if not deterministic and sum(estimate_text_tokens(x.text) for x in sources) < MIN_MODEL_TOKENS:
+            deterministic = True  # too small to be worth a call (a model could not shorten it)
+        if deterministic:
+            self.levels["deterministic"] = self.levels.get("deterministic", 0) + 1
+            return deterministic_summary(SummaryRequest(sources, target, kind, focus, memory),
+                                         self.esc.do_redact), "deterministic", "extractive"
+        res = self.esc.summarize(SummaryRequest(sources, target, kind, focus, memory),
+                                 cancelled=self.cancelled, deadline=self.deadline,
+                                 call_timeout=self.call_timeout)
+        self.calls += res.calls
+        self.failures += res.failures
+        self.spend.add(res.spend)
+        if res.spend.calls:
+            # (_leaf and _condense name their node f"new{len(self.new)}" and append it next)
+            self.node_spend[f"new{len(self.new)}"] = res.spend
+        self.levels[res.level] = self.levels.get(res.level, 0) + 1
+        return res.text, res.level, res.summarizer
+
+    def _condense(self, session_id: str, nodes: list[_Node], budget: Budget, focus: str | None,
+                  memory: str) -> list[_Node]:
+        nodes = list(nodes)
+        while True:
+            run = self._condense_run(nodes, budget)
+            if run is None:
+                return nodes
+            a, b = run
+            group = nodes[a:b]
+            sources = [Source(f"s{n.key}" if isinstance(n.key, int) else n.key, "summary", n.text, None)
+                       for n in group]
+            src_tokens = sum(n.tokens for n in group)
+            target = min(budget.condensed_summary, max(32, src_tokens // 2))
+            key = f"new{len(self.new)}"
+            fast = self.fast and self.esc.model is not None
+            text, level, summarizer = self._summarise(sources, target, "condensed", focus, memory, deterministic=fast)
+            if fast:
+                self.to_upgrade.append(key)
+            tokens = estimate_text_tokens(text)
+            starts = [n.t_start for n in group if n.t_start]
+            ends = [n.t_end for n in group if n.t_end]
+            depth = max(n.depth for n in group) + 1
+            total = sum(n.n_messages for n in group)
+            self.new.append(NewSummary(key, "condensed", depth, text, tokens, src_tokens, level, summarizer,
+                                       min(starts) if starts else None, max(ends) if ends else None, total,
+                                       child_keys=[n.key for n in group]))
+            nodes[a:b] = [_Node(key, depth, tokens, text, min(starts) if starts else None,
+                                max(ends) if ends else None, total)]
+
+    def _condense_run(self, nodes: Sequence[_Node], budget: Budget) -> tuple[int, int] | None:
+        """The run to condense next, or None while the summary block fits its budget.
+
+        Condensing costs a model call, so it waits until the block is over budget; then
+        `fanin` adjacent nodes of one depth are merged, shallowest first (dag_balance.py:
+        a balanced tree, so early facts are not re-summarised once per pass). Without such
+        a run the block fits by showing nodes shorter, not by merging across depths."""
+        return next_condensation([n.depth for n in nodes], [n.tokens for n in nodes], budget.summary_block,
+                                 budget.fanin, lambda: self._block_fits(nodes, budget))
+
+    def _block_fits(self, nodes: Sequence[_Node], budget: Budget) -> bool:
+        """Does the shortest rendering of `nodes` fit the block budget?"""
+        msg = render_summary(self._records(nodes), sum(n.n_messages for n in nodes), "user",
+                             max_tokens=block_limit(budget))
+        return estimate_message_tokens(msg) <= budget.summary_block
+
+    @staticmethod
+    def _records(nodes: Sequence[_Node]) -> list[SummaryRecord]:
+        return [SummaryRecord(n.key if isinstance(n.key, int) else -1, "", "", n.depth, n.text, n.tokens,
+                              0, "", "", n.t_start, n.t_end, n.n_messages, "", None, 0.0) for n in nodes]
+
+    def _assemble(self, system: dict | None, slots: Sequence[Slot], h: int, t: int,
+                  nodes: Sequence[_Node], records: dict[int, MessageRecord]) -> tuple[list[dict[str, Any]], bool]:
+        out: list[dict[str, Any]] = [system] if system else []
+        out.extend(s.msg for s in slots[:h] if s.kind == "m" and s.msg is not None)
+        if nodes:
+            prev = slots[h - 1].role if h > 0 else None
+            nxt = next((s.role for s in slots[t:] if s.kind == "m"), None)
+            role = choose_summary_role(prev, nxt)
+            role_ok = role is not None
+            covered = sum(n.n_messages for n in nodes)
+            limit = block_limit(self.budget) if self.budget is not None else None
+            out.append(render_summary(self._records(nodes), covered, role or "user", max_tokens=limit, extra=self._continuity_text(slots, h, t)))
+        else:
+            role_ok = True
+        out.extend(s.msg for s in slots[t:] if s.kind == "m" and s.msg is not None)
+        self._changes: list[tuple[dict, dict]] = []
+        return repair(out, self._changes), role_ok
+
+    def _continuity_text(self, slots: Sequence[Slot], h: int, t: int) -> str:
+        if self._cont is None:
+            return ""
+        visible = {s.refs[0] for s in list(slots[:h]) + list(slots[t:]) if s.kind == "m"}
+        return continuity.render(continuity.with_files(*self._cont, h, t), visible, self.continuity_tokens)
+
+    def _cached_prefix_end(self, session_id: str, slots: Sequence[Slot], h: int, t: int,
+                           records: dict[int, MessageRecord], budget: Budget) -> int:
+        """Background mode: compact only what the worker already summarised, leaving the
+        rest verbatim; the over-target loop takes more only when the result would not fit."""
+        end = h
+        for kind, item, _full in plan_region(slots, h, t, records, budget.leaf_chunk):
+            if kind == "chunk":
+                if self.store.get_presummary(session_id, span_key([s.refs[0] for s in item])) is None:
+                    break
+                end = slots.index(item[-1]) + 1
+            else:
+                end = next(i for i in range(end, len(slots)) if slots[i].kind == "S") + 1
+        return end if end > h else t
+
+    def _cover_unemitted(self, slots: Sequence[Slot], h: int, t: int, output: list[dict[str, Any]],
+                         nodes: list[_Node], records: dict[int, MessageRecord]) -> set[int]:
+        """Head/tail messages that cannot be sent (orphan results, unparseable input) are
+        put under a leaf, so every stored message stays reachable from the DAG."""
+        emitted = {id(m) for m in output}
+        repaired = {id(o) for o, _ in getattr(self, "_changes", [])}
+        held = [s.refs[0] for s in list(slots[:h]) + list(slots[t:])
+                if s.kind in ("m", "x") and (s.msg is None or (id(s.msg) not in emitted and id(s.msg) not in repaired))]
+        if not held:
+            return set()
+        log.info("lcm: %d message(s) held back from the context (not valid to send); covered by a leaf", len(held))
+        leaf = next((x for x in reversed(self.new) if x.kind == "leaf"), None)
+        if leaf is not None and nodes and any(n.key == leaf.key for n in nodes):
+            leaf.message_ids.extend(held)
+            leaf.n_messages += len(held)
+            for n in nodes:
+                if n.key == leaf.key:
+                    n.n_messages += len(held)
+        else:
+            text = (f"({len(held)} message(s) held back from the context because they cannot be sent "
+                    "as they are (orphan tool results or unparseable input); stored verbatim: "
+                    + ", ".join(f"m{m}" for m in held[:20]) + ")")
+            times = [records[m].created_at for m in held if m in records]
+            key = f"new{len(self.new)}"
+            tokens = estimate_text_tokens(text)
+            self.new.append(NewSummary(key, "leaf", 0, text, tokens, tokens, "deterministic", "extractive",
+                                       min(times) if times else None, max(times) if times else None,
+                                       len(held), message_ids=held))
+            nodes.append(_Node(key, 0, tokens, text, min(times) if times else None,
+                               max(times) if times else None, len(held)))
+        return set(held)
+
+    def _record_aliases(self, slots: Sequence[Slot], output: list[dict[str, Any]]) -> None:
+        """Messages we had to repair come back from the host in that form: remember them."""
+        changes = getattr(self, "_changes", [])
+        if not changes:
+            return
+        by_obj = {id(s.msg): s.refs[0] for s in slots if s.kind == "m" and s.msg is not None}
+        pairs = [(content_ident(new), by_obj[id(orig)]) for orig, new in changes if id(orig) in by_obj]
+        self.store.add_aliases(pairs)
+
+    @staticmethod
+    def _plain(system: dict | None, slots: Sequence[Slot]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = [system] if system else []
+        out.extend(s.msg for s in slots if s.kind == "m" and s.msg is not None)
+        return out
+
+
+def block_limit(budget: Budget) -> int:
+    """Tokens the summary block's message may take."""
+    return budget.summary_block
+
+
+def shown_text(s: Slot, records: dict[int, MessageRecord]) -> str | None:
+    """The text of one message as the model is shown it (a stub or an exploration summary for
+    a represented message), the size leaf chunks are planned by; None: not summarisable."""
+    rec = records.get(s.refs[0])
+    if s.kind == "x" or rec is None or rec.role in ("invalid", "unknown"):
+        return None
+    if rec.large and rec.exploration:
+        return rec.exploration
+    return _limited(rec.text)
+
+
+def source_text(s: Slot, records: dict[int, MessageRecord]) -> str | None:
+    """What a summariser is sent of one message: the digest of what the model is shown
+    (None: not summarisable, stored verbatim only)."""
+    rec = records.get(s.refs[0])
+    if s.kind == "x" or rec is None or rec.role in ("invalid", "unknown"):
+        return None
+    if rec.large and rec.exploration:
+        # A stub is cut further (its head/tail lines); an exploration summary goes in whole.
+        return digest(rec.role, rec.raw, rec.text, f"m{rec.id}", rec.exploration) if is_stub(rec.exploration) \
+            else rec.exploration
+    return _limited(digest(rec.role, rec.raw, rec.text, f"m{rec.id}"))
+
+
+def _limited(text: str) -> str:
+    if len(text) > SOURCE_TEXT_LIMIT:
+        half = SOURCE_TEXT_LIMIT // 2
+        text = text[:half] + f"\n…[{len(text) - SOURCE_TEXT_LIMIT} chars omitted]…\n" + text[-half:]
+    return text
+
+
+def plan_region(slots: Sequence[Slot], a: int, b: int, records: dict[int, MessageRecord],
+                leaf_chunk: int) -> list[tuple[str, Any, bool]]:
+    """The region's items in order: ("S", node ids, _) for existing summaries and
+    ("chunk", slots, full) for leaf chunks bounded in source tokens. Deterministic, so the
+    background worker and compress() cut the same chunks; `full` chunks are stable."""
+    out: list[tuple[str, Any, bool]] = []
+    chunk: list[Slot] = []
+    used = 0
+    for ga, gb in groups(list(slots[a:b])):
+        grp = list(slots[a + ga: a + gb])
+        if grp[0].kind == "S":
+            if chunk:
+                out.append(("chunk", chunk, False))
+            chunk, used = [], 0
+            out.append(("S", list(grp[0].refs), True))
+            continue
+        for s in grp:
+            # Chunks are cut by what the model is shown, not by the (smaller) digest a
+            # summariser is sent: a leaf stands for as much of the context as before.
+            text = shown_text(s, records)
+            st = estimate_text_tokens(text) if text else 1
+            if chunk and used + st > leaf_chunk:
+                out.append(("chunk", chunk, True))
+                chunk, used = [], 0
+            chunk.append(s)
+            used += st
+    if chunk:
+        out.append(("chunk", chunk, False))
+    return out
+
+
+def show_representations(slots: list[Slot], records: dict[int, MessageRecord]) -> None:
+    """Slots of huge messages and tier-0 stubs show their representation (and its size):
+    what the model is shown, and what a pass plans its chunks by."""
+    for s in slots:
+        if s.kind != "m":
+            continue
+        rec = records.get(s.refs[0])
+        if rec is not None and rec.large and rec.exploration and s.msg is not None:
+            rep = large_representation(s.msg, rec.id, rec.tokens, rec.exploration)
+            s.msg = rep
+            s.tokens = estimate_message_tokens(rep)
+
+
+def span_key(message_ids: Sequence[int]) -> str:
+    """Identity of a leaf's span: the exact stored messages it covers, in order."""
+    data = ",".join(str(m) for m in message_ids).encode()
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def _safe(fn: Callable[[], bool]) -> bool:
+    try:
+        return bool(fn())
+    except Exception:
+        return False

@@ -1,0 +1,397 @@
+"""Tier 0: old tool results shown as stubs before any summary is made.
+
+Before a pass calls a model, each tool result outside the recent window (the newest N
+results, or the newest T tokens of the context) is shown as a *stub*: the tool name and
+arguments, the size, the head and tail lines, the error lines (all of them: an error is
+never cut below its error lines), fact lines (paths, ids, numbers) and the type-aware
+sketch of `explore`. The original stays verbatim in the store, one `lcm_expand` away.
+
+A stub is made once and persisted as the message's representation (the store's
+`set_representation`, the same column that holds a huge message's exploration summary),
+so every later pass, `select_context` and the summariser see the very same text: the
+provider's prompt cache keeps hitting, and leaves summarise what the model was shown.
+"""
+
+from __future__ import annotations
+
+import bisect
+import copy
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from .assemble import STUB_MARK, Slot, large_representation, repair
+from ..messages import content_ident
+from ..records import MessageRecord
+from ..tokens import estimate_message_tokens, estimate_messages_tokens, estimate_text_tokens
+
+
+_LINE_CAP = 240  # chars shown of a head/tail/fact line
+_ERROR_LINE_CAP = 2000  # an error line is kept whole up to this (then marked as cut)
+_ERROR_RE = re.compile(
+    r"Traceback \(most recent call last\)|(?:Error|Exception)[:(]|\berror[:\[]|\bERROR\b|\bFATAL\b|"
+    r"\bfatal:|\bpanic:|\bFAILED\b|\bFAIL\b|\bfailed\b|exit (?:code|status) [1-9]|Segmentation fault|"
+    r"\bERR_[A-Z0-9_]+")
+_PATH_RE = re.compile(r"(?<![\w/.-])(?:\.{0,2}/)?(?:[\w.-]+/)+[\w.-]+|\b[\w-]+\.(?:py|js|ts|tsx|go|rs|java|c|h|cpp|"
+                      r"md|json|ya?ml|toml|sh|sql|txt|cfg|ini|lock|html|css)\b")
+_ID_RE = re.compile(r"\b[A-Z][A-Z0-9]*(?:[-_][A-Z0-9]+)+\b|\b[0-9a-f]{7,40}\b|"
+                    r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
+_NUM_RE = re.compile(r"(?<![\w.])\d[\d,_.]*\d(?![\w.])|(?<![\w.])\d(?![\w.])")
+_EXIT_KEYS = ("exit_code", "returncode", "return_code", "status_code")
+
+
+@dataclass(frozen=True)
+class StubPolicy:
+    """What tier 0 keeps verbatim, and how big a stub may be."""
+
+    enabled: bool = True
+    keep_results: int = 6  # the newest N tool results stay verbatim
+    keep_tokens: int = 8000  # ... and so does every tool result within the newest T tokens
+    min_tokens: int = 60  # results smaller than this are never stubbed (a stub would not pay)
+    stub_tokens: int = 250  # size of a stub (error lines may exceed it: they are never cut)
+    head_lines: int = 2
+    tail_lines: int = 2
+    redact: bool = True  # secrets out of the stub (it stands in the model's context like a summary)
+
+
+def stub_policy(cfg: Any) -> StubPolicy:
+    """The policy an LCMConfig asks for."""
+    return StubPolicy(bool(cfg.tool_stubs), int(cfg.tool_stub_keep_results), int(cfg.tool_stub_keep_tokens),
+                      int(cfg.tool_stub_min_tokens), int(cfg.tool_stub_tokens), redact=bool(cfg.redact))
+
+
+# -- making one stub ------------------------------------------------------------------------
+
+
+def _body_text(content: str) -> tuple[str, list[str]]:
+    """The text whose lines are shown, and extra fact lines (a JSON result's exit code and
+    error fields): a tool that wraps its output in JSON has the lines in one string field."""
+    facts: list[str] = []
+    stripped = content.lstrip()
+    if not stripped.startswith("{") or len(content) > 4_000_000:
+        return content, facts
+    try:
+        data = json.loads(content)
+    except ValueError:
+        return content, facts
+    if not isinstance(data, dict):
+        return content, facts
+    for k in _EXIT_KEYS:
+        v = data.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            facts.append(f"{k}: {v}")
+    for k in ("error", "stderr"):
+        v = data.get(k)
+        if isinstance(v, str) and v.strip():
+            facts.extend(f"{k}: {ln}" for ln in v.strip().splitlines()[:50])
+    strings = [(len(v), k, v) for k, v in data.items() if isinstance(v, str)]
+    if strings:
+        _, key, longest = max(strings)
+        if longest.count("\n") >= 2 or len(longest) > len(content) // 2:
+            return longest, facts
+    return content, facts
+
+
+def _cap(line: str, limit: int = _LINE_CAP) -> str:
+    line = line.rstrip()
+    return line if len(line) <= limit else line[: limit - 1] + "\u2026"
+
+
+def error_lines(lines: Sequence[str]) -> list[tuple[int, str]]:
+    """(line number, line) of every error line; a Python traceback is kept whole (its frames
+    up to the exception line), because the frames are what the agent needs to act on it."""
+    # One regex scan over the joined text (not one per line): this runs on every old tool
+    # result of a first pass, before the first model call, inside the host's silence budget.
+    text = "\n".join(ln[:4000] for ln in lines)
+    starts = [0]
+    for ln in lines[:-1]:
+        starts.append(starts[-1] + min(len(ln), 4000) + 1)
+    hits = sorted({bisect.bisect_right(starts, m.start()) - 1 for m in _ERROR_RE.finditer(text)})
+    out: list[tuple[int, str]] = []
+    n, done = len(lines), -1
+    for i in hits:
+        if i <= done:
+            continue
+        line = lines[i]
+        if "Traceback (most recent call last)" in line:
+            j = i + 1
+            while j < n and (lines[j].startswith((" ", "\t")) or not lines[j].strip()):
+                j += 1
+            end = min(n, j + 1)  # the exception line itself
+            out.extend((k + 1, _cap(lines[k], _ERROR_LINE_CAP)) for k in range(i, end) if lines[k].strip())
+            done = end - 1
+            continue
+        out.append((i + 1, _cap(line, _ERROR_LINE_CAP)))
+        done = i
+    return out
+
+
+def _facts(text: str, budget_chars: int, code: bool = False) -> list[str]:
+    """Distinct paths, ids and numbers of the text, in order of first appearance, bounded.
+    Numbers of fewer than three digits (line numbers, counters) are left out; so are all
+    numbers of source code, where they are mostly line numbers and constants."""
+    sample = text if len(text) <= 400_000 else text[:200_000] + "\n" + text[-200_000:]
+    out: list[str] = []
+    for label, rx, limit in (("paths", _PATH_RE, 16), ("ids", _ID_RE, 16), ("numbers", _NUM_RE, 16)):
+        if label == "numbers" and code:
+            continue
+        seen: dict[str, None] = {}
+        for m in rx.finditer(sample):
+            v = m.group(0).strip(".,")
+            if label == "numbers" and sum(ch.isdigit() for ch in v) < 3:
+                continue
+            if len(v) < 2:
+                continue
+            if v not in seen:
+                seen[v] = None
+                if len(seen) >= limit:
+                    break
+        if seen:
+            out.append(_cap(f"{label}: " + ", ".join(_cap(v, 120) for v in seen), max(60, budget_chars // 3)))
+    return out
+
+
+def _call_text(call: tuple[str, str] | None) -> str:
+    if call is None:
+        return "tool: (unknown call)"
+    name, args = call
+    args = " ".join(args.split())
+    return f"tool: {name}({_cap(args, 160)})"
+
+
+def _same_line(a: str, b: str) -> bool:
+    """Lines that show the same source line (with or without an "L12 " prefix)."""
+    strip = lambda x: re.sub(r"^\s*L\d+\s+", "", x).strip()  # noqa: E731
+    return strip(a) == strip(b)
+
+
+def make_stub(content: str, call: tuple[str, str] | None, policy: StubPolicy, tokens: int | None = None) -> str:
+    """The stub of one tool result (deterministic: same input, same text).
+
+    Its size is `policy.stub_tokens` at most and a quarter of the original for a small one,
+    except that error lines are never cut: an error result keeps every error line.
+    """
+    body, json_facts = _body_text(content)
+    lines = body.split("\n")
+    n_lines = len(lines) - (1 if body.endswith("\n") else 0)
+    hint = _path_hint(call)
+    from ..summarizers.explore import detect_kind, explore  # (first stub: keeps the plugin's load light)
+
+    kind = detect_kind(body[:8192], hint)
+    code = kind.startswith("code:")
+    errs = [] if code else error_lines(lines)  # in source code, "raise ValueError" is no error
+    orig_tokens = tokens if tokens is not None else estimate_text_tokens(content)
+    budget = min(policy.stub_tokens, max(32, orig_tokens // 4)) * 4
+    header = (f"{STUB_MARK} {_call_text(call)} · {kind}, {len(content):,} chars, {n_lines:,} lines, "
+              f"~{orig_tokens:,} tokens{' · ERROR' if errs or _failed(json_facts) else ''}")
+    parts = [header]
+    if json_facts:
+        parts.extend(_cap(f, _ERROR_LINE_CAP) for f in json_facts)
+    if errs:
+        # Never cut: all error lines, whatever the budget (a stub that hides an error misleads).
+        parts.append(f"error lines ({len(errs)}):")
+        parts.extend(f"  L{no} {ln}" for no, ln in errs)
+    room = budget - sum(len(p) + 1 for p in parts)
+    nonempty = [(i + 1, ln) for i, ln in enumerate(lines) if ln.strip()]
+    head = nonempty[: policy.head_lines]
+    tail = [x for x in (nonempty[-policy.tail_lines:] if policy.tail_lines else []) if x not in head]
+    err_nos = {no for no, _ in errs}
+    optional: list[str] = []
+    optional.extend(_facts(body, max(120, room // 2), code))
+    if head:
+        optional.append("head:")
+        optional.extend(f"  L{no} {_cap(ln)}" for no, ln in head if no not in err_nos)
+    if tail:
+        optional.append("tail:")
+        optional.extend(f"  L{no} {_cap(ln)}" for no, ln in tail if no not in err_nos)
+    for line in optional:
+        if line.endswith(":") and not line.startswith(" "):
+            if len(line) + 1 + 40 > room:
+                continue  # a section label without room for a line says nothing
+        elif len(line) + 1 > room:
+            continue
+        parts.append(line)
+        room -= len(line) + 1
+    if parts[-1] in ("head:", "tail:"):
+        parts.pop()
+    if room > 240:
+        # The type-aware sketch (JSON shape, code definitions, log levels…), minus what we have.
+        sketch = explore(body, max_tokens=max(50, room // 4), hint=hint)
+        for line in sketch.split("\n")[1:]:
+            if not line.strip() or line.endswith(":") or any(_same_line(line, p) for p in parts):
+                continue
+            if len(line) + 1 > room:
+                break
+            parts.append(line)
+            room -= len(line) + 1
+    return "\n".join(parts)
+
+
+def _failed(json_facts: Sequence[str]) -> bool:
+    return any(f.startswith(("error:", "stderr:")) or (f.split(": ", 1)[-1] not in ("0", "0.0", "200")
+                                                        and f.startswith(_EXIT_KEYS)) for f in json_facts)
+
+
+def _path_hint(call: tuple[str, str] | None) -> str | None:
+    """A file name from the call's arguments (what `explore` classifies by), else the tool name."""
+    if call is None:
+        return None
+    name, args = call
+    try:
+        data = json.loads(args)
+    except (ValueError, TypeError):
+        data = None
+    if isinstance(data, dict):
+        for k in ("path", "file_path", "filename", "file"):
+            v = data.get(k)
+            if isinstance(v, str) and v:
+                return v
+    return name
+
+
+def is_stub(exploration: str | None) -> bool:
+    return bool(exploration) and exploration.startswith(STUB_MARK)  # type: ignore[union-attr]
+
+
+# -- choosing what to stub --------------------------------------------------------------------
+
+
+def _calls_by_id(slots: Sequence[Slot]) -> dict[str, tuple[str, str]]:
+    out: dict[str, tuple[str, str]] = {}
+    for s in slots:
+        msg = s.msg
+        if s.kind != "m" or not s.call_ids or not isinstance(msg, Mapping):
+            continue
+        for tc in msg.get("tool_calls") or ():
+            if not isinstance(tc, Mapping) or not isinstance(tc.get("id"), str):
+                continue
+            fn = tc.get("function") if isinstance(tc.get("function"), Mapping) else {}
+            args = fn.get("arguments")
+            if not isinstance(args, str):
+                try:
+                    args = json.dumps(args, ensure_ascii=False, sort_keys=True)
+                except (TypeError, ValueError):
+                    args = str(args)
+            out[tc["id"]] = (str(fn.get("name") or "?"), args)
+    return out
+
+
+def candidates(slots: Sequence[Slot], policy: StubPolicy, start: int = 0) -> list[int]:
+    """Indexes of tool-result slots (from `start`) old enough to be stubbed: outside the
+    newest `keep_results` results and the newest `keep_tokens` tokens, and big enough."""
+    out: list[int] = []
+    results = used = 0
+    for i in range(len(slots) - 1, start - 1, -1):
+        s = slots[i]
+        if s.kind != "m":
+            used += s.tokens
+            continue
+        recent = results < policy.keep_results or used < policy.keep_tokens
+        used += s.tokens
+        if s.role != "tool":
+            continue
+        results += 1
+        if not recent and (s.text_tokens or s.tokens) >= policy.min_tokens:
+            out.append(i)
+    out.reverse()
+    return out
+
+
+def apply_stubs(store: Any, slots: list[Slot], records: dict[int, MessageRecord], policy: StubPolicy,
+                start: int = 0) -> int:
+    """Stub the old tool results of `slots` in place (and persist each new stub once).
+
+    Returns how many slots are shown as stubs now. A result already shown by a
+    representation (a huge message, or a stub of an earlier pass) keeps it unchanged;
+    a stub not clearly smaller than its original is not made.
+    """
+    if not policy.enabled:
+        return 0
+    calls: dict[str, tuple[str, str]] | None = None
+    made: list[tuple[int, str]] = []
+    shown = 0
+    for i in candidates(slots, policy, start):
+        s = slots[i]
+        rec = records.get(s.refs[0])
+        if rec is None or s.msg is None or rec.role != "tool":
+            continue
+        if rec.large and rec.exploration:
+            continue  # already represented (compaction shows it)
+        if calls is None:
+            calls = _calls_by_id(slots)
+        content = rec.raw.get("content") if isinstance(rec.raw, Mapping) else None
+        text = content if isinstance(content, str) else rec.text
+        stub = make_stub(text, calls.get(s.result_for or ""), policy, rec.tokens)
+        if policy.redact:
+            from ..summarizers.redact import redact  # (first stub: keeps the plugin's load light)
+
+            stub = redact(stub)  # its fact lines keep `KEY=value` lines whole: never a secret's value
+        rep = large_representation(s.msg, rec.id, rec.tokens, stub)
+        if estimate_message_tokens(rep) * 10 > rec.tokens * 7:
+            continue  # would save under 30%: not worth hiding the original
+        made.append((rec.id, stub))
+    if made:
+        applied = store.set_representations(made)
+        for mid, stub in made:
+            rec = records[mid]
+            if mid in applied:
+                rec.large, rec.exploration = True, stub
+            else:  # another pass stubbed it first: use what the store holds
+                fresh = store.get_messages([mid]).get(mid)
+                if fresh is not None:
+                    records[mid] = fresh
+    for i in range(start, len(slots)):
+        s = slots[i]
+        if s.kind == "m" and s.role == "tool":
+            rec = records.get(s.refs[0])
+            if rec is not None and rec.large and is_stub(rec.exploration):
+                shown += 1
+    return shown
+
+
+def swap_stubs(host: list[Any], originals: Sequence[Any], slots: Sequence[Slot],
+               store: Any = None) -> list[dict[str, Any]] | None:
+    """The host's own list with only the messages whose slot is now shown differently (a
+    stub) replaced; every other message, our summary block included, byte for byte as the
+    host holds it, then made valid (`repair`). None when nothing changed. A message that
+    had to be repaired (an assistant whose calls are not answered yet) is recorded as an
+    alias of its stored original, so it is recognised when the host sends it back."""
+    swap = {id(o): s.msg for o, s in zip(originals, slots) if o is not None and s.msg is not o}
+    if not swap:
+        return None
+    changes: list[tuple[dict, dict]] = []
+    out = repair([swap.get(id(m), m) for m in host], changes)
+    if len(out) != len(host):
+        return None  # repair had to hold messages back: a full pass covers them by a leaf
+    if changes and store is not None:
+        by_obj = {id(o): s.refs[0] for o, s in zip(originals, slots) if o is not None and s.kind == "m"}
+        by_obj.update({id(s.msg): s.refs[0] for s in slots if s.kind == "m" and s.msg is not None})
+        store.add_aliases([(content_ident(new), by_obj[id(orig)]) for orig, new in changes if id(orig) in by_obj])
+    return out
+
+
+PRUNE_MIN_RECLAIM = 2000  # tokens a host-triggered prune must save (each commit breaks the prompt cache)
+
+
+def prune(store: Any, slots: list[Slot], host: list[Any], policy: StubPolicy) -> tuple[list[Any], int]:
+    """The host's `prune_tool_results_only`: tier 0 alone, no model call. Returns the host's
+    list itself and 0 unless new stubs save at least PRUNE_MIN_RECLAIM tokens."""
+    if not policy.enabled:
+        return host, 0
+    slots = [copy.copy(s) for s in slots]  # (the engine may keep the ingest's slots for its next call)
+    records = store.get_messages([s.refs[0] for s in slots if s.kind == "m"])
+    originals = [s.msg for s in slots]
+    apply_stubs(store, slots, records, policy)
+    n = 0
+    for s in slots:
+        rec = records.get(s.refs[0]) if s.kind == "m" else None
+        if rec is not None and rec.large and rec.exploration and s.msg is not None:
+            rep = large_representation(s.msg, rec.id, rec.tokens, rec.exploration)
+            if rep.get("content") != s.msg.get("content"):
+                s.msg = rep
+                n += 1
+    out = swap_stubs(host, originals, slots, store)
+    if out is None or estimate_messages_tokens(host) - estimate_messages_tokens(out) < PRUNE_MIN_RECLAIM:
+        return host, 0
+    return out, n

@@ -1,0 +1,12 @@
+"""Search: the query model, candidate search and ranking, shared by both stores and the tools.
+
+* `query`      — a plain-language or identifier query planned into terms, phrases, LIKE
+                 patterns and a bounded regex (what each store's search implements);
+* `textsearch` — lcm_grep's text-mode candidate search: relax the query step by step instead
+                 of scoring every match;
+* `ranking`    — re-ranking candidates with what the DAG knows (covering summary, neighbours,
+                 speaker, time);
+* `originals`  — originals first: hits inside summaries traced back to the messages they cover.
+
+Search never crosses conversation lineages unless configured (the stores scope every query).
+"""

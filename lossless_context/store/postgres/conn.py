@@ -1,0 +1,311 @@
+"""PostgreSQL store connections: the pools, one-transaction writes with retries, migrations
+and the advisory compaction lock (the mixin :class:`~.postgres.PostgresStore` is built on).
+
+psycopg 3 with a small ``psycopg_pool.ConnectionPool`` (autocommit), opened on first use,
+never at construction; migrations run then, once per process, serialised across processes
+and hosts by ``pg_advisory_xact_lock``. A forked child opens its own pools.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import random
+import re
+import threading
+import time
+import weakref
+from typing import Any, Callable, Iterator, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from ..base import StoreError
+from .migrations import MIGRATION_LOCK_KEY, MIGRATIONS, OPTIONAL
+
+try:  # optional dependency: `pip install lossless-context[postgres]`
+    import psycopg
+    from psycopg import errors as pg_errors
+    from psycopg_pool import ConnectionPool, PoolTimeout
+except ImportError:  # pragma: no cover - reported when the store is first used
+    psycopg = None  # type: ignore[assignment]
+    pg_errors = None  # type: ignore[assignment]
+    ConnectionPool = None  # type: ignore[assignment,misc]
+    PoolTimeout = Exception  # type: ignore[assignment,misc]
+
+log = logging.getLogger("lossless_context.store")
+
+T = TypeVar("T")
+
+POOL_MIN, POOL_MAX = 1, 4
+LOCK_POOL_MAX = 16
+# Hot-path limits: the engine runs inside the host's turn loop, and the store circuit
+# breaker (store_guard.py) makes every call fail fast for a cool-down after one timeout.
+CONNECT_TIMEOUT = 5.0  # seconds to reach the server
+POOL_TIMEOUT = 5.0  # seconds to wait for a free (or re-established) pooled connection
+STATEMENT_TIMEOUT_MS = 60_000  # one statement; a server that accepts and never answers
+_SESSION_OPTIONS = f"-c statement_timeout={STATEMENT_TIMEOUT_MS}"
+WRITE_RETRIES = 6
+
+
+def _lock_key(namespace: str, name: str) -> int:
+    """A signed 64-bit advisory-lock key, the same on every host and server version."""
+    data = namespace.encode() + b"\x00" + name.encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big", signed=True)
+
+
+def _mask_dsn(dsn: str) -> str:
+    """The DSN without its password (it shows in stats and logs)."""
+    try:
+        parts = urlsplit(dsn)
+        if parts.password is not None:
+            user, host = parts.netloc.rsplit("@", 1)[0].split(":", 1)[0], parts.netloc.rsplit("@", 1)[1]
+            parts = parts._replace(netloc=f"{user}:***@{host}")
+        query = re.sub(r"(?i)(^|&)(password=)[^&]*", r"\1\2***", parts.query)
+        return urlunsplit(parts._replace(query=query))
+    except (ValueError, IndexError):
+        return re.sub(r":[^:@/]*@", ":***@", dsn)
+
+
+IDLE_CHECK_SECONDS = 2.0  # a pooled connection idle longer than this is checked before use
+_returned: "weakref.WeakKeyDictionary[Any, float]" = weakref.WeakKeyDictionary()
+
+
+def _mark_returned(conn: Any) -> None:
+    """Pool reset hook: remember when the connection was last handed back."""
+    _returned[conn] = time.monotonic()
+
+
+def _check_if_idle(conn: Any) -> None:
+    """Pool check hook: a round trip (``check_connection``) only for a connection that sat
+    idle for a while (a server restart or an idle timeout may have ended it); a connection
+    in steady use is handed out as is, saving a round trip on every store call. A call
+    that still meets a dead connection fails with StoreError; the pool drops that one."""
+    last = _returned.get(conn)
+    if last is None or time.monotonic() - last > IDLE_CHECK_SECONDS:
+        ConnectionPool.check_connection(conn)
+
+
+class PostgresConnections:
+    """Connection handling for the PostgreSQL store."""
+
+    location: str
+
+    def __init__(self, location: str, *, pool_max: int = POOL_MAX) -> None:
+        self._dsn = location
+        self.location = _mask_dsn(location)
+        self._pool_max = max(POOL_MIN, int(pool_max))
+        self._pool: Any = None
+        self._lock_pool: Any = None
+        self._pool_lock = threading.Lock()
+        self._pid = os.getpid()
+
+    # -- connections ----------------------------------------------------------------
+
+    def _pools(self) -> tuple[Any, Any]:
+        pool, lock_pool = self._pool, self._lock_pool
+        if pool is not None and lock_pool is not None and self._pid == os.getpid():
+            return pool, lock_pool
+        with self._pool_lock:
+            if self._pid != os.getpid():
+                # A forked child must not touch the parent's sockets (closing them would end
+                # the parent's sessions): forget the inherited pools and open new ones.
+                self._pool = self._lock_pool = None
+                self._pid = os.getpid()
+            if self._pool is None:
+                if psycopg is None:
+                    raise StoreError(
+                        "the PostgreSQL store needs psycopg 3 and psycopg-pool: "
+                        "pip install 'lossless-context[postgres]'")
+                # Connect and migrate directly first: an unreachable server fails fast and
+                # clearly here instead of inside the pool's background reconnect loop.
+                with self._connect_once() as conn:
+                    try:
+                        self._migrate(conn)
+                    except psycopg.Error as exc:
+                        raise StoreError(f"cannot migrate store {self.location}: {str(exc).strip()}") from exc
+                self._pool = self._new_pool(POOL_MIN, self._pool_max, "lcm")
+                self._lock_pool = self._new_pool(0, LOCK_POOL_MAX, "lcm-locks")
+                opened = True
+            else:
+                opened = False
+            pools = (self._pool, self._lock_pool)
+        if opened:
+            self._on_open()
+        return pools
+
+    def _on_open(self) -> None:
+        """Called once the pools are open (the store starts its background work here)."""
+
+    def _connect_once(self) -> Any:
+        kwargs: dict[str, Any] = self._conn_kwargs()
+        try:
+            if "connect_timeout" not in psycopg.conninfo.conninfo_to_dict(self._dsn):
+                kwargs["connect_timeout"] = int(CONNECT_TIMEOUT)
+        except psycopg.ProgrammingError as exc:
+            raise StoreError(f"invalid store DSN {self.location}: {exc}") from exc
+        try:
+            return psycopg.connect(self._dsn, **kwargs)
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot open store {self.location}: {str(exc).strip()}") from exc
+
+    def _conn_kwargs(self) -> dict[str, Any]:
+        """Connection parameters for every connection: autocommit, and the connect and
+        statement timeouts unless the DSN sets its own."""
+        kwargs: dict[str, Any] = {"autocommit": True}
+        try:
+            given = psycopg.conninfo.conninfo_to_dict(self._dsn)
+        except psycopg.ProgrammingError:
+            return kwargs
+        if "connect_timeout" not in given:
+            kwargs["connect_timeout"] = int(CONNECT_TIMEOUT)
+        if "options" not in given:
+            kwargs["options"] = _SESSION_OPTIONS
+        return kwargs
+
+    def _new_pool(self, min_size: int, max_size: int, name: str) -> Any:
+        # Opened without waiting: the server was just reached; the pool fills in the background.
+        pool = ConnectionPool(
+            self._dsn, min_size=min_size, max_size=max_size, open=False, name=name,
+            kwargs=self._conn_kwargs(), check=_check_if_idle, reset=_mark_returned,
+            timeout=POOL_TIMEOUT, num_workers=1,
+        )
+        pool.open(wait=False)
+        return pool
+
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[Any]:
+        pool, _ = self._pools()
+        try:
+            with pool.connection() as conn:
+                yield conn
+        except PoolTimeout as exc:
+            raise StoreError(f"store {self.location}: no connection available: {exc}") from exc
+        except psycopg.OperationalError as exc:
+            if isinstance(exc, pg_errors.TransactionRollback):
+                raise
+            raise StoreError(f"store {self.location}: {exc}") from exc
+
+    def maintenance_connection(self) -> contextlib.AbstractContextManager[Any]:
+        """A pooled connection for the SQL checks of operations (`lcm doctor`): reads only;
+        changes go through the store's own methods."""
+        return self._connection()
+
+    def read_sql(self, fn: Callable[[Any], T]) -> T:
+        """`fn(connection)` for the SQL of operations (export, doctor): reads only."""
+        return self._read(fn)
+
+    def write_sql(self, fn: Callable[[Any], T]) -> T:
+        """`fn(connection)` in one transaction, for operations that write rows as they are
+        (import): the store's own methods are used for everything else."""
+        return self._write(fn)
+
+    def _read(self, fn: Callable[[Any], T]) -> T:
+        with self._connection() as conn:
+            return fn(conn)
+
+    def _write(self, fn: Callable[[Any], T]) -> T:
+        """Run `fn(conn)` in one transaction; deadlocks and serialisation failures retry."""
+        if pg_errors is None:  # psycopg missing: the install hint, not an AttributeError below
+            self._pools()
+        for attempt in range(WRITE_RETRIES):
+            try:
+                with self._connection() as conn:
+                    with conn.transaction():
+                        return fn(conn)
+            except pg_errors.TransactionRollback as exc:  # rolled back: safe to run again
+                if attempt == WRITE_RETRIES - 1:
+                    raise StoreError(f"store {self.location}: {exc}") from exc
+                time.sleep(0.01 * (2 ** attempt) * (1 + random.random()))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _migrate(self, conn: Any) -> None:
+        def pending() -> list[str]:
+            done: set[str] = set()
+            if conn.execute("SELECT to_regclass('lcm_migrations')").fetchone()[0] is not None:
+                done = {r[0] for r in conn.execute("SELECT name FROM lcm_migrations")}
+            return [name for name, _ in MIGRATIONS if name not in done]
+
+        if not pending():
+            return
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS lcm_migrations"
+                " (name TEXT PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)")
+            todo = set(pending())  # re-read under the lock: another process may have migrated
+            for name, sql in MIGRATIONS:
+                if name not in todo:
+                    continue
+                if name in OPTIONAL:
+                    try:
+                        with conn.transaction():  # a savepoint
+                            conn.execute(sql)
+                            conn.execute("INSERT INTO lcm_migrations(name, applied_at) VALUES (%s, %s)",
+                                         (name, time.time()))
+                    except psycopg.Error as exc:
+                        log.warning("lcm store %s: optional migration %s skipped: %s",
+                                    self.location, name, str(exc).strip())
+                        continue
+                else:
+                    conn.execute(sql)
+                    conn.execute("INSERT INTO lcm_migrations(name, applied_at) VALUES (%s, %s)",
+                                 (name, time.time()))
+                log.info("lcm store %s: applied migration %s", self.location, name)
+
+    def applied_migrations(self) -> list[str]:
+        return self._read(lambda c: [r[0] for r in c.execute("SELECT name FROM lcm_migrations ORDER BY name")])
+
+    def close(self) -> None:
+        self._drop_pools(timeout=5.0)
+
+    def reset_connections(self) -> None:
+        """After an outage: drop the pools. The next call then connects directly (it fails
+        fast and clearly, or the store is back at once) instead of waiting on a pool's
+        reconnect back-off, and no pool keeps retrying (and logging) in the background."""
+        self._drop_pools(timeout=0.0)
+
+    def _drop_pools(self, timeout: float) -> None:
+        with self._pool_lock:
+            pools, self._pool, self._lock_pool = (self._pool, self._lock_pool), None, None
+        for p in pools:
+            if p is not None:
+                try:
+                    p.close(timeout=timeout)
+                except Exception:  # pragma: no cover - closing must not raise
+                    pass
+
+    @contextlib.contextmanager
+    def compaction_lock(self, session_id: str, timeout: float) -> Iterator[bool]:
+        """A session-level advisory lock on a dedicated connection: works across threads,
+        processes and hosts, and the server releases it if the holder's connection dies."""
+        _, lock_pool = self._pools()
+        key = _lock_key("lcm.compaction", session_id)
+        try:
+            conn = lock_pool.getconn()
+        except PoolTimeout as exc:
+            raise StoreError(f"store {self.location}: no connection for the compaction lock: {exc}") from exc
+        acquired = False
+        try:
+            deadline = time.monotonic() + max(0.0, timeout)
+            try:
+                while True:
+                    if conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]:
+                        acquired = True
+                        break
+                    if time.monotonic() >= deadline:
+                        break
+                    time.sleep(0.02)
+            except psycopg.OperationalError as exc:
+                raise StoreError(f"store {self.location}: compaction lock failed: {exc}") from exc
+            yield acquired
+        finally:
+            clean = True
+            if acquired:
+                try:
+                    clean = bool(conn.execute("SELECT pg_advisory_unlock(%s)", (key,)).fetchone()[0])
+                except psycopg.Error:
+                    clean = False
+            if not clean:
+                conn.close()  # never hand a connection that may still hold the lock to anyone
+            lock_pool.putconn(conn)

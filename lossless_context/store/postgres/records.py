@@ -1,0 +1,100 @@
+"""Retracted messages, fork points and forgetting, for the PostgreSQL store (a mixin of
+:class:`~.postgres.PostgresStore`; the interface is documented on :class:`~.base.Store`)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence
+
+from .text import pg_text as _t
+
+
+class PostgresRecords:
+    _read: Callable[..., Any]
+    _write: Callable[..., Any]
+    _write_context: Callable[..., None]
+
+    def retract_messages(self, message_ids: Sequence[int]) -> int:
+        if not message_ids:
+            return 0
+        ids = [int(i) for i in message_ids]
+        return self._write(lambda c: c.execute(
+            "INSERT INTO message_retractions(message_id, retracted_at) SELECT u, %s FROM unnest(%s::bigint[]) u"
+            " ON CONFLICT DO NOTHING", (time.time(), ids)).rowcount)
+
+    def restore_messages(self, message_ids: Sequence[int]) -> int:
+        if not message_ids:
+            return 0
+        ids = [int(i) for i in message_ids]
+        return self._write(lambda c: c.execute("DELETE FROM message_retractions WHERE message_id = ANY(%s)",
+                                               (ids,)).rowcount)
+
+    def retracted(self, message_ids: Sequence[int]) -> set[int]:
+        if not message_ids:
+            return set()
+        ids = [int(i) for i in message_ids]
+        return self._read(lambda c: {r[0] for r in c.execute(
+            "SELECT message_id FROM message_retractions WHERE message_id = ANY(%s)", (ids,))})
+
+    def set_fork_point(self, session_id: str) -> None:
+        self._write(lambda c: c.execute(
+            "UPDATE sessions SET fork_message_id=(SELECT COALESCE(MAX(id), 0) FROM messages),"
+            " fork_summary_id=(SELECT COALESCE(MAX(id), 0) FROM summaries)"
+            " WHERE id=%s AND fork_message_id IS NULL", (_t(session_id),)))
+
+    def fork_point(self, session_id: str) -> tuple[int, int] | None:
+        row = self._read(lambda c: c.execute("SELECT fork_message_id, fork_summary_id FROM sessions WHERE id=%s",
+                                             (_t(session_id),)).fetchone())
+        return (int(row[0]), int(row[1] or 0)) if row and row[0] is not None else None
+
+    def session_message_ids(self, session_id: str) -> list[int]:
+        return self._read(lambda c: [r[0] for r in c.execute(
+            "SELECT id FROM messages WHERE session_id=%s ORDER BY id", (_t(session_id),))])
+
+    def session_summary_ids(self, session_id: str) -> list[int]:
+        return self._read(lambda c: [r[0] for r in c.execute(
+            "SELECT id FROM summaries WHERE session_id=%s ORDER BY id", (_t(session_id),))])
+
+    def summaries_over(self, message_ids: Sequence[int], summary_ids: Sequence[int]) -> set[int]:
+        m, s = [int(i) for i in message_ids], [int(i) for i in summary_ids]
+
+        def run(c: Any) -> set[int]:
+            out = {r[0] for r in c.execute("SELECT DISTINCT summary_id FROM summary_messages"
+                                           " WHERE message_id = ANY(%s)", (m,))}
+            out.update(r[0] for r in c.execute("SELECT DISTINCT parent_id FROM summary_parents"
+                                               " WHERE child_id = ANY(%s)", (s,)))
+            return out
+
+        return self._read(run)
+
+    def forget_records(self, session_ids: Sequence[str], message_ids: Sequence[int], summary_ids: Sequence[int],
+                       contexts: dict[str, list[tuple[str, int]]]) -> dict[str, int]:
+        x = [_t(s) for s in session_ids]
+        m, s = [int(i) for i in message_ids], [int(i) for i in summary_ids]
+
+        def tx(c: Any) -> dict[str, int]:
+            for sid, items in contexts.items():
+                if _t(sid) not in x:
+                    self._write_context(c, _t(sid), items)
+            c.execute("DELETE FROM context_items WHERE session_id = ANY(%s) OR message_id = ANY(%s)"
+                      " OR summary_id = ANY(%s)", (x, m, s))
+            c.execute("DELETE FROM staged_passes WHERE session_id = ANY(%s)", (x,))
+            c.execute("DELETE FROM presummaries WHERE session_id = ANY(%s)", (x,))
+            c.execute("DELETE FROM summary_parents WHERE parent_id = ANY(%s) OR child_id = ANY(%s)", (s, s))
+            c.execute("DELETE FROM summary_messages WHERE summary_id = ANY(%s) OR message_id = ANY(%s)", (s, m))
+            n_s = c.execute("DELETE FROM summaries WHERE id = ANY(%s)", (s,)).rowcount
+            c.execute("DELETE FROM message_aliases WHERE message_id = ANY(%s)", (m,))
+            c.execute("DELETE FROM message_absorbed WHERE message_id = ANY(%s)", (m,))
+            c.execute("DELETE FROM message_retractions WHERE message_id = ANY(%s)", (m,))
+            c.execute("UPDATE messages SET supersedes=NULL WHERE supersedes = ANY(%s)", (m,))
+            n_m = c.execute("DELETE FROM messages WHERE id = ANY(%s)", (m,)).rowcount
+            for _ in range(len(x) + 1):
+                if not c.execute("UPDATE sessions SET parent_id=(SELECT p.parent_id FROM sessions p"
+                                 " WHERE p.id=sessions.parent_id) WHERE parent_id = ANY(%s)"
+                                 " AND NOT (id = ANY(%s))", (x, x)).rowcount:
+                    break
+            c.execute("UPDATE sessions SET parent_id=NULL WHERE parent_id = ANY(%s)", (x,))
+            n_x = c.execute("DELETE FROM sessions WHERE id = ANY(%s)", (x,)).rowcount
+            return {"sessions": n_x, "messages": n_m, "summaries": n_s}
+
+        return self._write(tx)

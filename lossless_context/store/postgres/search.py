@@ -1,0 +1,345 @@
+"""Search over the PostgreSQL store: tsvector full text, CJK bigrams, ILIKE substrings, bounded regex.
+
+A mixin of :class:`~lossless_context.store.postgres.store.PostgresStore` (it uses the store's
+``_read``); kept apart so each module holds one job.
+
+Messages are full-text indexed after their commit (``postgres_index.py``): every message
+search reads ``message_index`` and, in the same statement, the rows still listed in
+``message_index_pending`` with their tsvector computed on the fly, so it sees every committed
+message whatever the indexer is doing. Summaries keep a generated ``tsv`` column.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any, Callable, Sequence
+
+from ..base import StoreError
+from .text import pg_text as _t
+
+try:  # optional dependency: `pip install lossless-context[postgres]`
+    import psycopg
+except ImportError:  # pragma: no cover - reported when the store is first used
+    psycopg = None  # type: ignore[assignment]
+
+# The scripts the CJK bigram index holds (the ranges of migration 008's lcm_cjk_grams).
+_CJK_RE = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\u3040-\u30ff]+")
+# A pending row's tsvector: the stored one of a row from before migration 008, else computed.
+_PENDING_TSV = "COALESCE(t.tsv, lcm_tsvector(t.text))"
+# A listed row, looked up by id for each listed id (OFFSET 0 keeps the planner from pushing the
+# tsvector test down into a scan of every message: only listed rows are ever computed).
+_PENDING_ROW = "(SELECT * FROM messages m WHERE m.id = p.message_id OFFSET 0) t"
+STATS_FLOOR = 1000  # a term estimated above this many matches is counted from the statistics
+STATS_SECONDS = 60.0  # how long the statistics read are reused
+MAX_ID_SECONDS = 2.0  # how long max_row_id's answer is reused
+
+
+def cjk_bigrams(s: str) -> list[str]:
+    """The bigrams of a CJK run, as lcm_cjk_grams stores them (a lone character as itself)."""
+    return sorted({s[i:i + 2] for i in range(max(1, len(s) - 1))})
+
+
+class PostgresSearch:
+    """term_counts, max_row_id and search of the PostgreSQL store."""
+
+    _read: Callable[[Callable[[Any], Any]], Any]  # PostgresStore's: run fn(conn) on a pooled connection
+
+    # (tsquery input → whether the english configuration keeps any of its words)
+    _useful_cache: dict[str, bool]
+
+    def term_counts(self, target: str, plans: Sequence[Any], cap: int, newest: int | None = None) -> list[int]:
+        items = [getattr(p, "pg_tsquery", None) for p in plans]
+        todo = [(k, _t(s)) for k, s in enumerate(items) if s]
+        out = [0] * len(items)
+        if not todo:
+            return out
+        total = self.max_row_id(target)
+        floor = total - newest if newest is not None else None
+        if target == "messages":
+            todo = self._counts_from_stats(todo, out, cap, total, newest)
+            if not todo:
+                return out
+        win = floor is not None
+        if target == "messages":
+            count = (
+                "(SELECT count(*) FROM (SELECT 1 FROM message_index x WHERE x.tsv @@ q.q"
+                + (" AND x.id > %s" if win else "")
+                + " LIMIT %s) a) + (SELECT count(*) FROM (SELECT 1 FROM message_index_pending p"
+                " CROSS JOIN LATERAL " + _PENDING_ROW + " WHERE " + _PENDING_TSV + " @@ q.q"
+                + (" AND p.message_id > %s" if win else "") + " LIMIT %s) b)"
+            )
+            count_args: tuple[Any, ...] = (floor, cap + 1, floor, cap + 1) if win else (cap + 1, cap + 1)
+        else:
+            count = ("(SELECT count(*) FROM (SELECT 1 FROM summaries x WHERE x.tsv @@ q.q"
+                     + (" AND x.id > %s" if win else "") + " LIMIT %s) a)")
+            count_args = (floor, cap + 1) if win else (cap + 1,)
+        # Each query a constant of its own part of the statement, so the planner sees its terms.
+        one = "SELECT %s::int, LEAST(" + count + ", %s) FROM to_tsquery('english', %s) AS q(q)"
+
+        def one_args(k: int, s: str) -> tuple[Any, ...]:
+            return (k, *count_args, cap + 1, s)
+
+        def run(c: Any) -> None:
+            try:  # all plans in one round trip (autocommit: a failure leaves nothing open)
+                rows = c.execute(" UNION ALL ".join(one for _ in todo),
+                                 [a for k, s in todo for a in one_args(k, s)]).fetchall()
+                for k, n in rows:
+                    out[k] = n
+                return
+            except (psycopg.DataError, psycopg.ProgrammingError):
+                pass
+            for k, s in todo:  # a refused operand (rare: plan_query quotes them) alone
+                try:
+                    out[k] = c.execute(one, one_args(k, s)).fetchone()[1]
+                except (psycopg.DataError, psycopg.ProgrammingError):
+                    out[k] = cap + 1
+
+        self._read(run)
+        return out
+
+    def _counts_from_stats(self, todo: list[tuple[int, str]], out: list[int], cap: int, total: int,
+                           newest: int | None) -> list[tuple[int, str]]:
+        """Fill ``out`` for the single-lexeme queries the planner statistics know to be common
+        (counting them would walk thousands of matches; a capped count of a common term is
+        ``cap + 1``, and a windowed one the term's frequency times the window). The rest."""
+        freqs = self._lexeme_freqs()
+        if not freqs:
+            return todo
+        span = newest if newest is not None else total
+        rest = []
+        for k, s in todo:
+            lex = self._single_lexeme(s)
+            f = freqs.get(lex) if lex is not None else None
+            est = f * span if f is not None else 0.0
+            # (a windowed count is only asked for terms known to be common: the estimate is it)
+            if f is not None and (newest is not None or est > min(cap, STATS_FLOOR)):
+                out[k] = min(cap + 1, max(1, round(est)))
+            else:
+                rest.append((k, s))
+        return rest
+
+    def _lexeme_freqs(self) -> dict[str, float]:
+        """lexeme → fraction of indexed messages holding it, for the most common lexemes
+        (ANALYZE's statistics of message_index.tsv; refreshed once a minute)."""
+        cached = self.__dict__.get("_freqs")
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < STATS_SECONDS:
+            return cached[1]
+        row = self._read(lambda c: c.execute(
+            "SELECT most_common_elems::text::text[], most_common_elem_freqs FROM pg_catalog.pg_stats"
+            " WHERE schemaname = current_schema() AND tablename = 'message_index' AND attname = 'tsv'").fetchone())
+        freqs: dict[str, float] = {}
+        if row and row[0] and row[1]:
+            freqs = dict(zip(row[0], row[1]))  # (the frequencies carry 3 trailing summary values)
+        self.__dict__["_freqs"] = (now, freqs)
+        return freqs
+
+    def _single_lexeme(self, tsq: str) -> str | None:
+        """The lexeme a one-operand tsquery input parses to (None for anything else); cached."""
+        cache = self.__dict__.setdefault("_lexeme_cache", {})
+        if tsq not in cache:
+            try:
+                n, text = self._read(lambda c: c.execute(
+                    "SELECT numnode(q), q::text FROM to_tsquery('english', %s) AS q", (tsq,)).fetchone())
+            except (psycopg.DataError, psycopg.ProgrammingError):
+                n, text = 0, ""
+            if len(cache) > 4096:
+                cache.clear()
+            cache[tsq] = text[1:-1].replace("''", "'") if n == 1 and text.startswith("'") and text.endswith("'") else None
+        return cache[tsq]
+
+    def max_row_id(self, target: str) -> int:
+        # A size estimate read several times per search: reused for MAX_ID_SECONDS (this
+        # process's own appends refresh it at once: forget_max_row_id).
+        table = "messages" if target == "messages" else "summaries"
+        cache = self.__dict__.setdefault("_max_ids", {})
+        hit = cache.get(table)
+        now = time.monotonic()
+        if hit is not None and now - hit[0] < MAX_ID_SECONDS:
+            return hit[1]
+        n = self._read(lambda c: c.execute(f"SELECT COALESCE(MAX(id), 0) FROM {table}").fetchone()[0])
+        cache[table] = (now, n)
+        return n
+
+    def forget_max_row_id(self) -> None:
+        self.__dict__.pop("_max_ids", None)
+
+    def _useful(self, c: Any, tsq: str) -> bool:
+        cache = self.__dict__.setdefault("_useful_cache", {})
+        hit = cache.get(tsq)
+        if hit is None:
+            hit = bool(c.execute("SELECT numnode(to_tsquery('english', %s))", (tsq,)).fetchone()[0])
+            if len(cache) > 4096:
+                cache.clear()
+            cache[tsq] = hit
+        return hit
+
+    def search(
+        self,
+        target: str,
+        session_ids: Sequence[str] | None,
+        plan: Any,
+        *,
+        mode: str = "fts",
+        regex: Any = None,
+        role: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        under_summary: int | None = None,
+        limit: int = 10,
+        offset: int = 0,
+        order: str = "rank",
+    ) -> list[dict[str, Any]]:
+        is_msg = target == "messages"
+        table = "messages" if is_msg else "summaries"
+        where: list[str] = []
+        params: list[Any] = []
+        with_sql = ""
+        with_params: list[Any] = []
+        if session_ids is not None:
+            where.append("t.session_id = ANY(%s::text[])")
+            params.append([_t(s) for s in session_ids])
+        if not is_msg:
+            where.append("t.state='published'")
+        if role and is_msg:
+            where.append("t.role=%s")
+            params.append(_t(role))
+        tcol = "created_at" if is_msg else "t_end"
+        if since is not None:
+            where.append(f"t.{tcol} >= %s")
+            params.append(since)
+        if until is not None:
+            where.append(f"t.{tcol} <= %s")
+            params.append(until)
+        if under_summary is not None:
+            with_sql = (
+                "WITH RECURSIVE sub(id) AS (SELECT %s::bigint UNION SELECT sp.child_id FROM summary_parents sp"
+                " JOIN sub ON sp.parent_id = sub.id) "
+            )
+            with_params.append(int(under_summary))
+            if is_msg:
+                where.append("t.id IN (SELECT message_id FROM summary_messages WHERE summary_id IN (SELECT id FROM sub))")
+            else:
+                where.append("t.id IN (SELECT id FROM sub)")
+        cols = f"t.id, t.session_id, {'t.role' if is_msg else chr(39) + 'summary' + chr(39)}, t.{tcol}, t.text"
+        and_where = "".join(f" AND {w}" for w in where)
+        keys = ("id", "session_id", "role", "created_at", "text", "rank")
+        top = int(limit) + int(offset)
+
+        if mode == "fts":
+            tsq = getattr(plan, "pg_tsquery", None)
+            if not tsq:
+                return []
+            tsq = _t(tsq)
+
+            def fts(c: Any) -> list[tuple]:
+                # The english configuration drops stop words; a query made only of them (the
+                # plan keeps them when nothing else is left) is matched word for word instead,
+                # as SQLite's FTS5 (which keeps every word) would. That scan reads the text of
+                # every row, so it sees unindexed rows too.
+                if not self._useful(c, tsq):
+                    vec = "to_tsvector('simple', t.text)"
+                    score = f"-ts_rank_cd({vec}, q.q, 1)::float8" if order == "rank" else "0.0::float8"
+                    sql = (
+                        f"{with_sql}SELECT {cols}, {score} AS rank FROM {table} t,"
+                        f" to_tsquery('simple', %s) AS q(q) WHERE {vec} @@ q.q{and_where}"
+                        + (" ORDER BY rank, t.id DESC" if order == "rank" else " ORDER BY t.id DESC")
+                        + " LIMIT %s OFFSET %s"
+                    )
+                    return c.execute(sql, (*with_params, tsq, *params, limit, offset)).fetchall()
+                if not is_msg:
+                    score = "-ts_rank_cd(t.tsv, q.q, 1)::float8" if order == "rank" else "0.0::float8"
+                    sql = (
+                        f"{with_sql}SELECT {cols}, {score} AS rank FROM summaries t,"
+                        f" to_tsquery('english', %s) AS q(q) WHERE t.tsv @@ q.q{and_where}"
+                        + (" ORDER BY rank, t.id DESC" if order == "rank" else " ORDER BY t.id DESC")
+                        + " LIMIT %s OFFSET %s"
+                    )
+                    return c.execute(sql, (*with_params, tsq, *params, limit, offset)).fetchall()
+                ranked = order == "rank"
+                main_score = "-ts_rank_cd(x.tsv, q.q, 1)::float8" if ranked else "0.0::float8"
+                pend_score = "-ts_rank_cd(v.tsv, q.q, 1)::float8" if ranked else "0.0::float8"
+                sql = (
+                    f"{with_sql}SELECT * FROM (("
+                    f"SELECT {cols}, {main_score} AS rank FROM message_index x JOIN messages t ON t.id = x.id,"
+                    f" to_tsquery('english', %s) AS q(q) WHERE x.tsv @@ q.q{and_where}"
+                    + (" ORDER BY rank, x.id DESC" if ranked else " ORDER BY x.id DESC") + " LIMIT %s"
+                    f") UNION ALL ("
+                    f"SELECT {cols}, {pend_score} AS rank FROM message_index_pending p"
+                    f" CROSS JOIN LATERAL {_PENDING_ROW}"
+                    f" CROSS JOIN LATERAL (SELECT {_PENDING_TSV} AS tsv OFFSET 0) v,"
+                    f" to_tsquery('english', %s) AS q(q) WHERE v.tsv @@ q.q{and_where}"
+                    + (" ORDER BY rank, t.id DESC" if ranked else " ORDER BY t.id DESC") + " LIMIT %s"
+                    ")) u" + (" ORDER BY rank, id DESC" if ranked else " ORDER BY id DESC") + " LIMIT %s OFFSET %s"
+                )
+                return c.execute(sql, (*with_params, tsq, *params, top, tsq, *params, top, limit, offset)).fetchall()
+
+            try:
+                rows = self._read(fts)
+            except (psycopg.DataError, psycopg.ProgrammingError) as exc:  # a tsquery the server refuses
+                raise StoreError(f"search failed: {exc}") from exc
+        elif mode == "substring":
+            subs = [_t(s) for s in (getattr(plan, "substrings", ()) or ()) if _t(s)]
+            if not subs:
+                return []
+            from ...search.query import like_pattern
+
+            if is_msg and all(len(x) >= 2 and _CJK_RE.fullmatch(x) for x in subs):
+                # CJK runs: the bigram index of messages holding CJK text (message_index.cjk)
+                # narrows the rows a LIKE checks; still-listed rows are checked directly.
+                ors = " OR ".join("(x.cjk @> %s::text[] AND t.text LIKE %s ESCAPE '\\')" for _ in subs)
+                pors = " OR ".join("t.text LIKE %s ESCAPE '\\'" for _ in subs)
+                sub_args = [a for s in subs for a in (cjk_bigrams(s), like_pattern(s))]
+                sql = (
+                    f"{with_sql}SELECT * FROM (("
+                    f"SELECT {cols}, 0.0::float8 AS rank FROM message_index x JOIN messages t ON t.id = x.id"
+                    f" WHERE x.cjk IS NOT NULL AND ({ors}){and_where} ORDER BY x.id DESC LIMIT %s"
+                    f") UNION ALL ("
+                    f"SELECT {cols}, 0.0::float8 AS rank FROM message_index_pending p"
+                    f" CROSS JOIN LATERAL {_PENDING_ROW} WHERE ({pors}){and_where} ORDER BY t.id DESC LIMIT %s"
+                    ")) u ORDER BY id DESC LIMIT %s OFFSET %s"
+                )
+                rows = self._read(lambda c: c.execute(sql, (
+                    *with_params, *sub_args, *params, top, *[like_pattern(s) for s in subs], *params, top,
+                    limit, offset)).fetchall())
+                return [dict(zip(keys, r)) for r in rows]
+            ors = " OR ".join("t.text ILIKE %s ESCAPE '\\'" for _ in subs)
+            sql = (
+                f"{with_sql}SELECT {cols}, 0.0::float8 FROM {table} t WHERE ({ors}){and_where}"
+                " ORDER BY t.id DESC LIMIT %s OFFSET %s"
+            )
+            rows = self._read(lambda c: c.execute(
+                sql, (*with_params, *[like_pattern(s) for s in subs], *params, limit, offset)).fetchall())
+        elif mode == "regex" and regex is not None:
+            from ...search.query import regex_search_bounded
+
+            sql = (
+                f"{with_sql}SELECT {cols}, 0.0::float8 FROM {table} t"
+                + (" WHERE " + " AND ".join(where) if where else "")
+                + " ORDER BY t.id DESC LIMIT %s"
+            )
+
+            def scan(c: Any) -> list[tuple]:
+                out: list[tuple] = []
+                found = 0
+                deadline = time.monotonic() + 2.0  # regex search is bounded in time
+                with c.transaction():  # a server-side cursor streams rows instead of loading all
+                    with c.cursor(name="lcm_regex_scan") as cur:
+                        cur.itersize = 256
+                        cur.execute(sql, (*with_params, *params, 200_000))
+                        for row in cur:
+                            if time.monotonic() > deadline:
+                                break
+                            if regex_search_bounded(regex, row[4]) is not None:
+                                if found >= offset:
+                                    out.append(row)
+                                found += 1
+                                if len(out) >= limit:
+                                    break
+                return out
+
+            rows = self._read(scan)
+        else:
+            rows = []
+        return [dict(zip(keys, r)) for r in rows]

@@ -1,0 +1,782 @@
+"""PostgreSQL store: the same behaviour as :class:`~.sqlite.SQLiteStore`, for shared or
+multi-host deployments (``lcm.store: postgresql://user@host/db``).
+
+* Connections, migrations and the compaction lock live in :mod:`.postgres_conn`, search in
+  :mod:`.postgres_search`.
+* psycopg 3 with a small :class:`psycopg_pool.ConnectionPool` (1–4 connections, autocommit),
+  opened on first use, never at construction; migrations run then, once per process,
+  serialised across processes and hosts by ``pg_advisory_xact_lock``.
+* Every write method is one transaction (``with conn.transaction()``): a crashed host
+  leaves nothing half-written. Writes that touch a session first lock its ``sessions``
+  row (``FOR NO KEY UPDATE``), which serialises writers per session exactly as SQLite's
+  single writer does globally (``seq`` allocation, context versions, publish), and keeps
+  message ids increasing in commit order within a session. Deadlocks are retried.
+* ``raw`` is TEXT holding the JSON string byte for byte (never JSONB). PostgreSQL rejects
+  NUL characters and unpaired surrogates in text: other text values are cleaned exactly
+  like :func:`~lossless_context.messages.clean_text` (which SQLite applies to message and
+  summary text); JSON escapes both, so ``raw`` needs nothing.
+* Full-text search: a generated ``tsv`` column (``to_tsvector('english', text)``) with a GIN
+  index, queried with ``to_tsquery('english', plan.pg_tsquery)`` and ranked with
+  ``ts_rank_cd``; ``rank`` is the negated score so SMALLER is better, like SQLite's bm25.
+  Substring search uses ``ILIKE … ESCAPE '\\'`` (trigram-indexed when ``pg_trgm`` exists).
+* ``compaction_lock`` is a session-level advisory lock held on a dedicated connection from
+  a separate small pool (so lock holders never starve the data pool); the server drops it
+  if the holder's connection dies.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from ...messages import safe_json
+from ..owners import pass_owner
+from ...records import ContextEntry, MessageRecord, NewMessage, NewSummary, StagedPass, SummaryRecord
+from ..base import Store, StoreError, resolve_keys, resolve_new_refs, with_appended
+from .text import pg_text as _t
+from .conn import WRITE_RETRIES, PostgresConnections
+from .costs import PostgresCosts
+from .index import PostgresIndexer
+from .records import PostgresRecords
+from .repair import PostgresRepairs
+from .search import PostgresSearch
+from .versions import VersionCache, cache_for, peek
+
+log = logging.getLogger("lossless_context.store")
+
+_MSG_COLS = "id, session_id, seq, uid, ident, role, raw, text, tokens, created_at, large, exploration"
+_SUM_COLS = (
+    "id, session_id, kind, depth, text, tokens, source_tokens, level, summarizer, "
+    "t_start, t_end, n_messages, state, pass_id, created_at"
+)
+_TABLES = ("sessions", "messages", "message_absorbed", "message_aliases", "summaries", "summary_messages",
+           "summary_parents", "context_items", "staged_passes", "presummaries", "lcm_migrations")
+
+
+def _msg(row: tuple) -> MessageRecord:
+    try:
+        raw = json.loads(row[6])
+    except ValueError:
+        raw = row[6]
+    return MessageRecord(
+        id=row[0], session_id=row[1], seq=row[2], uid=row[3], ident=row[4], role=row[5],
+        raw=raw, text=row[7], tokens=row[8], created_at=row[9], large=bool(row[10]),
+        exploration=row[11],
+    )
+
+
+def _sum(row: tuple) -> SummaryRecord:
+    return SummaryRecord(*row)
+
+
+_TOUCHED = threading.local()  # sessions whose context version this thread's transaction bumped
+
+
+def _touched() -> list[str]:
+    t = getattr(_TOUCHED, "sids", None)
+    if t is None:
+        t = _TOUCHED.sids = []
+    return t
+
+
+class PostgresStore(PostgresRecords, PostgresSearch, PostgresCosts, PostgresRepairs, PostgresConnections, Store):
+    kind = "postgresql"
+
+    def __init__(self, location: str, *, background_index: bool = True, **kwargs: Any) -> None:
+        """``background_index=False``: this store never indexes by itself (tools and tests
+        index with :meth:`index_pending_batch` / :meth:`wait_indexed`; searches still see
+        every committed message)."""
+        super().__init__(location, **kwargs)
+        self._indexer = PostgresIndexer(self._write, self._read, self.location)
+        self._background_index = bool(background_index)
+        self._version_cache: tuple[int, VersionCache] | None = None
+
+    def _write(self, fn: Callable[[Any], Any]) -> Any:
+        touched = _touched()
+        mark = len(touched)
+        try:
+            return super()._write(fn)
+        finally:
+            # After the commit (or the rollback): this process's next read sees the new version.
+            sids, touched[mark:] = touched[mark:], []
+            cache = peek(self._dsn) if sids else None
+            for sid in sids if cache is not None else ():
+                cache.forget(sid)
+
+    def _versions(self) -> VersionCache:
+        held = self._version_cache
+        if held is None or held[0] != os.getpid():
+            cache = cache_for(self._dsn, self._conn_kwargs())
+            cache.acquire()
+            held = self._version_cache = (os.getpid(), cache)
+        return held[1]
+
+    def version_listener_ready(self, timeout: float = 0.0) -> bool:
+        """Whether context versions are being kept by LISTEN/NOTIFY (starts the listener)."""
+        return self._versions().wait_ready(timeout)
+
+    def cached_context_version(self, session_id: str) -> int:
+        """The context version, from the LISTEN/NOTIFY cache when it has it (no query)."""
+        cache = self._versions()
+        sid = _t(session_id)
+        v = cache.get(sid)
+        if v is None:
+            v = self.context_version(session_id)
+            cache.note(sid, v)
+        return v
+
+    def _on_open(self) -> None:
+        if self._background_index:
+            self._indexer.kick()  # a backlog another process left behind
+
+    def index_missing(self) -> int:
+        """Messages neither in the full-text index nor listed for it (0 unless damaged)."""
+        return self._read(lambda c: c.execute(
+            "SELECT count(*) FROM messages m WHERE NOT EXISTS (SELECT 1 FROM message_index x WHERE x.id = m.id)"
+            " AND NOT EXISTS (SELECT 1 FROM message_index_pending p WHERE p.message_id = m.id)").fetchone()[0])
+
+    def repair_index(self) -> int:
+        """List every message missing from the full-text index and index them; how many."""
+        n = self._write(lambda c: c.execute(
+            "INSERT INTO message_index_pending(message_id) SELECT m.id FROM messages m"
+            " WHERE NOT EXISTS (SELECT 1 FROM message_index x WHERE x.id = m.id)"
+            " ON CONFLICT DO NOTHING").rowcount)
+        self._indexer.wait_indexed()
+        return n
+
+    def has_trigram_index(self) -> bool:
+        """Whether the optional pg_trgm migration is applied (substring search over
+        summaries uses it; without it that search scans)."""
+        return "002_trigram" in self.applied_migrations()
+
+    def wait_indexed(self) -> None:
+        self._indexer.wait_indexed()
+
+    def index_pending_batch(self, batch: int = 256) -> list[int]:
+        """Index one batch of committed, not yet indexed messages; the ids this call indexed.
+        (The background indexer does this by itself; for tools and tests.)"""
+        return self._indexer.index_batch(batch)
+
+    def close(self) -> None:
+        self._indexer.close()
+        held, self._version_cache = self._version_cache, None
+        if held is not None and held[0] == os.getpid():
+            held[1].release()
+        super().close()
+
+    @staticmethod
+    def _lock_sessions(c: Any, *session_ids: str | None) -> dict[str, int]:
+        """Lock these sessions' rows (sorted, so concurrent writers never deadlock);
+        returns id → context_version of the rows that exist."""
+        ids = sorted({_t(s) for s in session_ids if s is not None})
+        rows = c.execute(
+            "SELECT id, context_version FROM sessions WHERE id = ANY(%s::text[]) ORDER BY id FOR NO KEY UPDATE",
+            (ids,),
+        ).fetchall()
+        return {r[0]: r[1] for r in rows}
+
+    # -- sessions ----------------------------------------------------------------------
+
+    def ensure_session(
+        self,
+        session_id: str,
+        *,
+        parent_id: str | None = None,
+        conversation_id: str | None = None,
+        platform: str | None = None,
+        model: str | None = None,
+        boundary_reason: str | None = None,
+    ) -> None:
+        now = time.time()
+        sid = _t(session_id)
+        pid = _t(parent_id) if parent_id and parent_id != session_id else None
+        if pid == sid:
+            pid = None
+
+        def tx(c: Any) -> None:
+            if pid:
+                c.execute(
+                    "INSERT INTO sessions(id, created_at, updated_at) VALUES (%s, %s, %s) ON CONFLICT (id) DO NOTHING",
+                    (pid, now, now),
+                )
+            c.execute(
+                "INSERT INTO sessions(id, parent_id, conversation_id, platform, model, created_at, updated_at,"
+                " boundary_reason) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+                " ON CONFLICT (id) DO UPDATE SET"
+                " parent_id = COALESCE(sessions.parent_id, EXCLUDED.parent_id),"
+                " conversation_id = COALESCE(sessions.conversation_id, EXCLUDED.conversation_id),"
+                " platform = COALESCE(EXCLUDED.platform, sessions.platform),"
+                " model = COALESCE(EXCLUDED.model, sessions.model),"
+                " updated_at = EXCLUDED.updated_at,"
+                " boundary_reason = COALESCE(EXCLUDED.boundary_reason, sessions.boundary_reason)",
+                (sid, pid, _t(conversation_id), _t(platform), _t(model), now, now, _t(boundary_reason)),
+            )
+
+        self._write(tx)
+
+    def get_session(self, session_id: str) -> dict[str, Any] | None:
+        row = self._read(lambda c: c.execute(
+            "SELECT id, parent_id, conversation_id, platform, model, created_at, updated_at,"
+            " context_version, compactions, last_compaction_at, boundary_reason FROM sessions WHERE id=%s",
+            (_t(session_id),),
+        ).fetchone())
+        if row is None:
+            return None
+        keys = ("id", "parent_id", "conversation_id", "platform", "model", "created_at", "updated_at",
+                "context_version", "compactions", "last_compaction_at", "boundary_reason")
+        return dict(zip(keys, row))
+
+    def list_sessions(self) -> list[dict[str, Any]]:
+        rows = self._read(lambda c: c.execute(
+            "SELECT s.id, s.parent_id, s.conversation_id, s.created_at, s.updated_at, s.compactions,"
+            " s.last_compaction_at,"
+            " (SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id),"
+            " (SELECT COUNT(*) FROM summaries x WHERE x.session_id = s.id AND x.state='published'),"
+            " s.boundary_reason FROM sessions s ORDER BY s.created_at, s.id"
+        ).fetchall())
+        keys = ("id", "parent_id", "conversation_id", "created_at", "updated_at", "compactions",
+                "last_compaction_at", "messages", "summaries", "boundary_reason")
+        return [dict(zip(keys, r)) for r in rows]
+
+    def lineage(self, session_id: str) -> list[str]:
+        # The walk of the original per-session queries, with each session's row fetched
+        # together with its whole conversation (every tool call runs this: one or two round
+        # trips instead of one per session).
+        def run(c: Any) -> list[str]:
+            rows: dict[str, tuple[str | None, str | None]] = {}
+            members: dict[str, list[str]] = {}
+
+            def load(sid: str) -> None:
+                got = c.execute(
+                    "SELECT o.id, o.parent_id, o.conversation_id FROM sessions s JOIN sessions o"
+                    " ON o.id = s.id OR (s.conversation_id IS NOT NULL AND o.conversation_id = s.conversation_id)"
+                    " WHERE s.id = %s ORDER BY o.created_at, o.id", (sid,)).fetchall()
+                conv = next((r[2] for r in got if r[0] == sid), None)
+                for oid, parent, oconv in got:
+                    rows[oid] = (parent, oconv)
+                if conv is not None:
+                    members[conv] = [r[0] for r in got if r[2] == conv]
+
+            seen: list[str] = []
+            frontier = [_t(session_id)]
+            conv_done: set[str] = set()
+            while frontier:
+                sid = frontier.pop()
+                if sid in seen:
+                    continue
+                seen.append(sid)
+                if sid not in rows:
+                    load(sid)
+                row = rows.get(sid)
+                if row is None:
+                    continue
+                if row[0]:
+                    frontier.append(row[0])
+                if row[1] and row[1] not in conv_done:
+                    conv_done.add(row[1])
+                    if row[1] not in members:
+                        load(sid)
+                    frontier.extend(members.get(row[1], []))
+            return seen
+
+        return self._read(run)
+
+    # -- messages -------------------------------------------------------------------------
+
+    def append_messages(self, session_id: str, rows: Iterable[NewMessage],
+                        context: Sequence[tuple[str, int]] | None = None,
+                        context_known: tuple[int, int] | None = None,
+                        on_ids: Callable[[list[int]], None] | None = None) -> list[int]:
+        rows = list(rows)  # may be lazy; a retried transaction needs them again
+        if not rows:
+            if on_ids is not None:
+                on_ids([])
+            return []
+        sid = _t(session_id)
+
+        def tx(c: Any) -> list[int]:
+            self._lock_sessions(c, sid)  # one writer per session: seq and id order are safe
+            seq = c.execute("SELECT COALESCE(MAX(seq), -1) FROM messages WHERE session_id=%s", (sid,)).fetchone()[0]
+            params = []
+            for r in rows:
+                seq += 1
+                params.append((sid, seq, _t(r.uid), _t(r.ident), _t(r.role), _t(safe_json(r.raw)), _t(r.text),
+                               r.tokens, r.created_at, r.supersedes, bool(r.large), _t(r.exploration)))
+            ids: list[int] = []
+            with c.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO messages(session_id, seq, uid, ident, role, raw, text, tokens, created_at,"
+                    " supersedes, large, exploration) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) RETURNING id",
+                    params, returning=True,
+                )
+                while True:
+                    ids.append(cur.fetchone()[0])
+                    if not cur.nextset():
+                        break
+                absorbed = [(mid, _t(u)) for mid, r in zip(ids, rows) for u in r.absorbed]
+                if absorbed:
+                    cur.executemany(
+                        "INSERT INTO message_absorbed(message_id, uid) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                        absorbed,
+                    )
+            c.execute("UPDATE sessions SET updated_at=%s WHERE id=%s", (time.time(), sid))
+            if context is not None:
+                known = 0
+                if context_known is not None and c.execute(
+                        "SELECT context_version FROM sessions WHERE id=%s", (sid,)).fetchone() == (context_known[0],):
+                    known = context_known[1]
+                self._write_context(c, sid, resolve_new_refs(context, ids, known), known)
+            return ids
+
+        ids = self._write(tx)
+        self.forget_max_row_id()
+        if self._background_index:
+            self._indexer.kick()  # full-text index them off the commit path (postgres_index.py)
+        if on_ids is not None:
+            on_ids(ids)  # (after the commit: a retried transaction may give other ids)
+        return ids
+
+    def get_messages(self, ids: Sequence[int]) -> dict[int, MessageRecord]:
+        ids = list(dict.fromkeys(int(i) for i in ids))
+        if not ids:
+            return {}
+        rows = self._read(lambda c: c.execute(
+            f"SELECT {_MSG_COLS} FROM messages WHERE id = ANY(%s::bigint[])", (ids,)).fetchall())
+        return {r[0]: _msg(r) for r in rows}
+
+    def log_after(self, session_ids: Sequence[str], after_id: int, limit: int) -> list[tuple[int, str, str | None]]:
+        if not session_ids:
+            return []
+        rows = self._read(lambda c: c.execute(
+            "SELECT id, ident, uid FROM messages WHERE session_id = ANY(%s::text[]) AND id > %s ORDER BY id LIMIT %s",
+            ([_t(s) for s in session_ids], after_id, limit),
+        ).fetchall())
+        return [tuple(r) for r in rows]
+
+    def find_uid(self, session_ids: Sequence[str], uid: str) -> tuple[int, str] | None:
+        row = self._read(lambda c: c.execute(
+            "SELECT id, ident FROM messages WHERE uid=%s AND session_id = ANY(%s::text[]) ORDER BY id DESC LIMIT 1",
+            (_t(uid), [_t(s) for s in session_ids]),
+        ).fetchone())
+        return (row[0], row[1]) if row else None
+
+    def find_ident(self, session_id: str, ident: str, after_id: int) -> tuple[int, str | None] | None:
+        row = self._read(lambda c: c.execute(
+            "SELECT id, uid FROM messages WHERE session_id=%s AND ident=%s AND id>%s ORDER BY id LIMIT 1",
+            (_t(session_id), _t(ident), int(after_id)),
+        ).fetchone())
+        return (row[0], row[1]) if row else None
+
+    def add_aliases(self, pairs: Sequence[tuple[str, int]]) -> None:
+        if not pairs:
+            return
+        rows = [(_t(ident), int(mid)) for ident, mid in pairs]
+
+        def tx(c: Any) -> None:
+            with c.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO message_aliases(ident, message_id) VALUES (%s, %s) ON CONFLICT DO NOTHING", rows)
+
+        self._write(tx)
+
+    def set_representations(self, pairs: Sequence[tuple[int, str]]) -> set[int]:
+        if not pairs:
+            return set()
+        rows = [(_t(text), int(mid)) for mid, text in pairs]
+
+        def tx(c: Any) -> set[int]:
+            done: set[int] = set()
+            with c.cursor() as cur:
+                for text, mid in rows:
+                    cur.execute("UPDATE messages SET large=TRUE, exploration=%s WHERE id=%s AND NOT large", (text, mid))
+                    if cur.rowcount:
+                        done.add(mid)
+            return done
+
+        return self._write(tx)
+
+    def aliases_for(self, message_ids: Sequence[int]) -> dict[str, int]:
+        ids = list(dict.fromkeys(int(i) for i in message_ids))
+        if not ids:
+            return {}
+        rows = self._read(lambda c: c.execute(
+            "SELECT ident, message_id FROM message_aliases WHERE message_id = ANY(%s::bigint[])"
+            " ORDER BY message_id, ident", (ids,)).fetchall())
+        return {r[0]: r[1] for r in rows}
+
+    def session_messages(self, session_id: str, after_seq: int = -1, limit: int = 1000) -> list[MessageRecord]:
+        rows = self._read(lambda c: c.execute(
+            f"SELECT {_MSG_COLS} FROM messages WHERE session_id=%s AND seq>%s ORDER BY seq LIMIT %s",
+            (_t(session_id), after_seq, limit),
+        ).fetchall())
+        return [_msg(r) for r in rows]
+
+    def iter_all_messages(self, batch: int = 1000) -> Iterator[MessageRecord]:
+        last = 0
+        while True:
+            rows = self._read(lambda c: c.execute(
+                f"SELECT {_MSG_COLS} FROM messages WHERE id>%s ORDER BY id LIMIT %s", (last, batch)).fetchall())
+            if not rows:
+                return
+            for r in rows:
+                yield _msg(r)
+            last = rows[-1][0]
+
+    # -- active context -----------------------------------------------------------------------
+
+    def context_version(self, session_id: str) -> int:
+        row = self._read(lambda c: c.execute(
+            "SELECT context_version FROM sessions WHERE id=%s", (_t(session_id),)).fetchone())
+        return row[0] if row else 0
+
+    def get_context(self, session_id: str) -> tuple[int, list[ContextEntry]]:
+        # One statement, so the version and the items come from the same snapshot.
+        rows = self._read(lambda c: c.execute(
+            "SELECT s.context_version, ci.pos, ci.message_id, ci.summary_id, m.ident, m.role, m.tokens, x.tokens"
+            " FROM sessions s LEFT JOIN context_items ci ON ci.session_id = s.id"
+            " LEFT JOIN messages m ON m.id = ci.message_id"
+            " LEFT JOIN summaries x ON x.id = ci.summary_id WHERE s.id=%s ORDER BY ci.pos",
+            (_t(session_id),),
+        ).fetchall())
+        if not rows:
+            return 0, []
+        entries = []
+        for _v, pos, mid, sid, m_ident, m_role, m_tokens, s_tokens in rows:
+            if pos is None:
+                continue
+            if mid is not None:
+                entries.append(ContextEntry("m", mid, m_ident, m_role, m_tokens))
+            else:
+                entries.append(ContextEntry("s", sid, "", "summary", s_tokens or 0))
+        return rows[0][0], entries
+
+    def set_context(self, session_id: str, entries: Sequence[ContextEntry], expected_version: int | None = None) -> int:
+        sid = _t(session_id)
+
+        def tx(c: Any) -> int:
+            versions = self._lock_sessions(c, sid)
+            if sid not in versions:
+                raise StoreError(f"unknown session {session_id}")
+            if expected_version is not None and versions[sid] != expected_version:
+                raise StoreError("context changed concurrently")
+            self._write_context(c, sid, [(e.kind, e.ref) for e in entries])
+            return versions[sid] + 1
+
+        return self._write(tx)
+
+    @staticmethod
+    def _write_context(c: Any, session_id: str, items: Sequence[tuple[str, int]], known: int = 0) -> None:
+        # `known`: the caller checked the version, the stored context is items[:known].
+        _touched().append(session_id)
+        c.execute("DELETE FROM context_items WHERE session_id=%s AND pos>=%s", (session_id, known))
+        tail = items[known:]
+        if tail:
+            c.execute(
+                "INSERT INTO context_items(session_id, pos, message_id, summary_id)"
+                " SELECT %s, u.ord - 1 + %s, u.m, u.s FROM unnest(%s::bigint[], %s::bigint[]) WITH ORDINALITY AS u(m, s, ord)",
+                (session_id, known,
+                 [int(ref) if kind == "m" else None for kind, ref in tail],
+                 [int(ref) if kind == "s" else None for kind, ref in tail]),
+            )
+        c.execute(
+            "UPDATE sessions SET context_version = context_version + 1, updated_at=%s WHERE id=%s",
+            (time.time(), session_id),
+        )
+
+    # -- staged passes ------------------------------------------------------------------------
+
+    def stage_pass(
+        self,
+        session_id: str,
+        pass_id: str,
+        summaries: Sequence[NewSummary],
+        items: Sequence[tuple[str, Any]],
+        base_version: int,
+        base_len: int,
+    ) -> tuple[dict[str, int], list[tuple[str, int]]]:
+        now = time.time()
+        sid, pid = _t(session_id), _t(pass_id)
+
+        def tx(c: Any) -> tuple[dict[str, int], list[tuple[str, int]]]:
+            self._lock_sessions(c, sid)
+            keymap: dict[str, int] = {}
+            for s in summaries:
+                new_id = c.execute(
+                    "INSERT INTO summaries(session_id, kind, depth, text, tokens, source_tokens, level,"
+                    " summarizer, t_start, t_end, n_messages, state, pass_id, created_at)"
+                    " VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,'staged',%s,%s) RETURNING id",
+                    (sid, _t(s.kind), s.depth, _t(resolve_keys(s.text, keymap)), s.tokens, s.source_tokens, _t(s.level),
+                     _t(s.summarizer), s.t_start, s.t_end, s.n_messages, pid, now),
+                ).fetchone()[0]
+                keymap[s.key] = new_id
+                if s.message_ids:
+                    c.execute(
+                        "INSERT INTO summary_messages(summary_id, message_id, ord)"
+                        " SELECT %s, u.m, u.ord - 1 FROM unnest(%s::bigint[]) WITH ORDINALITY AS u(m, ord)",
+                        (new_id, [int(m) for m in s.message_ids]),
+                    )
+                if s.child_keys:
+                    c.execute(
+                        "INSERT INTO summary_parents(parent_id, child_id, ord)"
+                        " SELECT %s, u.k, u.ord - 1 FROM unnest(%s::bigint[]) WITH ORDINALITY AS u(k, ord)",
+                        (new_id, [keymap[k] if isinstance(k, str) else int(k) for k in s.child_keys]),
+                    )
+            resolved = [(k, keymap[r] if isinstance(r, str) else int(r)) for k, r in items]
+            top = [r for k, r in resolved if k == "s"]
+            c.execute(
+                "INSERT INTO staged_passes(pass_id, session_id, base_version, base_len, items, top_nodes,"
+                " created_at) VALUES (%s,%s,%s,%s,%s,%s,%s)",
+                (pid, sid, base_version, base_len, json.dumps(resolved), json.dumps(top), now),
+            )
+            return keymap, resolved
+
+        try:
+            return self._write(tx)
+        finally:
+            self.forget_max_row_id()
+
+    def staged_passes(self, session_id: str) -> list[StagedPass]:
+        rows = self._read(lambda c: c.execute(
+            "SELECT pass_id, session_id, base_version, base_len, items, top_nodes, created_at"
+            " FROM staged_passes WHERE session_id=%s ORDER BY created_at DESC, rid DESC",
+            (_t(session_id),),
+        ).fetchall())
+        return [StagedPass(r[0], r[1], r[2], r[3], [tuple(x) for x in json.loads(r[4])], json.loads(r[5]), r[6])
+                for r in rows]
+
+    def publish_pass(self, pass_id: str, into_session: str | None = None) -> bool:
+        pid = _t(pass_id)
+        into = _t(into_session) if into_session else None
+
+        def tx(c: Any) -> bool:
+            first = c.execute("SELECT session_id FROM staged_passes WHERE pass_id=%s", (pid,)).fetchone()
+            if first is None:
+                return False
+            session_id = first[0]
+            # Lock the sessions first (the order every writer uses), then re-read the stage:
+            # a concurrent publish of the same pass may have consumed it meanwhile.
+            versions = self._lock_sessions(c, session_id, into)
+            row = c.execute(
+                "SELECT session_id, base_version, base_len, items FROM staged_passes WHERE pass_id=%s FOR UPDATE",
+                (pid,),
+            ).fetchone()
+            if row is None or row[0] != session_id:
+                raise _Retry()
+            _, base_version, base_len, items_json = row
+            items = [tuple(x) for x in json.loads(items_json)]
+            cur = versions.get(session_id)
+            if cur is not None and cur != base_version:
+                # The published context moved on since staging: keep what was appended after
+                # the staged base so no message reference is lost.
+                items = with_appended(items, c.execute(
+                    "SELECT message_id, summary_id FROM context_items WHERE session_id=%s AND pos>=%s ORDER BY pos",
+                    (session_id, base_len),
+                ).fetchall())
+            c.execute("UPDATE summaries SET state='published' WHERE pass_id=%s", (pid,))
+            c.execute(
+                "UPDATE sessions SET compactions = compactions + 1, last_compaction_at=%s WHERE id=%s",
+                (time.time(), session_id),
+            )
+            self._write_context(c, session_id, items)
+            if into and into != session_id:
+                self._write_context(c, into, items)
+            c.execute("DELETE FROM staged_passes WHERE pass_id=%s", (pid,))
+            # Older stages of this session can never be adopted any more.
+            self._discard_stale_tx(c, session_id, keep=None, owner_of=pid)
+            return True
+
+        for _ in range(WRITE_RETRIES):
+            try:
+                return self._write(tx)
+            except _Retry:
+                continue
+        return self._write(tx)
+
+    def discard_pass(self, pass_id: str) -> None:
+        pid = _t(pass_id)
+
+        def tx(c: Any) -> None:
+            owners = [r[0] for r in c.execute(
+                "SELECT session_id FROM staged_passes WHERE pass_id=%s"
+                " UNION SELECT session_id FROM summaries WHERE pass_id=%s AND state='staged'",
+                (pid, pid),
+            )]
+            self._lock_sessions(c, *owners)
+            c.execute("DELETE FROM summaries WHERE pass_id=%s AND state='staged'", (pid,))
+            c.execute("DELETE FROM staged_passes WHERE pass_id=%s", (pid,))
+
+        self._write(tx)
+
+    def discard_stale(self, session_id: str, keep: str | None = None) -> int:
+        sid = _t(session_id)
+
+        def tx(c: Any) -> int:
+            self._lock_sessions(c, sid)
+            return self._discard_stale_tx(c, sid, _t(keep))
+
+        return self._write(tx)
+
+    @staticmethod
+    def _discard_stale_tx(c: Any, session_id: str, keep: str | None, owner_of: str | None = None) -> int:
+        rows = c.execute(
+            "SELECT pass_id FROM staged_passes WHERE session_id=%s AND pass_id IS DISTINCT FROM %s",
+            (session_id, keep),
+        ).fetchall()
+        orphan = c.execute(
+            "SELECT DISTINCT pass_id FROM summaries WHERE session_id=%s AND state='staged'"
+            " AND pass_id IS DISTINCT FROM %s"
+            " AND pass_id NOT IN (SELECT pass_id FROM staged_passes)",
+            (session_id, keep),
+        ).fetchall()
+        ids = {r[0] for r in rows} | {r[0] for r in orphan}
+        if owner_of is not None:  # only this engine's own older stages (see owners.py)
+            mine = pass_owner(owner_of)
+            ids = {p for p in ids if pass_owner(p) in (None, mine)}
+        if ids:
+            c.execute("DELETE FROM summaries WHERE pass_id = ANY(%s::text[]) AND state='staged'", (list(ids),))
+            c.execute("DELETE FROM staged_passes WHERE pass_id = ANY(%s::text[])", (list(ids),))
+        return len(ids)
+
+    # -- summaries ------------------------------------------------------------------------------
+
+    def get_summaries(self, ids: Sequence[int], include_staged: bool = False) -> dict[int, SummaryRecord]:
+        ids = list(dict.fromkeys(int(i) for i in ids))
+        if not ids:
+            return {}
+        state = "" if include_staged else " AND state='published'"
+        rows = self._read(lambda c: c.execute(
+            f"SELECT {_SUM_COLS} FROM summaries WHERE id = ANY(%s::bigint[]){state}", (ids,)).fetchall())
+        return {r[0]: _sum(r) for r in rows}
+
+    def summary_children(self, summary_id: int) -> tuple[list[int], list[int]]:
+        def run(c: Any) -> tuple[list[int], list[int]]:
+            kids = [r[0] for r in c.execute(
+                "SELECT child_id FROM summary_parents WHERE parent_id=%s ORDER BY ord", (summary_id,))]
+            msgs = [r[0] for r in c.execute(
+                "SELECT message_id FROM summary_messages WHERE summary_id=%s ORDER BY ord", (summary_id,))]
+            return kids, msgs
+
+        return self._read(run)
+
+    def summary_parents(self, summary_id: int) -> list[int]:
+        return self._read(lambda c: [r[0] for r in c.execute(
+            "SELECT sp.parent_id FROM summary_parents sp JOIN summaries s ON s.id = sp.parent_id"
+            " WHERE sp.child_id=%s AND s.state='published' ORDER BY sp.parent_id", (summary_id,))])
+
+    def message_summaries(self, message_id: int) -> list[int]:
+        return self._read(lambda c: [r[0] for r in c.execute(
+            "SELECT sm.summary_id FROM summary_messages sm JOIN summaries s ON s.id = sm.summary_id"
+            " WHERE sm.message_id=%s AND s.state='published' ORDER BY sm.summary_id", (message_id,))])
+
+    def update_summary_text(self, summary_id: int, text: str, tokens: int, level: str, summarizer: str) -> None:
+        self._write(lambda c: c.execute(
+            "UPDATE summaries SET text=%s, tokens=%s, level=%s, summarizer=%s WHERE id=%s",
+            (_t(text), tokens, _t(level), _t(summarizer), summary_id),
+        ))
+
+    def rebalance_summary(self, summary_id: int, summaries: Sequence[NewSummary],
+                          child_keys: Sequence[str | int], depth: int) -> dict[str, int]:
+        now = time.time()
+
+        def tx(c: Any) -> dict[str, int]:
+            session_id = c.execute("SELECT session_id FROM summaries WHERE id=%s", (summary_id,)).fetchone()[0]
+            self._lock_sessions(c, session_id)
+            keymap: dict[str, int] = {}
+
+            def link(parent: int, keys: Sequence[str | int]) -> None:
+                if keys:
+                    c.execute(
+                        "INSERT INTO summary_parents(parent_id, child_id, ord)"
+                        " SELECT %s, u.k, u.ord - 1 FROM unnest(%s::bigint[]) WITH ORDINALITY AS u(k, ord)",
+                        (parent, [keymap[k] if isinstance(k, str) else int(k) for k in keys]))
+
+            for s in summaries:
+                new_id = c.execute(
+                    "INSERT INTO summaries(session_id, kind, depth, text, tokens, source_tokens, level,"
+                    " summarizer, t_start, t_end, n_messages, state, pass_id, created_at)"
+                    " VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,'published',NULL,%s) RETURNING id",
+                    (session_id, _t(s.kind), s.depth, _t(s.text), s.tokens, s.source_tokens, _t(s.level),
+                     _t(s.summarizer), s.t_start, s.t_end, s.n_messages, now)).fetchone()[0]
+                keymap[s.key] = new_id
+                link(new_id, s.child_keys)
+            c.execute("DELETE FROM summary_parents WHERE parent_id=%s", (summary_id,))
+            link(summary_id, child_keys)
+            c.execute("UPDATE summaries SET depth=%s WHERE id=%s", (depth, summary_id))
+            return keymap
+
+        return self._write(tx)
+
+    # -- summaries prepared ahead of a pass (background compaction) ----------------------------
+
+    def put_presummary(self, session_id: str, span_key: str, text: str, tokens: int, source_tokens: int,
+                       level: str, summarizer: str) -> None:
+        self._write(lambda c: c.execute(
+            "INSERT INTO presummaries(session_id, span_key, text, tokens, source_tokens, level, summarizer,"
+            " created_at) VALUES (%s,%s,%s,%s,%s,%s,%s,%s)"
+            " ON CONFLICT (session_id, span_key) DO UPDATE SET text=EXCLUDED.text, tokens=EXCLUDED.tokens,"
+            " source_tokens=EXCLUDED.source_tokens, level=EXCLUDED.level, summarizer=EXCLUDED.summarizer,"
+            " created_at=EXCLUDED.created_at",
+            (_t(session_id), _t(span_key), _t(text), tokens, source_tokens, _t(level), _t(summarizer), time.time()),
+        ))
+
+    def get_presummary(self, session_id: str, span_key: str) -> dict[str, Any] | None:
+        row = self._read(lambda c: c.execute(
+            "SELECT text, tokens, source_tokens, level, summarizer FROM presummaries WHERE session_id=%s AND span_key=%s",
+            (_t(session_id), _t(span_key)),
+        ).fetchone())
+        if row is None:
+            return None
+        return dict(zip(("text", "tokens", "source_tokens", "level", "summarizer"), row))
+
+    def count_presummaries(self, session_id: str | None = None) -> int:
+        if session_id is None:
+            return self._read(lambda c: c.execute("SELECT COUNT(*) FROM presummaries").fetchone()[0])
+        return self._read(lambda c: c.execute(
+            "SELECT COUNT(*) FROM presummaries WHERE session_id=%s", (_t(session_id),)).fetchone()[0])
+
+    # -- maintenance ------------------------------------------------------------------------------
+
+    def stats(self, session_id: str | None = None) -> dict[str, Any]:
+        if session_id is None:
+            w, p = "", ()
+        else:
+            w, p = " WHERE session_id=%s", (_t(session_id),)
+
+        def run(c: Any) -> dict[str, Any]:
+            msgs = c.execute(f"SELECT COUNT(*), COALESCE(SUM(tokens),0)::bigint FROM messages{w}", p).fetchone()
+            by_depth = {
+                int(d): n
+                for d, n in c.execute(
+                    f"SELECT depth, COUNT(*) FROM summaries{w}{' AND' if w else ' WHERE'} state='published'"
+                    " GROUP BY depth ORDER BY depth", p)
+            }
+            staged = c.execute(
+                f"SELECT COUNT(*) FROM summaries{w}{' AND' if w else ' WHERE'} state='staged'", p).fetchone()[0]
+            sess = c.execute(
+                "SELECT COUNT(*), COALESCE(SUM(compactions),0)::bigint, MAX(last_compaction_at) FROM sessions"
+                + ("" if session_id is None else " WHERE id=%s"), p).fetchone()
+            size = c.execute(
+                "SELECT COALESCE(SUM(pg_total_relation_size(to_regclass(n))),0)::bigint FROM unnest(%s::text[]) AS n",
+                (list(_TABLES),)).fetchone()[0]
+            return {
+                "backend": "postgresql",
+                "location": self.location,
+                "bytes": size,
+                "sessions": sess[0],
+                "messages": msgs[0],
+                "message_tokens": msgs[1],
+                "summaries_by_depth": by_depth,
+                "staged_summaries": staged,
+                "compactions": sess[1],
+                "last_compaction_at": sess[2],
+                "unindexed_messages": c.execute("SELECT count(*) FROM message_index_pending").fetchone()[0],
+            }
+
+        return self._read(run)
+
+class _Retry(Exception):
+    """The row read before locking changed meanwhile: run the transaction again."""

@@ -1,0 +1,170 @@
+"""Search over the SQLite store: FTS5 full text, the CJK trigram index, LIKE, bounded regex.
+
+A mixin of :class:`~lossless_context.store.sqlite.store.SQLiteStore` (it uses the store's
+``conn``); kept apart so each module holds one job.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import time
+from typing import Any, Callable, Sequence
+
+# The scripts indexed by the trigram table (CJK, kana, Hangul): the same ranges as the
+# GLOB in migration 006, so every row this matches is in that index.
+_CJK_RE = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\u3040-\u30ff]+")
+
+
+class SQLiteSearch:
+    """term_counts, max_row_id and search of the SQLite store."""
+
+    conn: Callable[[], sqlite3.Connection]  # SQLiteStore's: the calling thread's connection
+    _index_before_search: Callable[[], None]  # SQLiteStore's (store/sqlite_index.py)
+
+    def search(
+        self,
+        target: str,
+        session_ids: Sequence[str] | None,
+        plan: Any,
+        *,
+        mode: str = "fts",
+        regex: Any = None,
+        role: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        under_summary: int | None = None,
+        limit: int = 10,
+        offset: int = 0,
+        order: str = "rank",
+    ) -> list[dict[str, Any]]:
+        is_msg = target == "messages"
+        table = "messages" if is_msg else "summaries"
+        alias = "t"
+        where: list[str] = []
+        params: list[Any] = []
+        with_sql = ""
+        with_params: list[Any] = []
+        if session_ids is not None:
+            where.append(f"{alias}.session_id IN ({','.join('?' * len(session_ids))})")
+            params.extend(session_ids)
+        if not is_msg:
+            where.append(f"{alias}.state='published'")
+        if role and is_msg:
+            where.append(f"{alias}.role=?")
+            params.append(role)
+        tcol = "created_at" if is_msg else "t_end"
+        if since is not None:
+            where.append(f"{alias}.{tcol} >= ?")
+            params.append(since)
+        if until is not None:
+            where.append(f"{alias}.{tcol} <= ?")
+            params.append(until)
+        if under_summary is not None:
+            with_sql = (
+                "WITH RECURSIVE sub(id) AS (SELECT ? UNION SELECT sp.child_id FROM summary_parents sp"
+                " JOIN sub ON sp.parent_id = sub.id) "
+            )
+            with_params.append(under_summary)
+            if is_msg:
+                where.append(f"{alias}.id IN (SELECT message_id FROM summary_messages WHERE summary_id IN sub)")
+            else:
+                where.append(f"{alias}.id IN sub")
+        cols = (
+            f"{alias}.id, {alias}.session_id, {'t.role' if is_msg else chr(39) + 'summary' + chr(39)},"
+            f" {alias}.{tcol}, {alias}.text"
+        )
+        c = self.conn()
+        rows: list[tuple] = []
+        if mode == "fts":
+            if not getattr(plan, "fts_match", None):
+                return []
+            if is_msg:
+                self._index_before_search()  # a large append's rows may still be being indexed
+            # bm25() first counts every match of every phrase in the whole index, whatever the
+            # LIMIT: "recent" (newest matches first, stopping at the limit) leaves it out.
+            score = f"bm25({table}_fts)" if order == "rank" else "0.0"
+            sql = (
+                f"{with_sql}SELECT {cols}, {score} AS rank FROM {table}_fts"
+                f" JOIN {table} {alias} ON {alias}.id = {table}_fts.rowid WHERE {table}_fts MATCH ?"
+                + "".join(f" AND {w}" for w in where)
+                + (" ORDER BY rank" if order == "rank" else f" ORDER BY {table}_fts.rowid DESC")
+                + " LIMIT ? OFFSET ?"
+            )
+            rows = c.execute(sql, (*with_params, plan.fts_match, *params, limit, offset)).fetchall()
+        elif mode == "substring":
+            subs = list(getattr(plan, "substrings", ()) or ())
+            if not subs:
+                return []
+            from ...search.query import like_pattern
+
+            if is_msg and all(len(x) >= 3 and _CJK_RE.fullmatch(x) for x in subs):
+                # CJK runs of 3+ characters: the trigram index over messages holding CJK text
+                # (migration 006) instead of a LIKE scan of the whole history.
+                match = " OR ".join('"' + x.replace('"', '""') + '"' for x in subs)
+                sql = (
+                    f"{with_sql}SELECT {cols}, 0.0 FROM messages_cjk JOIN {table} {alias}"
+                    f" ON {alias}.id = messages_cjk.rowid WHERE messages_cjk MATCH ?"
+                    + "".join(f" AND {w}" for w in where)
+                    + f" ORDER BY {alias}.id DESC LIMIT ? OFFSET ?"
+                )
+                rows = c.execute(sql, (*with_params, match, *params, limit, offset)).fetchall()
+                keys = ("id", "session_id", "role", "created_at", "text", "rank")
+                return [dict(zip(keys, r)) for r in rows]
+            ors = " OR ".join(f"{alias}.text LIKE ? ESCAPE '\\'" for _ in subs)
+            sql = (
+                f"{with_sql}SELECT {cols}, 0.0 FROM {table} {alias} WHERE ({ors})"
+                + "".join(f" AND {w}" for w in where)
+                + f" ORDER BY {alias}.id DESC LIMIT ? OFFSET ?"
+            )
+            rows = c.execute(
+                sql, (*with_params, *[like_pattern(s) for s in subs], *params, limit, offset)
+            ).fetchall()
+        elif mode == "regex" and regex is not None:
+            from ...search.query import regex_search_bounded
+
+            sql = (
+                f"{with_sql}SELECT {cols}, 0.0 FROM {table} {alias}"
+                + (" WHERE " + " AND ".join(where) if where else "")
+                + f" ORDER BY {alias}.id DESC LIMIT ?"
+            )
+            found = 0
+            deadline = time.monotonic() + 2.0  # regex search is bounded in time
+            for row in c.execute(sql, (*with_params, *params, 200_000)):
+                if time.monotonic() > deadline:
+                    break
+                if regex_search_bounded(regex, row[4]) is not None:
+                    if found >= offset:
+                        rows.append(row)
+                    found += 1
+                    if len(rows) >= limit:
+                        break
+        keys = ("id", "session_id", "role", "created_at", "text", "rank")
+        return [dict(zip(keys, r)) for r in rows]
+
+    def term_counts(self, target: str, plans: Sequence[Any], cap: int, newest: int | None = None) -> list[int]:
+        table = "messages" if target == "messages" else "summaries"
+        if table == "messages":
+            self._index_before_search()
+        c = self.conn()
+        window = ""
+        args: tuple[Any, ...] = ()
+        if newest is not None:
+            window, args = " AND rowid > ?", (self.max_row_id(target) - newest,)
+        sql = (f"SELECT count(*) FROM (SELECT rowid FROM {table}_fts WHERE {table}_fts MATCH ?{window}"
+               " LIMIT ?)")
+        out = []
+        for plan in plans:
+            item = getattr(plan, "fts_match", None)
+            if not item:
+                out.append(0)
+                continue
+            try:
+                out.append(c.execute(sql, (item, *args, cap + 1)).fetchone()[0])
+            except sqlite3.OperationalError:  # an item FTS5 refuses can only be expensive to guess
+                out.append(cap + 1)
+        return out
+
+    def max_row_id(self, target: str) -> int:
+        table = "messages" if target == "messages" else "summaries"
+        return self.conn().execute(f"SELECT COALESCE(MAX(id), 0) FROM {table}").fetchone()[0]
