@@ -12,7 +12,7 @@ from lossless_context.pipeline.compaction import span_key
 from lossless_context.config import LCMConfig
 from lossless_context.demo.sessions import coding_session, turn_ranges
 from tests.support.fake_openai import Delay, FailureSequence, FakeOpenAI, SummariserResponder
-from tests.support.hostsim import HostSim
+from lossless_context.demo.host_driver import R19Host
 from tests.support.newhost import NewHost
 
 
@@ -82,7 +82,7 @@ def test_r19_path_returns_at_once_and_upgrades_later(tmp_path):
             # (summary_timeout above the bound below: a compress() that waited for the model
             # could not come back with a fallback in time either)
             e = _engine(tmp_path / "l.db", srv.base_url, summary_timeout=600)
-            host = HostSim(e)
+            host = R19Host(e)
             host.start(context_length=64_000)
             compacted = False
             for turn in _turns(coding_session(700, seed=3).messages):

@@ -177,7 +177,7 @@ def test_engine_replay_keeps_dag_balanced_valid_and_lossless(window, n, fanin, l
         msgs = with_timestamps(coding_session(n, seed).messages)
         host = replay(eng, msgs, "prop", window)
         assert host.compactions >= 1
-        assert_connected(eng.store, host.sid)  # every stored message reached exactly once
+        assert_connected(eng.store, host.session_id)  # every stored message reached exactly once
         leaves, depth, fan, mixed, wrong = _published_shape(eng.store)
         assert not mixed and not wrong, (mixed, wrong)
         assert fan <= fanin

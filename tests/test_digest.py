@@ -17,7 +17,7 @@ from lossless_context.config import LCMConfig
 from lossless_context.pipeline.digest import STRING_CHARS, digest, shorten_json, stub_digest
 from lossless_context.pipeline.stubs import StubPolicy, make_stub
 from tests.support.fake_openai import FakeOpenAI, SummariserResponder
-from tests.support.hostsim import HostSim
+from lossless_context.demo.host_driver import R19Host
 
 ERROR = "E       KeyError: 'created_at'"
 
@@ -100,7 +100,7 @@ def test_a_leaf_request_is_sent_the_digest_and_expand_returns_the_originals(tmp_
     with FakeOpenAI(responder=responder) as srv:
         e = LCMEngine(config=LCMConfig.load({"store": str(tmp_path / "l.db"), "summarizer": "openai",
                                              "summary_base_url": srv.base_url}, read_file=False))
-        host = HostSim(e, "dg")
+        host = R19Host(e, "dg")
         host.start(context_length=32_000)
         host.add({"role": "user", "content": "Objective: write the generated modules."})
         for i in range(24):

@@ -11,14 +11,14 @@ from lossless_context.ops.doctor import run_doctor
 from lossless_context.pipeline.ingest import new_message
 from lossless_context.records import NewSummary
 from lossless_context.demo.sessions import coding_session, turn_ranges
-from tests.support.hostsim import HostSim
+from lossless_context.demo.host_driver import R19Host
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_doctor_finds_and_repairs(tmp_path, request, backend):
     location = request.getfixturevalue("pg_fresh_dsn") if backend == "postgres" else str(tmp_path / "l.db")
     e = LCMEngine(config=LCMConfig.load({"store": location, "summarizer": "extractive"}, read_file=False))
-    host = HostSim(e)
+    host = R19Host(e)
     host.start(context_length=64_000)
     msgs = coding_session(600, seed=8).messages
     for a, b in turn_ranges(msgs):

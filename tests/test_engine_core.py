@@ -14,7 +14,7 @@ from lossless_context.pipeline.assemble import problems
 from lossless_context.config import LCMConfig
 from lossless_context.demo.sessions import coding_session, turn_ranges
 from lossless_context.tokens import estimate_messages_tokens
-from tests.support.hostsim import HostSim
+from lossless_context.demo.host_driver import R19Host
 
 
 @pytest.fixture
@@ -130,7 +130,7 @@ def test_has_content_to_compress(tmp_path, home):
 # -- compaction through a simulated host ----------------------------------------------------
 
 def _drive(engine, session, context_length=64_000, step=1):
-    host = HostSim(engine, overhead_tokens=2_000)
+    host = R19Host(engine, overhead_tokens=2_000)
     host.start(context_length=context_length)
     msgs = session.messages
     for a, b in turn_ranges(msgs):
@@ -160,7 +160,7 @@ def test_long_session_compaction_is_lossless(tmp_path, home):
 def test_focus_and_force(tmp_path, home):
     sess = coding_session(300, seed=5)
     e = make_engine(tmp_path)
-    host = HostSim(e)
+    host = R19Host(e)
     host.start(context_length=1_000_000)
     host.add(*sess.messages)
     assert host.maybe_compress() is False  # far below threshold

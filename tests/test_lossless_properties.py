@@ -15,7 +15,7 @@ from lossless_context.config import LCMConfig
 from lossless_context.demo.sessions import coding_session, turn_ranges
 from lossless_context.tokens import estimate_messages_tokens
 from tests.support.dagcheck import assert_connected
-from tests.support.hostsim import HostSim
+from lossless_context.demo.host_driver import R19Host
 
 IMG = "data:image/png;base64," + base64.b64encode(bytes(range(256)) * 40).decode()
 
@@ -59,7 +59,7 @@ def conversations(draw):
 def test_random_conversations(tmp_path_factory, conv, ctx_len, chunk, force_every):
     path = tmp_path_factory.mktemp("p") / "lcm.db"
     e = _engine(path, leaf_chunk_tokens=3000, fresh_tail_tokens=6000)
-    host = HostSim(e)
+    host = R19Host(e)
     host.start(context_length=ctx_len)
     outputs = []
     host.on_output = outputs.append
@@ -85,7 +85,7 @@ def test_random_conversations(tmp_path_factory, conv, ctx_len, chunk, force_ever
 def test_five_thousand_messages_canaries_and_connected_dag(tmp_path, request, backend):
     sess = coding_session(5000, seed=42)
     e = _engine(request.getfixturevalue("pg_fresh_dsn") if backend == "postgres" else tmp_path / "lcm.db")
-    host = HostSim(e, overhead_tokens=2500)
+    host = R19Host(e, overhead_tokens=2500)
     host.start(context_length=64_000)
     msgs = sess.messages
     for a, b in turn_ranges(msgs):

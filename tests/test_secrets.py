@@ -24,7 +24,7 @@ from lossless_context import LCMEngine
 from lossless_context.config import LCMConfig
 from lossless_context.demo.sessions import coding_session
 from tests.support.fake_openai import FakeOpenAI, SummariserResponder
-from tests.support.hostsim import HostSim
+from lossless_context.demo.host_driver import R19Host
 from tests.test_hostile_input import record_counts
 
 # (kind, the secret itself, how it is planted in text). The secret must never leave the store.
@@ -107,7 +107,7 @@ def compacted(tmp_path_factory):
                               "soft_threshold": 0.2, "breaker_failures": 1000, "max_summarizer_calls": 10**6},
                              read_file=False)
         e = LCMEngine(config=cfg)
-        host = HostSim(e, session_id="sec-1")
+        host = R19Host(e, session_id="sec-1")
         host.start(context_length=64_000)
         orig = e.compress
 

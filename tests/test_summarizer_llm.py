@@ -12,7 +12,7 @@ from lossless_context.summarizers.extractive import Source
 from lossless_context.summarizers.summarize import CallGuard, Escalator, OpenAISummarizer, SummaryRequest
 from lossless_context.demo.sessions import coding_session
 from tests.support.fake_openai import Fail, FailureSequence, FakeOpenAI, SummariserResponder
-from tests.support.hostsim import HostSim
+from lossless_context.demo.host_driver import R19Host
 
 SECRET = "sk-ant-api03-CANARYSECRETxyz0123456789abcdefABCDEF"
 
@@ -91,7 +91,7 @@ def test_secrets_never_reach_the_summariser_or_summaries(tmp_path, monkeypatch):
         cfg = LCMConfig.load({"store": str(tmp_path / "lcm.db"), "summarizer": "openai",
                               "summary_base_url": srv.base_url, "summary_model": "summ"}, read_file=False)
         e = LCMEngine(config=cfg)
-        host = HostSim(e)
+        host = R19Host(e)
         host.start(context_length=64_000)
         for i in range(0, len(msgs), 20):
             host.add(*msgs[i:i + 20])

@@ -1,6 +1,6 @@
 """Issue #19: tier 0 (tool-result stubs before any summary), continuity, and cost on display.
 
-Engine-level tests drive the R19 call order with tests/support/hostsim.py against real SQLite
+Engine-level tests drive the R19 call order with lossless_context/demo/host_driver.py against real SQLite
 (and PostgreSQL for the new store methods); model calls go to the fake OpenAI-compatible server
 on 127.0.0.1, which records every request and returns a known usage with every reply.
 """
@@ -19,7 +19,7 @@ from lossless_context.pipeline.resummarize import resummarize
 from lossless_context.store import open_store
 from lossless_context.pipeline.stubs import StubPolicy, make_stub
 from tests.support.fake_openai import FakeOpenAI, Reply, SummariserResponder
-from tests.support.hostsim import HostSim
+from lossless_context.demo.host_driver import R19Host
 
 ERROR_LINE = "ERROR: disk quota exceeded writing /var/data/cache.bin (exit code 2)"
 
@@ -70,7 +70,7 @@ def test_a_pass_that_stubs_enough_makes_no_model_call_and_stubs_stay_stable(tmp_
         # the newest result and the newest 2,000 tokens stay verbatim: stubbing the older
         # results alone brings this session under the pass's target
         e = _engine(str(tmp_path / "l.db"), srv.base_url, tool_stub_keep_results=1, tool_stub_keep_tokens=2000)
-        host = HostSim(e, "t0")
+        host = R19Host(e, "t0")
         host.start(context_length=64_000)
         host.add({"role": "user", "content": "Objective: get the whole build green."})
         for i in range(14):
@@ -123,7 +123,7 @@ def test_make_stub_is_deterministic_and_keeps_every_error_line():
     assert len(a) < len(text) // 4
 
 
-def _continuity_session(host: HostSim, turns: int) -> None:
+def _continuity_session(host: R19Host, turns: int) -> None:
     host.add({"role": "user", "content": "OBJECTIVE-7781: migrate the billing service to the new ledger."})
     for i in range(turns):
         _continuity_session_step(host, i)
@@ -133,7 +133,7 @@ def _continuity_session(host: HostSim, turns: int) -> None:
 def test_objective_and_latest_plan_survive_any_number_of_compactions(tmp_path, passes):
     e = _engine(str(tmp_path / "c.db"))  # the built-in extractive summariser
     e.protect_first_n = 0  # (else the objective stays verbatim in the protected head)
-    host = HostSim(e, "cont")
+    host = R19Host(e, "cont")
     host.start(context_length=64_000)
     _continuity_session(host, 2)
     done = 0
@@ -152,7 +152,7 @@ def test_objective_and_latest_plan_survive_any_number_of_compactions(tmp_path, p
     assert "Continuity" in block
 
 
-def _continuity_session_step(host: HostSim, i: int) -> None:
+def _continuity_session_step(host: R19Host, i: int) -> None:
     cid = f"todo_{i}"
     todos = [{"id": "1", "content": "schema", "status": "completed"},
              {"id": "2", "content": f"backfill batch {i}", "status": "in_progress"}]
@@ -163,7 +163,7 @@ def _continuity_session_step(host: HostSim, i: int) -> None:
              {"role": "assistant", "content": f"Batch {i} done. " + "details " * 900})
 
 
-def _chat_turns(host: HostSim, n: int = 30) -> None:
+def _chat_turns(host: R19Host, n: int = 30) -> None:
     """Long chat turns without tool output (so the pass must summarise)."""
     for i in range(n):
         host.add({"role": "user", "content": f"Question {i}: " + "context words " * 400},
@@ -173,7 +173,7 @@ def _chat_turns(host: HostSim, n: int = 30) -> None:
 def test_costs_are_what_the_provider_reported(tmp_path):
     with FakeOpenAI(responder=FixedUsage()) as srv:
         e = _engine(str(tmp_path / "k.db"), srv.base_url, tool_stubs=False)
-        host = HostSim(e, "cost")
+        host = R19Host(e, "cost")
         host.start(context_length=64_000)
         _chat_turns(host)
         assert host.maybe_compress()
@@ -206,7 +206,7 @@ def _first_summary_id(messages: list[dict]) -> str:
 
 def test_resummarize_replaces_the_text_and_keeps_the_old_one(tmp_path):
     e = _engine(str(tmp_path / "r.db"), tool_stubs=False)
-    host = HostSim(e, "rs")
+    host = R19Host(e, "rs")
     host.start(context_length=64_000)
     _chat_turns(host)
     assert host.maybe_compress()
@@ -247,7 +247,7 @@ def test_continuity_and_costs_are_kept_by_both_stores(tmp_path, backend, request
 
 def test_stubbed_output_is_always_valid(tmp_path):
     e = _engine(str(tmp_path / "v.db"))
-    host = HostSim(e, "valid")
+    host = R19Host(e, "valid")
     host.start(context_length=64_000)
     for i in range(60):
         host.add(*_turn(i, error=(i % 7 == 0)))

@@ -9,7 +9,7 @@ import pytest
 from lossless_context import LCMEngine
 from lossless_context.config import LCMConfig
 from lossless_context.demo.sessions import coding_session, turn_ranges
-from tests.support.hostsim import HostSim
+from lossless_context.demo.host_driver import R19Host
 from tests.support.pg import module_store_location
 
 HOSTILE = [
@@ -25,7 +25,7 @@ def built(request, tmp_path_factory):
     location = module_store_location(request, tmp_path_factory, "tools")
     e = LCMEngine(config=LCMConfig.load({"store": location, "summarizer": "extractive"}, read_file=False))
     sess = coding_session(2500, seed=7)
-    host = HostSim(e, session_id="alpha", overhead_tokens=2500)
+    host = R19Host(e, session_id="alpha", overhead_tokens=2500)
     host.start(context_length=64_000)
     msgs = sess.messages
     for a, b in turn_ranges(msgs):

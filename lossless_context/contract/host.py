@@ -25,6 +25,8 @@ agent.memory_manager               removing the host's injected memory blocks fr
   .sanitize_context                sessions (`memory_sanitizer`, hermes_import.py)
 hermes_constants.get_hermes_home   HERMES_HOME with the host's profile rules (`hermes_home`)
 agent.usage_pricing                a price estimate for summariser spend (`usage_pricer`)
+agent.model_metadata               the host's rough token estimate, which decides when it
+  .estimate_messages_tokens_rough  compresses (`rough_estimator`; the demo's host driver)
 =================================  ==========================================================
 """
 
@@ -106,3 +108,19 @@ def usage_pricer() -> Callable[[str, str, int, int], float | None] | None:
         return float(amount) if amount is not None and getattr(res, "status", "") == "estimated" else None
 
     return price
+
+
+def rough_estimator() -> tuple[Callable[[list], int], Callable[[dict], int] | None] | None:
+    """The host's rough estimate of a request (`estimate_messages_tokens_rough(messages)`) and,
+    when it has one, its additive per-message part in characters (a driver that appends one
+    message at a time keeps a running total instead of re-estimating the whole list); None
+    without the host."""
+    try:
+        from agent.model_metadata import estimate_messages_tokens_rough  # type: ignore[import-not-found]
+    except Exception:
+        return None
+    try:  # private in the host, but the very function its estimate sums (none of our names)
+        from agent.model_metadata import _estimate_message_chars  # type: ignore[import-not-found]
+    except Exception:
+        _estimate_message_chars = None
+    return estimate_messages_tokens_rough, _estimate_message_chars

@@ -13,7 +13,6 @@ original message byte for byte. No CLI code here: the CLI renders the `DemoResul
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -21,8 +20,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..config import LCMConfig
+from .host_driver import R19Host
 from .sessions import SYSTEM_PROMPT, Canary, coding_session
-from ..tokens import estimate_message_tokens, estimate_messages_tokens, estimate_text_tokens
+from ..tokens import estimate_messages_tokens, estimate_text_tokens
 
 DEFAULT_MESSAGES = 3000
 DEFAULT_CONTEXT_LENGTH = 64_000  # the smallest window the real host accepts
@@ -99,63 +99,6 @@ def _unique_session_id(store: Any, base: str) -> str:
     return sid
 
 
-class _Host:
-    """The host side of the replay (R19 behaviour, as in tests/support/hostsim.py)."""
-
-    def __init__(self, engine: Any, session_id: str, context_length: int, rotate: bool) -> None:
-        self.engine = engine
-        self.sid = session_id
-        self.rotate = rotate
-        self.messages: list[dict[str, Any]] = []
-        self._total = 0  # running token estimate of `messages` (the host re-estimates; same numbers)
-        self.sessions = [session_id]
-        self.compactions = 0
-        self.no_progress = 0
-        self._sys_tokens = estimate_text_tokens(SYSTEM_PROMPT) + TOOL_SCHEMA_TOKENS
-        engine.update_model(model="demo-model", context_length=context_length, base_url="",
-                            api_key="", provider="custom", api_mode="chat_completions")
-        engine.bind_session_state(None, session_id)
-        engine.on_session_start(session_id, platform="cli", model="demo-model", context_length=context_length)
-
-    def estimate(self) -> int:
-        return self._sys_tokens + self._total
-
-    def add(self, msg: dict[str, Any]) -> None:
-        m = copy.deepcopy(msg)
-        self.messages.append(m)
-        self._total += estimate_message_tokens(m)
-
-    def respond(self) -> None:
-        """A provider response: the host reports real-looking usage."""
-        p = self.estimate()
-        self.engine.update_from_response({"prompt_tokens": p, "completion_tokens": 200, "total_tokens": p + 200})
-
-    def maybe_compress(self) -> None:
-        for _ in range(3):
-            tokens = self.estimate()
-            if not self.engine.should_compress(tokens):
-                return
-            before = list(self.messages)
-            out = self.engine.compress(self.messages, current_tokens=tokens)
-            if getattr(self.engine, "_last_compress_aborted", False) or not out or out == before:
-                self.no_progress += 1
-                return
-            self.engine.on_session_end(self.sid, before)
-            old = self.sid
-            if self.rotate:
-                self.sid = f"{self.sessions[0]}.{len(self.sessions)}"
-                self.sessions.append(self.sid)
-            self.messages = [m for m in out if m.get("role") != "system"]
-            self._total = estimate_messages_tokens(self.messages)
-            self.compactions += 1
-            self.engine.last_prompt_tokens = -1  # "waiting for real usage", as the host does
-            self.engine.on_session_start(self.sid, boundary_reason="compression", old_session_id=old,
-                                         platform="cli")
-
-    def finish(self) -> None:
-        self.engine.on_session_end(self.sid, list(self.messages))
-
-
 DEMO_START = 1_767_603_600.0  # 2026-01-05 09:00 UTC: the session's simulated start
 
 
@@ -173,9 +116,13 @@ def with_timestamps(messages: list[dict[str, Any]], start: float = DEMO_START) -
 
 
 def replay(engine: Any, messages: list[dict[str, Any]], session_id: str, context_length: int,
-           rotate: bool = False, progress: Callable[[int], None] | None = None) -> _Host:
-    """Drive `messages` through `engine` turn by turn; returns the host state at the end."""
-    host = _Host(engine, session_id, context_length, rotate)
+           rotate: bool = False, progress: Callable[[int], None] | None = None) -> R19Host:
+    """Drive `messages` through `engine` turn by turn with the R19 host driver (a pass is
+    considered when a user message arrives and after every tool batch; the provider reports
+    usage after every assistant message); returns the host state at the end."""
+    host = R19Host(engine, session_id=session_id, system_prompt=SYSTEM_PROMPT, overhead_tokens=TOOL_SCHEMA_TOKENS,
+                   context_length=context_length, model="demo-model", base_url="", api_key="", rotate=rotate)
+    host.start()
     i, n = 0, len(messages)
     while i < n:
         m = messages[i]
@@ -193,7 +140,7 @@ def replay(engine: Any, messages: list[dict[str, Any]], session_id: str, context
                 host.maybe_compress()  # after every tool batch
         if progress is not None:
             progress(i)
-    host.finish()
+    host.end()
     return host
 
 
@@ -303,13 +250,13 @@ def run_demo(
         from ..ops.viewer import write_view
 
         html_path = str(Path(html) if html else Path(store).parent / "lcm-demo.html")
-        write_view(engine.store, host.sid, html_path)
+        write_view(engine.store, host.session_id, html_path)
         if progress is not None:
             progress("html", 1, 1)
     return DemoResult(
         store=store,
         session_id=sid,
-        final_session_id=host.sid,
+        final_session_id=host.session_id,
         seed=seed,
         messages_generated=len(msgs),
         messages_stored=int(st["messages"]),
