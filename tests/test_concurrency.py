@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from lossless_context import LCMEngine
-from lossless_context.pipeline.assemble import problems
+from lossless_context.pipeline.validate import pairing_problems
 from lossless_context.config import LCMConfig
 from lossless_context.ops.doctor import run_doctor
 from lossless_context.messages import safe_json
@@ -106,7 +106,7 @@ def test_one_engine_many_threads_and_sessions(tmp_path):
                         before = copy.deepcopy(hosts[sid])
                         out = engine.compress(hosts[sid], current_tokens=est, force=step % 5 == 0, session_id=sid)
                         if out != before and out:
-                            errs = problems(out)
+                            errs = pairing_problems(out)
                             if errs:
                                 with lock:
                                     invalid.extend(errs)
@@ -116,7 +116,7 @@ def test_one_engine_many_threads_and_sessions(tmp_path):
                             with lock:
                                 stats["compactions"] += 1
                     sel = engine.select_context(copy.deepcopy(hosts[sid]), session_id=sid)
-                    assert sel is None or problems(sel) == []
+                    assert sel is None or pairing_problems(sel) == []
                     if step % 3 == 0:
                         res = json.loads(clones[sid].handle_tool_call(
                             "lcm_grep", {"query": "pytest failed"}, messages=copy.deepcopy(hosts[sid])))
@@ -293,7 +293,7 @@ def test_two_hosts_interleaving_compress_and_commit_store_each_message_once(tmp_
         if e.should_compress(est) or step % 4 == 0:
             before = copy.deepcopy(hosts[name])
             out = e.compress(hosts[name], current_tokens=est, force=step % 4 == 0)
-            assert not problems(out), problems(out)
+            assert not pairing_problems(out), pairing_problems(out)
             if out != before and out:
                 waiting[name] = (before, out)
         else:

@@ -16,7 +16,8 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lossless_context.pipeline.assemble import problems, render_summary
+from lossless_context.pipeline.assemble import render_summary
+from lossless_context.pipeline.validate import pairing_problems
 from lossless_context.pipeline.dag_balance import condense_run, depth_bound, next_condensation, node_targets, partial_run
 from lossless_context.records import SummaryRecord
 from lossless_context.tokens import estimate_message_tokens
@@ -128,7 +129,7 @@ def test_block_within_budget_renders_shorter_not_deeper():
     assert "lcm_expand(\"s10\")" in msg["content"]  # a cut body says how to see it whole
     tiny = _render(roots, 150)  # not even headers fit: ids only, still every node named
     assert all(f"s{r['id']}" in tiny["content"] for r in roots)
-    assert problems([msg, {"role": "assistant", "content": "ok"}]) == []
+    assert pairing_problems([msg, {"role": "assistant", "content": "ok"}]) == []
 
 
 # -- the real engine ---------------------------------------------------------------------------
@@ -168,7 +169,7 @@ def test_engine_replay_keeps_dag_balanced_valid_and_lossless(window, n, fanin, l
 
         def checked(messages, *a, **kw):
             out = real(messages, *a, **kw)
-            assert problems(out) == [], problems(out)
+            assert pairing_problems(out) == [], pairing_problems(out)
             reason = eng.get_status().get("lcm_last_reason") or ""
             assert not reason.startswith("target"), reason  # within target
             return out

@@ -10,7 +10,7 @@ import pytest
 from agent.context_engine import ContextEngine as HostContextEngine
 
 from lossless_context import LCMEngine
-from lossless_context.pipeline.assemble import problems
+from lossless_context.pipeline.validate import pairing_problems
 from lossless_context.config import LCMConfig
 from lossless_context.demo.sessions import coding_session, turn_ranges
 from lossless_context.tokens import estimate_messages_tokens
@@ -146,7 +146,7 @@ def test_long_session_compaction_is_lossless(tmp_path, home):
     host = _drive(e, sess)
     assert host.compactions >= 3
     assert host.invalid == []
-    assert problems(host.messages) == []
+    assert pairing_problems(host.messages) == []
     # within budget after every pass
     assert estimate_messages_tokens(host.messages) < e.threshold_tokens
     # every input message stored byte-for-byte
@@ -165,7 +165,7 @@ def test_focus_and_force(tmp_path, home):
     host.add(*sess.messages)
     assert host.maybe_compress() is False  # far below threshold
     assert host.maybe_compress(force=True, focus="billing") is True
-    assert problems(host.messages) == []
+    assert pairing_problems(host.messages) == []
     assert estimate_messages_tokens(host.messages) < estimate_messages_tokens(sess.messages)
 
 

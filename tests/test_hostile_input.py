@@ -11,7 +11,7 @@ After every example:
 
 * no exception escaped;
 * ``compress()`` returned the input itself (no progress) or a list of dicts that passes
-  ``assemble.problems()``, with the system prompt first and unchanged;
+  ``validate.pairing_problems()``, with the system prompt first and unchanged;
 * every input message is stored exactly once: dicts byte-identical
   (``json.dumps(m, sort_keys=True)`` multisets), non-dicts as ``{"_lcm_unparsed": ...}``
   raws (checked by count);
@@ -38,7 +38,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from lossless_context import LCMEngine
-from lossless_context.pipeline.assemble import problems
+from lossless_context.pipeline.validate import pairing_problems
 from lossless_context.config import LCMConfig
 from lossless_context.messages import content_ident
 from tests.support.fake_openai import FakeOpenAI, SummariserResponder
@@ -288,7 +288,7 @@ def check_output(inp: list[Any], out: Any, system: dict | None) -> bool:
     if out is inp:
         return False
     assert all(isinstance(m, dict) for m in out), "compress output holds a non-dict"
-    assert problems(out) == [], problems(out)
+    assert pairing_problems(out) == [], pairing_problems(out)
     if system is not None:
         assert out and out[0] == system, "the system prompt must stay first and unchanged"
     return True

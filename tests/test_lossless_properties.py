@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from lossless_context import LCMEngine
-from lossless_context.pipeline.assemble import problems
+from lossless_context.pipeline.validate import pairing_problems
 from lossless_context.config import LCMConfig
 from lossless_context.demo.sessions import coding_session, turn_ranges
 from lossless_context.tokens import estimate_messages_tokens
@@ -70,7 +70,7 @@ def test_random_conversations(tmp_path_factory, conv, ctx_len, chunk, force_ever
     host.end()
     assert host.invalid == []
     for out in outputs:
-        assert problems(out) == []
+        assert pairing_problems(out) == []
         reason = e.get_status()["lcm_last_reason"] or ""
         if "unreachable" not in reason:
             assert estimate_messages_tokens(out) <= e.threshold_tokens

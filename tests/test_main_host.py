@@ -15,7 +15,7 @@ import threading
 import pytest
 
 from lossless_context import LCMEngine
-from lossless_context.pipeline.assemble import problems
+from lossless_context.pipeline.validate import pairing_problems
 from lossless_context.config import HostCompression, LCMConfig
 from lossless_context.contract.passbudget import pass_budget, plausible_overhead
 from lossless_context.demo.sessions import coding_session, turn_ranges
@@ -98,7 +98,7 @@ def _first_pass_tokens(path, current_tokens):
     e.on_session_start("b")
     msgs = coding_session(700, seed=5).messages
     out = e.compress(copy.deepcopy(msgs), current_tokens=current_tokens)
-    assert problems(out) == []
+    assert pairing_problems(out) == []
     return e, msgs, estimate_messages_tokens(out)
 
 
@@ -120,7 +120,7 @@ def test_absurd_current_tokens_cannot_over_compress(tmp_path, figure):
     committed = e.select_context([{"role": "system", "content": "s"}] + msgs) or msgs
     nxt = [m for m in committed if m.get("role") != "system"] + coding_session(1400, seed=5).messages[700:]
     out2 = e.compress(nxt, current_tokens=estimate_messages_tokens(nxt) + 500)
-    assert problems(out2) == []
+    assert pairing_problems(out2) == []
     assert e.get_status()["lcm_last_pass"]["overhead"] == 500
 
 
@@ -186,7 +186,7 @@ def test_breaker_cooldown_is_surfaced_only_while_deferring_is_safe(tmp_path):
         e.on_session_start("b")
         assert e.get_active_compression_failure_cooldown() is None
         out = e.compress(coding_session(500, seed=8).messages)
-        assert problems(out) == []
+        assert pairing_problems(out) == []
         assert e.get_status()["lcm_last_pass"]["levels"].get("deterministic")
         e.last_prompt_tokens = 50_000
         cd = e.get_active_compression_failure_cooldown()
@@ -253,7 +253,7 @@ def test_silent_summariser_pass_ends_inside_the_silence_budget(tmp_path):
         assert last["budget_seconds"] == 4.0 and last["seconds"] < 8  # ... and stopped at its deadline
         assert last["levels"].get("deterministic")
         assert host.commits == 1 and host.abandoned == 0
-        assert problems([{"role": "system", "content": "s"}] + host.history) == []
+        assert pairing_problems([{"role": "system", "content": "s"}] + host.history) == []
 
 
 def test_host_model_progress_extends_the_wait(tmp_path):
@@ -327,7 +327,7 @@ def test_gateway_hygiene_pass_at_5000_messages_fits_30_seconds(tmp_path):
     last = e.get_status()["lcm_last_pass"]
     assert last["hygiene"] and last["budget_seconds"] == pytest.approx(10.0)
     assert len(host.history) < 1000 and host.abandoned == 0
-    assert problems([{"role": "system", "content": "s"}] + host.history) == []
+    assert pairing_problems([{"role": "system", "content": "s"}] + host.history) == []
 
 
 def test_no_false_blocked_warning_on_a_new_session(tmp_path):

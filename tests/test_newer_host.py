@@ -9,7 +9,7 @@ import pytest
 from collections import Counter
 
 from lossless_context import LCMEngine
-from lossless_context.pipeline.assemble import problems
+from lossless_context.pipeline.validate import pairing_problems
 from lossless_context.config import LCMConfig
 from lossless_context.demo.sessions import coding_session, turn_ranges
 from tests.support.dagcheck import assert_connected
@@ -46,7 +46,7 @@ def test_select_context_is_stable_and_valid(tmp_path, request, backend):
     assert a is b
     for sel in host.selections:
         if isinstance(sel, list):
-            assert sel[0]["role"] == "system" and problems(sel) == []
+            assert sel[0]["role"] == "system" and pairing_problems(sel) == []
             assert not any(m.get("role") == "system" for m in sel[1:])
     # messages carried uids: stored once each, versions keyed on uid
     host.engine.on_session_end("gw-1", host.history)
@@ -77,7 +77,7 @@ def test_stale_request_is_swapped_for_the_committed_context(tmp_path, request, b
     # the committed pass shows older messages as a summary, or (a stubs-only tier-0 pass) as stubs
     assert any("<lcm-summary" in str(m.get("content")) or "[tool-output stub]" in str(m.get("content")) for m in sel)
     assert len(json.dumps(sel)) < len(json.dumps(req))
-    assert problems(sel) == []
+    assert pairing_problems(sel) == []
 
 
 def test_content_change_under_known_uid_is_a_new_version(tmp_path):

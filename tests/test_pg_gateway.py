@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from lossless_context import LCMEngine
-from lossless_context.pipeline.assemble import problems
+from lossless_context.pipeline.validate import pairing_problems
 from lossless_context.config import LCMConfig
 from lossless_context.store import open_store
 from tests.support.pg import start_server
@@ -108,7 +108,7 @@ def test_server_restart_mid_session(tmp_path, caplog):
             _turn(host, n)
             n += 1
         out = e.compress(list(host))
-        assert out != host and not problems(out)
+        assert out != host and not pairing_problems(out)
         e.on_session_end("rs", host)
         e.on_session_start("rs", boundary_reason="compression", old_session_id="rs", platform="cli")
         host = [m for m in out if m.get("role") != "system"]
@@ -122,7 +122,7 @@ def test_server_restart_mid_session(tmp_path, caplog):
             n += 1
             got = e.compress(list(host))
             assert got == host, "while the store is down the host's list comes back unchanged" \
-                if not problems(got) else problems(got)
+                if not pairing_problems(got) else pairing_problems(got)
         # our log says it once, not once per call (store_retry_seconds 0 makes every call probe
         # the server here; psycopg's pool logs each of those connection attempts itself)
         ours = [r.getMessage() for r in caplog.records if r.name.startswith("lossless_context")]
@@ -132,7 +132,7 @@ def test_server_restart_mid_session(tmp_path, caplog):
         _turn(host, n)
         n += 1
         again = e.compress(list(host))  # the engine reconnects by itself
-        assert not problems(again)
+        assert not pairing_problems(again)
         e.on_session_end("rs", host)
         st = e.get_status()
         assert not st.get("lcm_store_error"), st.get("lcm_store_error")

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lossless_context.pipeline.validate import sequence_problems
 from lossless_context.demo.sessions import (
     SYSTEM_PROMPT,
     Canary,
@@ -24,7 +25,6 @@ from lossless_context.demo.sessions import (
     iter_mixed_messages,
     make_session,
     mixed_session,
-    validate_openai_sequence,
 )
 
 KINDS = ("coding", "chat", "mixed")
@@ -83,7 +83,7 @@ def test_does_not_touch_global_random():
 def test_exact_length_and_valid(kind, n):
     s = make_session(kind, n, 9)
     assert len(s.messages) == n
-    assert validate_openai_sequence(s.messages) == []
+    assert sequence_problems(s.messages) == []
     assert check_canaries(s.messages, s.canaries) == []
     if n:
         assert s.messages[0]["role"] == "user"
@@ -96,7 +96,7 @@ def test_exact_length_and_valid(kind, n):
 def test_property_valid_sequences(kind, n, seed, repeat, ask):
     s = make_session(kind, n, seed, repeat_tool_ids=repeat, final_question=ask)
     assert len(s.messages) == n
-    assert validate_openai_sequence(s.messages) == []
+    assert sequence_problems(s.messages) == []
     assert check_canaries(s.messages, s.canaries) == []
     for m in s.messages:
         assert m["role"] in ("user", "assistant", "tool")
@@ -169,7 +169,7 @@ def test_turns_partition_the_session():
 def test_system_prompt_is_separate():
     assert isinstance(SYSTEM_PROMPT, str) and len(SYSTEM_PROMPT) > 100
     s = coding_session(50, 0)
-    assert validate_openai_sequence([{"role": "system", "content": SYSTEM_PROMPT}, *s.messages]) == []
+    assert sequence_problems([{"role": "system", "content": SYSTEM_PROMPT}, *s.messages]) == []
 
 
 # ----------------------------------------------------------------------------- tool ids
@@ -183,7 +183,7 @@ def test_tool_ids_unique_by_default():
 
 def test_repeat_tool_ids_restart_per_message():
     s = coding_session(1500, 3, repeat_tool_ids=True)
-    assert validate_openai_sequence(s.messages) == []
+    assert sequence_problems(s.messages) == []
     for m in s.messages:
         if m.get("tool_calls"):
             assert [tc["id"] for tc in m["tool_calls"]] == [f"call_{j}" for j in range(len(m["tool_calls"]))]
@@ -339,11 +339,11 @@ A = {"role": "assistant", "content": "hello"}
 
 
 def test_validator_accepts_good_sequences():
-    assert validate_openai_sequence([]) == []
-    assert validate_openai_sequence([U, _asst("a", "b"), _tool("b"), _tool("a"), A]) == []  # any order
-    assert validate_openai_sequence([U, _asst("call_0"), _tool("call_0"), _asst("call_0"), _tool("call_0")]) == []
+    assert sequence_problems([]) == []
+    assert sequence_problems([U, _asst("a", "b"), _tool("b"), _tool("a"), A]) == []  # any order
+    assert sequence_problems([U, _asst("call_0"), _tool("call_0"), _asst("call_0"), _tool("call_0")]) == []
     parts = {"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "image_url", "image_url": {}}]}
-    assert validate_openai_sequence([{"role": "system", "content": "s"}, parts, A, U]) == []
+    assert sequence_problems([{"role": "system", "content": "s"}, parts, A, U]) == []
 
 
 @pytest.mark.parametrize("messages,needle", [
@@ -375,13 +375,13 @@ def test_validator_accepts_good_sequences():
     ([U, _asst("a"), {"role": "tool", "tool_call_id": "a", "content": None}], "content is None"),
 ])
 def test_validator_catches_broken_sequences(messages, needle):
-    problems = validate_openai_sequence(messages)
+    problems = sequence_problems(messages)
     assert problems, messages
     assert any(needle in p for p in problems), problems
 
 
 def test_validator_reports_positions():
-    problems = validate_openai_sequence([U, _asst("a", "b"), _tool("a"), U, _tool("q")])
+    problems = sequence_problems([U, _asst("a", "b"), _tool("a"), U, _tool("q")])
     assert problems == [
         "message 1: no result for tool call(s) ['b'] before message 3",
         "message 4: orphan tool result 'q' (no preceding assistant tool call)",
@@ -391,5 +391,5 @@ def test_validator_reports_positions():
 def test_validator_catches_truncation_of_generated_session():
     s = coding_session(400, 1)
     i = next(i for i, m in enumerate(s.messages) if len(m.get("tool_calls") or ()) >= 2)
-    assert validate_openai_sequence(s.messages[: i + 2])  # cut between a call's results
-    assert validate_openai_sequence(s.messages[:i] + s.messages[i + 1:])  # dropped the assistant message
+    assert sequence_problems(s.messages[: i + 2])  # cut between a call's results
+    assert sequence_problems(s.messages[:i] + s.messages[i + 1:])  # dropped the assistant message

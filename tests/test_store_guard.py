@@ -15,7 +15,7 @@ import threading
 import pytest
 
 from lossless_context import LCMEngine
-from lossless_context.pipeline.assemble import problems
+from lossless_context.pipeline.validate import pairing_problems
 from lossless_context.config import LCMConfig
 from lossless_context.hermes.plugin import make_command_handler
 from lossless_context.store import open_store
@@ -49,7 +49,7 @@ def test_store_under_a_regular_file_keeps_the_session_within_the_window(tmp_path
     msgs = _conversation(20)
     assert estimate_messages_tokens(msgs) > 64_000
     out = e.compress(msgs, current_tokens=estimate_messages_tokens(msgs))
-    assert out != msgs and problems(out) == []
+    assert out != msgs and pairing_problems(out) == []
     assert estimate_messages_tokens(out) <= e._budget(0).target
     assert out[-4:] == msgs[-4:] and out[0] == msgs[0]  # newest turns and the head kept verbatim
     # the model's tool names the store and the reason, not a bare exception name
@@ -139,7 +139,7 @@ def test_read_only_store_file(tmp_path):
     e = _engine(str(path))
     msgs = _conversation(20)
     out = e.compress(msgs, current_tokens=estimate_messages_tokens(msgs), session_id="s")
-    assert problems(out) == [] and estimate_messages_tokens(out) < estimate_messages_tokens(msgs)
+    assert pairing_problems(out) == [] and estimate_messages_tokens(out) < estimate_messages_tokens(msgs)
 
 
 class _HungServer:
@@ -184,7 +184,7 @@ def test_hung_postgres_costs_one_timeout_then_fails_fast(tmp_path):
         e.on_session_end("s1", msgs)
         after_first = srv.accepted
         assert after_first >= 1
-        assert problems(out) == [] and estimate_messages_tokens(out) < estimate_messages_tokens(msgs)
+        assert pairing_problems(out) == [] and estimate_messages_tokens(out) < estimate_messages_tokens(msgs)
         for _ in range(5):  # further hooks never reach the server during the cool-down
             e.on_session_start("s1")
             e.compress(msgs, current_tokens=estimate_messages_tokens(msgs))
@@ -221,6 +221,6 @@ def test_trim_without_store_never_splits_a_tool_group():
     msgs = _conversation(30, chars=3000)
     for target in (2000, 8000, 20_000, 60_000):
         out = trim_without_store(msgs, target, 3)
-        assert problems(out) == [] and out[-1] == msgs[-1]
+        assert pairing_problems(out) == [] and out[-1] == msgs[-1]
         assert any(m["role"] == "user" for m in out)
     assert trim_without_store(msgs[:4], 10, 3) == msgs[:4]  # one turn: nothing to cut

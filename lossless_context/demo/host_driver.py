@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..contract.host import rough_estimator
-from ..pipeline.assemble import problems
+from ..pipeline.validate import pairing_problems
 from ..tokens import estimate_message_tokens, estimate_text_tokens
 
 
@@ -257,7 +257,7 @@ class R19Host:
             self.no_progress += 1
             self.messages = before
         else:
-            self.invalid.extend(problems(out))
+            self.invalid.extend(pairing_problems(out))
             if self.on_output:
                 self.on_output(out)
             old = self.session_id

@@ -6,7 +6,7 @@ if wanted) and `iter_*_messages` yield the same messages lazily for million-mess
 Sessions are seeded with private `random.Random` instances, so equal arguments always
 give byte-identical output. Each session plants `Canary` facts (a value that occurs
 exactly once in the whole session, with a question whose answer it is) so recall can
-be measured. `validate_openai_sequence` checks tool-call pairing and content types;
+be measured. `pipeline.validate.sequence_problems` checks tool-call pairing and content types;
 `check_canaries` checks canary uniqueness (both in session_checks.py, re-exported here).
 Everything generated is ASCII.
 """
@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from itertools import islice
 from string import Template
 from typing import Any, Iterator, Sequence
-from .session_checks import check_canaries, validate_openai_sequence  # noqa: F401 - re-exported
+from .session_checks import check_canaries  # noqa: F401 - re-exported
 from .session_data import _AREAS, _ASK, _AUTHORS, _BODY, _BUGS, _CASES, _CLOSERS, _CONDITIONS, _C_CTX, _C_DIRS, _C_ERR, _C_FIRST, _C_KINDS, _C_LAST, _C_PASS, _C_TICKET, _C_WORDS, _ERRORS, _EVENTS, _EXPLORE, _FACTS, _FEATURES, _FIX, _INTROS, _JOBS, _LATER, _LEVELS, _PATHS, _REASONS, _SLOT, _SVC, _SVC2, _SYMPTOMS, _TABLES, _TEAMS, _THINGS, _TOGGLES, _TOPICS, _TOPIC_NAMES, _TREE, _t
 
 __all__ = [
     "SYSTEM_PROMPT", "SESSION_KINDS", "Canary", "Session", "SessionStream", "coding_session", "chat_session",
     "mixed_session", "make_session", "iter_coding_messages", "iter_chat_messages",
-    "iter_mixed_messages", "validate_openai_sequence", "check_canaries", "turn_ranges",
+    "iter_mixed_messages", "check_canaries", "turn_ranges",
 ]
 
 SYSTEM_PROMPT = (

@@ -6,7 +6,8 @@
 3. `digest`        — what a summariser is sent of each message;
 4. `compaction`    — pick the span, build leaf and condensed nodes (`dag_balance`,
                      `dag_rebalance` keep the DAG a hierarchy; `continuity` keeps the task in view);
-5. `assemble`      — system + head + summary message + tail: a valid OpenAI list by construction;
+5. `assemble`      — system + head + summary message + tail: a valid OpenAI list by construction
+                     (`validate`: what "valid" means, checked in one place);
 6. `owners`        — which engine staged a pass (a pass is published only when the host commits);
 7. `background`    — summarising ahead of time and upgrading deterministic nodes off the hot path;
 8. views and edits — `context_view`, `summary_view`, `originals` (what the model sees, what a node

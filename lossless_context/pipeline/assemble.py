@@ -185,31 +185,5 @@ def repair(messages: list[Any], changes: list[tuple[dict, dict]] | None = None) 
     return out
 
 
-def problems(messages: Sequence[Any]) -> list[str]:
-    """Why a list is not a valid OpenAI sequence (empty when valid)."""
-    errs = []
-    pending: list[str] = []
-    for idx, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            errs.append(f"{idx}: not a message")
-            continue
-        role = m["role"]
-        if role == "tool":
-            tid = m.get("tool_call_id")
-            if tid not in pending:
-                errs.append(f"{idx}: orphan tool result {tid!r}")
-            else:
-                pending.remove(tid)
-            continue
-        if pending:
-            errs.append(f"{idx}: tool calls without results: {pending}")
-            pending = []
-        if role == "assistant":
-            pending = list(tool_call_ids(m))
-    if pending:
-        errs.append(f"end: tool calls without results: {pending}")
-    return errs
-
-
 def total_tokens(messages: Sequence[Any]) -> int:
     return sum(estimate_message_tokens(m) for m in messages)

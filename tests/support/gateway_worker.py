@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from lossless_context import LCMEngine  # noqa: E402
-from lossless_context.pipeline.assemble import problems  # noqa: E402
+from lossless_context.pipeline.validate import pairing_problems  # noqa: E402
 from lossless_context.config import LCMConfig  # noqa: E402
 from lossless_context.tokens import estimate_messages_tokens  # noqa: E402
 
@@ -59,7 +59,7 @@ def drive(store: str, sid: str, turns: int, out: dict) -> None:
         except Exception as exc:  # the contract: compress() never raises
             rec["errors"].append(f"compress raised {type(exc).__name__}: {exc}")
             continue
-        bad = problems(result)
+        bad = pairing_problems(result)
         if bad:
             rec["errors"].append(f"invalid output: {bad[:3]}")
             continue
