@@ -529,7 +529,7 @@ class _Ctx:
         error = None
         model = self.engine.summary_escalator().model if excerpts else None
         if model is not None:
-            answer, error = self._ask(model, prompt, excerpts)
+            answer, error = self._ask(prompt, excerpts)
         out: dict[str, Any] = {"prompt": prompt, "sources": [e["id"] for e in excerpts]}
         if answer:
             out["answer"] = answer
@@ -573,14 +573,9 @@ class _Ctx:
                 break
         return out
 
-    def _ask(self, model, prompt: str, excerpts: list[dict[str, Any]]) -> tuple[str | None, str | None]:
+    def _ask(self, prompt: str, excerpts: list[dict[str, Any]]) -> tuple[str | None, str | None]:
         from .summarizers.redact import redact
 
-        guard = self.engine.summary_escalator().guard
-        if guard is not None:
-            ok, why = guard.allow()
-            if not ok:
-                return None, why
         body = "\n\n".join(f"[{e['id']} {e['role']}] {e['text']}" for e in excerpts)
         if self.engine.config.redact:
             body = redact(body)
@@ -592,16 +587,9 @@ class _Ctx:
             {"role": "user", "content": f"Question: {prompt}\n\n<excerpts>\n{body}\n</excerpts>"},
         ]
         t0 = time.monotonic()
-        try:
-            text = model.complete(msgs, max_tokens=800)
-        except Exception as exc:
-            if guard is not None:
-                guard.record(False)
-            return None, str(exc)
-        if guard is not None:
-            guard.record(bool(text))
+        answer = self.engine.summary_escalator().ask(msgs, max_tokens=800)
         log.debug("lcm_expand_query answered in %.2fs", time.monotonic() - t0)
-        return (text.strip() if isinstance(text, str) and text.strip() else None), None
+        return answer
 
 
 def _regex_snippet(regex, text: str, width: int = 160) -> str:

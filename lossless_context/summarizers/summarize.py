@@ -405,6 +405,26 @@ class Escalator:
         return SummaryResult(text, "deterministic", "extractive", calls, failures, errors, spend)
 
 
+    def ask(self, messages: list[dict[str, str]], max_tokens: int) -> tuple[str | None, str | None]:
+        """One plain model call under the same guard as summaries (lcm_expand_query's answer):
+        (the reply text or None, why there is none)."""
+        if self.model is None:
+            return None, "no model configured"
+        if self.guard is not None:
+            ok, why = self.guard.allow()
+            if not ok:
+                return None, why
+        try:
+            text = self.model.complete(messages, max_tokens=max_tokens)
+        except Exception as exc:  # a failing endpoint is an answer of its own: "none, because…"
+            if self.guard is not None:
+                self.guard.record(False)
+            return None, str(exc)
+        if self.guard is not None:
+            self.guard.record(bool(text))
+        return (text.strip() if isinstance(text, str) and text.strip() else None), None
+
+
 def deterministic_summary(req: SummaryRequest, do_redact: bool = True) -> str:
     # Nothing leaves the process here, so sources get only our fast patterns (they cover
     # multi-line secrets such as PEM blocks); the summary itself gets the full redaction.
