@@ -19,7 +19,7 @@ from .pipeline import forget
 from .store import owners
 from .contract.base import base_class
 from .pipeline.assemble import Slot
-from .pipeline.background import BackgroundWorker, presummarise, upgrade_nodes
+from .pipeline.background import BackgroundWorker, presummarize, upgrade_nodes
 from .pipeline.compaction import Budget, Compactor, PassResult
 from .pipeline.dag_balance import node_targets
 from .config import LCMConfig, model_threshold
@@ -535,7 +535,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
         store, esc = self.store, self._get_escalator()
         worker.submit(f"{sid}#upgrade", lambda stop: upgrade_nodes(store, esc, sid, list(node_ids), budget, stop))
 
-    def maybe_presummarise(self, messages: List[Any], session_id: str | None = None) -> bool:
+    def maybe_presummarize(self, messages: List[Any], session_id: str | None = None) -> bool:
         """Between turns, above the soft threshold: summarise ahead what the next pass takes."""
         worker = self._worker()
         if worker is None or not self.context_length:
@@ -549,7 +549,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
         sid = session_id or self._sid()
         store, budget = self.store, self._budget(self._overhead)
         stubs = stub_policy(self.config) if self.config.tool_stubs else None
-        return worker.submit(sid, lambda stop: presummarise(store, esc, sid, budget, stop, stubs))
+        return worker.submit(sid, lambda stop: presummarize(store, esc, sid, budget, stop, stubs))
 
     def _cancel_check(self) -> Callable[[], bool] | None:
         fn = getattr(self, "_compression_cancelled_check", None)

@@ -11,7 +11,8 @@ Read with `ast` from lossless_context/, lazy imports inside functions included, 
   messages, tokens), search, stores, summarisers, the pipeline, operations, the rest of the
   host contract, and on top the engine and its tools (`CORE_LAYERS`, lowest first);
 * no import cycles among the package's modules;
-* no file over 800 lines, but for the listed ones, which are due to be split.
+* no file over 800 lines, but for the listed ones, which are due to be split;
+* code names say "summarize" (the host's and our config's spelling); prose may say "summarise".
 
 Every rule is also run on a small synthetic package that breaks it, so a checker that cannot
 fail would fail here.
@@ -218,6 +219,26 @@ def cycles(mods: dict) -> list[list[str]]:
     return found
 
 
+def british_names(mods: dict) -> list[str]:
+    """Names defined or used in code (functions, classes, variables, arguments, attributes)
+    spelled "summaris…"."""
+    bad = set()
+    for m, (_, tree) in mods.items():
+        for n in ast.walk(tree):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names = [n.name]
+            elif isinstance(n, ast.Name):
+                names = [n.id]
+            elif isinstance(n, ast.Attribute):
+                names = [n.attr]
+            elif isinstance(n, ast.arg) or (isinstance(n, ast.keyword) and n.arg):
+                names = [n.arg]
+            else:
+                continue
+            bad.update(f"{m}: {x}" for x in names if "summaris" in x.lower())
+    return sorted(bad)
+
+
 def long_files(root: Path, limit: int = 800) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*.py")
             if len(p.read_text(encoding="utf-8").splitlines()) > limit}
@@ -248,6 +269,10 @@ def test_no_module_uses_another_modules_private_names():
 
 def test_no_import_cycles_lazy_imports_included():
     assert cycles(load(PKG)) == []
+
+
+def test_code_names_spell_summarize_one_way():
+    assert british_names(load(PKG)) == []
 
 
 def test_files_stay_small():
@@ -307,7 +332,7 @@ def test_the_checks_catch_violations(tmp_path):
                 from agent.redact import x  # the host, outside host.py
                 return store._write(1)
         """,
-        "c.py": "from .b import _hidden\n",
+        "c.py": "from .b import _hidden\ndef presummarise(): pass\n",
         "tools.py": "from .engine import f\n",
         "a.py": "def g():\n    from . import b\n",
         "b.py": "from . import a\n",
@@ -320,5 +345,6 @@ def test_the_checks_catch_violations(tmp_path):
     assert host_import_violations(mods) == ["lossless_context.engine imports agent.redact"]
     assert private_violations(mods) == ["lossless_context.c:1 imports b._hidden", "lossless_context.engine:8 store._write"]
     assert cycles(mods) == [["lossless_context.a", "lossless_context.b"]]
+    assert british_names(mods) == ["lossless_context.c: presummarise"]
     (tmp_path / "lossless_context" / "big.py").write_text("x = 1\n" * 801)
     assert long_files(tmp_path / "lossless_context") == {"big.py"}

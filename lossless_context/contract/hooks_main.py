@@ -166,7 +166,7 @@ class NewHostHooks:
             if isinstance(messages, list) and messages:
                 sid = self._sid(kwargs)  # type: ignore[attr-defined]
                 self.ingest(messages, session_id=sid)  # type: ignore[attr-defined]
-                self.maybe_presummarise(messages, session_id=sid)  # type: ignore[attr-defined]
+                self.maybe_presummarize(messages, session_id=sid)  # type: ignore[attr-defined]
         except Exception as exc:
             log.warning("lcm: on_turn_complete ingestion failed (the host keeps its copy): %s", exc)
 

@@ -87,7 +87,7 @@ class HostSignals:
 
     # -- should_compress_info / cool-down ------------------------------------------------
 
-    def _summariser_cooldown(self) -> float:
+    def _summarizer_cooldown(self) -> float:
         """Seconds the summariser's circuit breaker stays open (0: closed or no model)."""
         try:
             esc = self._get_escalator()  # type: ignore[attr-defined]
@@ -112,7 +112,7 @@ class HostSignals:
 
     def get_active_compression_failure_cooldown(self, *args: Any, **kwargs: Any) -> Optional[Dict[str, Any]]:
         try:
-            left = self._summariser_cooldown()
+            left = self._summarizer_cooldown()
             if left <= 0 or not self._below_hard_limit():
                 return None
             import time
@@ -128,7 +128,7 @@ class HostSignals:
             threshold = _number(self.threshold_tokens) or 0  # type: ignore[attr-defined]
             if tokens is None or tokens < 0 or threshold <= 0 or tokens < threshold:
                 return False, None
-            left = self._summariser_cooldown()
+            left = self._summarizer_cooldown()
             if left > 0 and self._below_hard_limit(tokens):
                 return False, f"cooldown:{left:.0f}"
             if self.should_compress(prompt_tokens):  # type: ignore[attr-defined]

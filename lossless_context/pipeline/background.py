@@ -169,7 +169,7 @@ def context_slots(store: Store, session_id: str) -> tuple[list[Slot], dict[int, 
     return slots, records
 
 
-def presummarise(store: Store, esc: Escalator, session_id: str, budget: Budget,
+def presummarize(store: Store, esc: Escalator, session_id: str, budget: Budget,
                  stop: Callable[[], bool], stubs: StubPolicy | None = None) -> int:
     """Summarise, with the model, the stable chunks the next compaction will take.
 

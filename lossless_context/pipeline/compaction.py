@@ -173,7 +173,7 @@ class Compactor:
         for _round in range(4):
             t = max(t, region_end)
             t = self._fix_roles(slots, h, t)
-            nodes = self._summarise_region(session_id, slots, records, region_end, t, nodes,
+            nodes = self._summarize_region(session_id, slots, records, region_end, t, nodes,
                                            existing, budget, focus, memory_context)
             region_end = t
             nodes = self._condense(session_id, nodes, budget, focus, memory_context)
@@ -252,7 +252,7 @@ class Compactor:
                 return start
         return t
 
-    def _summarise_region(self, session_id: str, slots: Sequence[Slot], records: dict[int, MessageRecord],
+    def _summarize_region(self, session_id: str, slots: Sequence[Slot], records: dict[int, MessageRecord],
                           a: int, b: int, nodes: list[_Node], existing: dict[int, SummaryRecord],
                           budget: Budget, focus: str | None, memory: str) -> list[_Node]:
         nodes = list(nodes)
@@ -291,10 +291,10 @@ class Compactor:
             self.adopted += 1
             self.levels[level] = self.levels.get(level, 0) + 1
         elif self.fast and self.esc.model is not None:
-            text, level, summarizer = self._summarise(sources, target, "leaf", focus, memory, deterministic=True)
+            text, level, summarizer = self._summarize(sources, target, "leaf", focus, memory, deterministic=True)
             self.to_upgrade.append(key)
         else:
-            text, level, summarizer = self._summarise(sources, target, "leaf", focus, memory)
+            text, level, summarizer = self._summarize(sources, target, "leaf", focus, memory)
         tokens = estimate_text_tokens(text)
         self.new.append(NewSummary(key, "leaf", 0, text, tokens, src_tokens, level, summarizer,
                                    min(times) if times else None, max(times) if times else None,
@@ -302,7 +302,7 @@ class Compactor:
         return _Node(key, 0, tokens, text, min(times) if times else None, max(times) if times else None,
                      len(mids))
 
-    def _summarise(self, sources: list[Source], target: int, kind: str, focus: str | None,
+    def _summarize(self, sources: list[Source], target: int, kind: str, focus: str | None,
                    memory: str, deterministic: bool = False) -> tuple[str, str, str]:
         if not sources:
             return "(no summarisable content: the covered messages are stored verbatim)", "deterministic", "extractive"
@@ -339,7 +339,7 @@ class Compactor:
             target = min(budget.condensed_summary, max(32, src_tokens // 2))
             key = f"new{len(self.new)}"
             fast = self.fast and self.esc.model is not None
-            text, level, summarizer = self._summarise(sources, target, "condensed", focus, memory, deterministic=fast)
+            text, level, summarizer = self._summarize(sources, target, "condensed", focus, memory, deterministic=fast)
             if fast:
                 self.to_upgrade.append(key)
             tokens = estimate_text_tokens(text)

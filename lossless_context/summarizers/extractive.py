@@ -277,7 +277,7 @@ def _headers(sources: Sequence[Source], ids: list[str], kept: int, total: int,
     return [full, "[" + ", ".join(p for p in (parts[0], count) if p) + "]", f"[{span}]"]
 
 
-def _summarise(sources: Sequence[Source], target_tokens: int, focus: str | None,
+def _summarize(sources: Sequence[Source], target_tokens: int, focus: str | None,
                aggressive: bool) -> str:
     eff_target = max(1, target_tokens // 2) if aggressive else target_tokens
     cap = eff_target * 4
@@ -393,7 +393,7 @@ def extractive_summary(sources: Sequence[Source], target_tokens: int, focus: str
     if target <= 0:
         return ""
     try:
-        return _summarise(list(sources or ()), target, focus, bool(aggressive))
+        return _summarize(list(sources or ()), target, focus, bool(aggressive))
     except Exception:  # pragma: no cover - the last level of escalation must not fail
         try:
             n = len(sources)
