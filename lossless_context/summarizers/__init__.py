@@ -1,8 +1,9 @@
 """Summarisers and what guards them.
 
-* `summarize`  — the summariser interface (`ModelSummarizer`), the model-backed ones (the host's
-                 model, any OpenAI-compatible endpoint), escalation normal → aggressive →
-                 deterministic, and validation of every reply;
+* `summarize`  — the summariser interface (`Summarizer`), which the built-in
+                 `ExtractiveSummarizer` and the model-backed ones (`ModelSummarizer`: the host's
+                 model, any OpenAI-compatible endpoint) all implement; escalation normal →
+                 aggressive → deterministic (`Escalator`), and validation of every reply;
 * `extractive` — the built-in summariser without a model (the default: no network, no key);
 * `explore`    — type-aware sketches of huge messages and tool outputs (JSON, code, logs, tables);
 * `redact`     — secrets out of every text before it reaches a summariser;

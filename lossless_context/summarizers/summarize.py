@@ -144,7 +144,46 @@ def validate_reply(text: str | None, source_tokens: int, target_tokens: int) -> 
     return text
 
 
-class ModelSummarizer:
+class Summarizer:
+    """The summariser interface: one summary of a request at a level ("normal", "aggressive",
+    "deterministic"). Every summariser implements it — the built-in extractive one and the
+    model-backed ones (`ModelSummarizer`) alike; the `Escalator` runs them."""
+
+    name = "summarizer"
+    model = ""  # the model name reported in costs
+
+    def summarize(self, req: SummaryRequest, level: str, timeout: float | None = None) -> str:
+        """The summary text; raises SummarizerError when there is none."""
+        raise SummarizerError(f"{type(self).__name__} does not summarize")
+
+    def take_spend(self) -> Spend:
+        """What this thread's calls cost since the last take (nothing, for a local summariser)."""
+        return Spend()
+
+
+class ExtractiveSummarizer(Summarizer):
+    """The built-in summariser: no model, no network, deterministic (extractive.py); also the
+    level every escalation ends at."""
+
+    name = "extractive"
+
+    def __init__(self, redact_text: bool = True) -> None:
+        self.redact_text = redact_text
+
+    def summarize(self, req: SummaryRequest, level: str = "deterministic", timeout: float | None = None) -> str:
+        # Nothing leaves the process here, so sources get only our fast patterns (they cover
+        # multi-line secrets such as PEM blocks); the summary itself gets the full redaction.
+        sources = req.sources
+        if self.redact_text:
+            sources = [Source(s.id, s.role, _redact_builtin(s.text), s.timestamp) for s in sources]
+        from .extractive import extractive_summary  # (first use; keeps the plugin's load light)
+
+        target = max(16, req.target_tokens if level != "aggressive" else req.target_tokens // 2)
+        text = extractive_summary(sources, target, focus=req.focus)
+        return _redact(text) if self.redact_text else text
+
+
+class ModelSummarizer(Summarizer):
     """Base for summarisers that call a model; subclasses implement `_complete`."""
 
     name = "model"
@@ -353,6 +392,7 @@ class Escalator:
         self.model = model
         self.guard = guard
         self.do_redact = do_redact
+        self.fallback = ExtractiveSummarizer(do_redact)  # the deterministic level
 
     def summarize(self, req: SummaryRequest, cancelled: Callable[[], bool] | None = None,
                   deadline: float | None = None, call_timeout: float | None = None) -> SummaryResult:
@@ -400,9 +440,9 @@ class Escalator:
                 return SummaryResult(text, level, self.model.name, calls, failures, errors, self.model.take_spend())
         if errors:
             log.info("lcm: summariser escalated to deterministic level: %s", "; ".join(errors))
-        text = deterministic_summary(req, self.do_redact)
+        text = self.fallback.summarize(req, "deterministic")
         spend = self.model.take_spend() if self.model is not None else Spend()
-        return SummaryResult(text, "deterministic", "extractive", calls, failures, errors, spend)
+        return SummaryResult(text, "deterministic", self.fallback.name, calls, failures, errors, spend)
 
 
     def ask(self, messages: list[dict[str, str]], max_tokens: int) -> tuple[str | None, str | None]:
@@ -426,15 +466,8 @@ class Escalator:
 
 
 def deterministic_summary(req: SummaryRequest, do_redact: bool = True) -> str:
-    # Nothing leaves the process here, so sources get only our fast patterns (they cover
-    # multi-line secrets such as PEM blocks); the summary itself gets the full redaction.
-    sources = req.sources
-    if do_redact:
-        sources = [Source(s.id, s.role, _redact_builtin(s.text), s.timestamp) for s in sources]
-    from .extractive import extractive_summary  # (first use; keeps the plugin's load light)
-
-    text = extractive_summary(sources, max(16, req.target_tokens), focus=req.focus)
-    return _redact(text) if do_redact else text
+    """The built-in extractive summary of `req` (no model)."""
+    return ExtractiveSummarizer(do_redact).summarize(req, "deterministic")
 
 
 def _safe_call(fn: Callable[[], bool]) -> bool:
