@@ -1,5 +1,7 @@
 """The host contract: what Hermes calls on the engine, and what the engine uses of Hermes.
 
+* `spec`       — the contract declared: every method the host calls and attribute it reads or
+                 writes, when, and what the engine promises (checked by tests/test_contract.py);
 * `base`       — the 0.19.0 `ContextEngine` surface (the host's class when installed, a
                  stand-in otherwise): every method the host calls and attribute it reads;
 * `hooks_r19`  — signals the 0.19.0 host sends besides compress() (usage, resets, /compress);

@@ -1,0 +1,92 @@
+"""The declared host contract (lossless_context/contract/spec.py) against the engine and the host.
+
+Each declared method exists on LCMEngine and accepts every argument the host passes; each declared
+attribute is readable on an engine; every public member of the installed host's ContextEngine is
+declared; and every public method of the contract mixins is either declared or named below as our
+own (called by our CLI, plugin or tests, never by the host).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from lossless_context import LCMEngine
+from lossless_context.config import LCMConfig
+from lossless_context.contract import hooks_main, hooks_r19, lifecycle
+from lossless_context.contract.spec import HOST_ATTRIBUTES, HostCalls
+
+DECLARED = {n for n, v in vars(HostCalls).items() if callable(v) and (not n.startswith("_") or n == "__deepcopy__")}
+OURS = {  # public methods of the contract mixins the host never calls: who does
+    "current_session": "tools and /lcm: the session this engine acts on",
+    "live_engine": "/lcm: the copy the user's agent drives",
+    "sync_from_host": "/lcm: store the host's latest turns before a command",
+    "record_pass": "the engine: the pass log behind /lcm status",
+    "last_passes": "/lcm status",
+    "explicit_threshold_percent": "config: a threshold the user set",
+}
+
+
+def _engine(tmp_path) -> LCMEngine:
+    e = LCMEngine(config=LCMConfig.load({"store": str(tmp_path / "c.db")}, read_file=False))
+    e.update_model(model="m", context_length=64_000)
+    return e
+
+
+def _accepts(impl, spec) -> list[str]:
+    """Arguments the host passes (spec's parameters) that impl would refuse."""
+    ip = inspect.signature(impl).parameters
+    named_ok = any(p.kind is p.VAR_KEYWORD for p in ip.values())
+    bad = []
+    for name, p in list(inspect.signature(spec).parameters.items())[1:]:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        if name not in ip and not named_ok:
+            bad.append(name)
+    return bad
+
+
+def test_every_declared_method_is_implemented_with_a_compatible_signature(tmp_path):
+    e = _engine(tmp_path)
+    for name in sorted(DECLARED):
+        impl = getattr(e, name, None)
+        assert callable(impl), f"LCMEngine has no {name}"
+        assert _accepts(impl, getattr(HostCalls, name)) == [], name
+
+
+def test_every_declared_attribute_is_there(tmp_path):
+    e = _engine(tmp_path)
+    for name in HOST_ATTRIBUTES:
+        if name in ("model_thresholds",):  # assigned by the host before use; we read it with a default
+            continue
+        assert hasattr(e, name), f"LCMEngine has no attribute {name}"
+
+
+def test_every_member_of_the_hosts_context_engine_is_declared():
+    from agent.context_engine import ContextEngine
+
+    members = {n for n in vars(ContextEngine) if not n.startswith("_")}
+    assert members - DECLARED - set(HOST_ATTRIBUTES) == set()
+
+
+def test_the_mixins_define_only_declared_or_named_public_methods():
+    defined = set()
+    for mod in (hooks_main, hooks_r19, lifecycle):
+        for _, cls in inspect.getmembers(mod, inspect.isclass):
+            if cls.__module__ == mod.__name__:
+                defined |= {n for n in vars(cls) if not n.startswith("_")}
+    assert defined - DECLARED - set(HOST_ATTRIBUTES) - set(OURS) == set()
+    assert set(OURS) <= defined, "a name listed as ours is gone: drop it from OURS"
+
+
+def test_the_checks_fail_on_a_missing_argument():
+    class Spec:
+        def f(self, a, b=0): ...
+
+    class Impl:
+        def f(self, a): ...
+
+    class Loose:
+        def f(self, a, **kw): ...
+
+    assert _accepts(Impl().f, Spec.f) == ["b"]
+    assert _accepts(Loose().f, Spec.f) == []
