@@ -61,14 +61,12 @@ class IngestResult:
     resume: Resume | None = None  # how the next call over a longer list can skip this one (fast path only)
 
 
-@dataclass
-class Match:
-    """Where one incoming message stands (Walk.place)."""
-
-    slot: Slot | None  # the stored message or summary it is; None: new, to be stored
-    ident: str | None  # its content identity (None: never needed, see Walk.place)
-    supersedes: int | None = None  # (new) the stored version of the same message uid it replaces
-    store_too: bool = False  # (a summary block) the host merged it with text: store that verbatim too
+# Where one incoming message stands (Walk.place), as a plain tuple (one per message: quick to build):
+# (slot: the stored message or summary it is, None if it is new and to be stored;
+#  ident: its content identity, None if it was never needed (see Walk.place);
+#  supersedes: (new) the stored version of the same message uid it replaces, else None;
+#  store_too: (a summary block) the host merged it with text, to be stored verbatim as well)
+Placed = tuple["Slot | None", "str | None", "int | None", bool]
 
 
 class Walk:
@@ -98,7 +96,7 @@ class Walk:
     def summaries(self) -> set[int]:
         return {e.ref for e in self.context if e.kind == "s"}
 
-    def place(self, msg: Any, ident: str | None) -> Match:
+    def place(self, msg: Any, ident: str | None) -> Placed:
         """Where `msg`, the next message of the host's list, stands; moves past it.
 
         `ident` is content_ident(msg), or None when the caller deferred it (the fast path
@@ -129,8 +127,8 @@ class Walk:
                 if _is_merged(msg):
                     log.info("lcm: our summary was merged with a neighbour by the host; the merged "
                              "message is stored verbatim and the summary nodes kept")
-                    return Match(slot, ident if ident is not None else self.ident_of(msg), store_too=True)
-                return Match(slot, ident)
+                    return slot, (ident if ident is not None else self.ident_of(msg)), None, True
+                return slot, ident, None, False
         # 2. A large message we represented by its exploration summary (or a tier-0 stub).
         lref = _large_ref(msg)
         if lref is not None:
@@ -145,7 +143,7 @@ class Walk:
                 slot = slot_for(msg, lref, estimate_message_tokens(msg), e.ident)
                 slot.text_tokens = e.tokens
                 self.last_mid = max(self.last_mid, lref)
-                return Match(slot, ident)
+                return slot, ident, None, False
         # 3. The active context, in order, with a bounded lookahead (host may drop items).
         j = self.j
         if j < len(context):  # (past its end — new messages at the tail — nothing to look up)
@@ -166,7 +164,7 @@ class Walk:
                 self.j = found + 1
                 if e.ref > self.last_mid:
                     self.last_mid = e.ref
-                return Match(slot_for(msg, e.ref, e.tokens, e.ident), ident)
+                return slot_for(msg, e.ref, e.tokens, e.ident), ident, None, False
         # 4. A known uid: same content is the same message; new content is a new version.
         uid = message_uid(msg)
         if uid:
@@ -176,16 +174,16 @@ class Walk:
             if hit is not None:
                 if hit[1] == ident:
                     self.last_mid = max(self.last_mid, hit[0])
-                    return Match(slot_for(msg, hit[0], estimate_message_tokens(msg), ident), ident)
-                return Match(None, ident, supersedes=hit[0])
+                    return slot_for(msg, hit[0], estimate_message_tokens(msg), ident), ident, None, False
+                return None, ident, hit[0], False
         # 5. The log stored after the last matched message (e.g. a /compress head prefix
         #    whose verbatim tail the host re-appended, or a flush by on_session_end).
         hit_mid, ident = self._in_log(msg, ident, uid)
         if hit_mid is not None:
             self.last_mid = hit_mid
-            return Match(slot_for(msg, hit_mid, estimate_message_tokens(msg), ident), ident)
+            return slot_for(msg, hit_mid, estimate_message_tokens(msg), ident), ident, None, False
         # 6. New.
-        return Match(None, ident)
+        return None, ident, None, False
 
     def _in_log(self, msg: Any, ident: str | None, uid: str | None) -> tuple[int | None, str | None]:
         """(the stored message of this session's log after last_mid that `msg` repeats, or
@@ -229,16 +227,16 @@ def align(
     rows: list[NewMessage] = []  # the new messages to store, in order
     new_slots: list[Slot] = []  # their slots (the merged summary blocks stored verbatim have none)
     for msg in messages:
-        m = walk.place(msg, content_ident(msg))
-        if m.slot is None:
-            row = new_message(msg, large_tokens, exploration_tokens, supersedes=m.supersedes, ident=m.ident)
+        slot, ident, supersedes, store_too = walk.place(msg, content_ident(msg))
+        if slot is None:
+            row = new_message(msg, large_tokens, exploration_tokens, supersedes=supersedes, ident=ident)
             rows.append(row)
             # A placeholder ref -k names the k-th new row until the store gives it an id.
-            m.slot = new_slot(msg, -len(rows), row)
-            new_slots.append(m.slot)
-        elif m.store_too:
-            rows.append(new_message(msg, large_tokens, exploration_tokens, ident=m.ident))
-        slots.append(m.slot)
+            slot = new_slot(msg, -len(rows), row)
+            new_slots.append(slot)
+        elif store_too:
+            rows.append(new_message(msg, large_tokens, exploration_tokens, ident=ident))
+        slots.append(slot)
     new_ids: list[int] = []
     if rows:
         # The new rows and the new active context go in ONE transaction (placeholders in the

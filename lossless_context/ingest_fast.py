@@ -59,20 +59,21 @@ def align_fast(
         walk = Walk(store, session_id, scope, context, ident_of=memo.ident)
         slots, idents, start = [], [], 0
     pending: list[Pending] = []
+    n_context = len(context)
     for msg in messages[start:] if start else messages:
         # Past the end of the stored context (new messages at the tail) the identity is
         # needed only to compare with a stored row: it is computed when one is found, or
         # else while the row is built (overlapping the store's writing, see _store_new()).
-        m = walk.place(msg, memo.ident(msg) if walk.j < len(context) else None)
-        idents.append(m.ident)
-        if m.slot is not None:
-            slots.append(m.slot)
-            if m.store_too:
-                pending.append((-1, msg, m.ident, None))
+        slot, ident, supersedes, store_too = walk.place(msg, memo.ident(msg) if walk.j < n_context else None)
+        idents.append(ident)
+        if slot is not None:
+            slots.append(slot)
+            if store_too:
+                pending.append((-1, msg, ident, None))
         else:
             # A placeholder ref (-1, -2, …) until its row is built: an int for a usable
             # message (its Slot is made by _store_new), an "x" slot for unusable input.
-            pending.append((len(slots), msg, m.ident, m.supersedes))
+            pending.append((len(slots), msg, ident, supersedes))
             slots.append(-len(pending) if role_of(msg) not in UNUSABLE else slot_for(msg, -len(pending), 0))
 
     # A resumed call builds (and the store writes) only what follows the resumed prefix.
