@@ -90,7 +90,9 @@ class Resume:
     the list starts with the very same message objects, unchanged (checked against the
     snapshot, or through the ident memo): then the prefix maps to the same slots, and only
     the rest needs aligning. It also keeps the context that alignment wrote, so the next
-    one builds and writes only what it adds."""
+    one builds and writes only what it adds. (One exception, kept as it was: unusable input
+    behind a message that became a newer row — a plain walk stores that input again, a
+    resumed call keeps its row; see tests/test_ingest_oracle.py::test_known_divergence_below.)"""
 
     objs: list[Any]  # the previous list's messages (the host's own objects)
     idents: list[str]  # their content identities

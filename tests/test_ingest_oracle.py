@@ -29,7 +29,7 @@ from lossless_context import ingest, ingest_fast
 from lossless_context.config import LCMConfig
 from lossless_context.demo.sessions import chat_session, coding_session, mixed_session
 from lossless_context.ingest import IngestResult
-from lossless_context.messages import role_of, safe_json
+from lossless_context.messages import is_summary_message, role_of, safe_json
 
 SID = "oracle"
 CONTEXT_LENGTH = 16_000  # small: compaction happens within a few hundred messages
@@ -58,6 +58,7 @@ OPS = st.one_of(
     st.tuples(st.just("remove"), st.integers(0, 10**6)),
     st.tuples(st.just("swap"), st.integers(0, 10**6)),
     st.tuples(st.just("merge"), st.integers(0, 10**6)),  # two neighbours become one message
+    st.tuples(st.just("merge_summary"), st.just(0)),  # ... the second our summary block
     st.tuples(st.just("repeat"), st.integers(0, 10**6)),  # an earlier message said again
     st.tuples(st.just("large"), st.integers(1, 3)),
     st.tuples(st.just("hostile"), st.integers(0, len(HOSTILE) - 1)),
@@ -101,8 +102,12 @@ class Host:
         elif name == "swap" and len(live) > 1:
             i = self._at(arg[0]) % (len(live) - 1)
             live[i], live[i + 1] = live[i + 1], live[i]
-        elif name == "merge" and len(live) > 1:
+        elif name in ("merge", "merge_summary") and len(live) > 1:
             i = self._at(arg[0]) % (len(live) - 1)
+            if name == "merge_summary":  # the message before our summary block and the block
+                i = next((k - 1 for k, m in enumerate(live) if k and is_summary_message(m)), None)
+                if i is None:
+                    return
             a, b = live[i], live[i + 1]
             if isinstance(a, dict) and isinstance(b, dict):
                 text = f"{a.get('content') or ''}\n\n{b.get('content') or ''}"
@@ -178,6 +183,7 @@ def _engine(path: Path) -> LCMEngine:
 
 def play_both(tmp: Path, pool: list[dict[str, Any]], ops: list[tuple], recorded: dict) -> int:
     """Play `ops` against a fast and a plain engine; assert they agree; the number of alignments."""
+    tmp.mkdir(parents=True, exist_ok=True)
     hosts = {}
     for name in ("fast.db", "plain.db"):
         e = _engine(tmp / name)
@@ -199,7 +205,7 @@ def play_both(tmp: Path, pool: list[dict[str, Any]], ops: list[tuple], recorded:
 
 
 UNUSABLE_HOSTILE = {i for i, m in enumerate(HOSTILE) if role_of(m) in ("invalid", "unknown")}
-MOVES = {"edit_uid", "edit_in_place", "merge", "swap"}  # an earlier message becomes a newer row
+MOVES = {"edit_uid", "edit_in_place", "merge", "merge_summary", "swap"}  # an earlier message becomes a newer row
 
 
 def _known_divergence(ops: list[tuple]) -> bool:
@@ -225,7 +231,7 @@ SCRIPTS = {
     "resumed_appends": [("append", 30), ("ingest",)] * 6 + [("append", 400), ("ingest",), ("ingest",)],
     # compaction output fed back, then more turns, a merge of our summary block with its neighbour
     "compaction_fed_back": [("append", 500), ("ingest",), ("compress", True), ("append", 20), ("ingest",),
-                            ("merge", 0), ("ingest",), ("compress", True), ("append", 30), ("end",), ("ingest",)],
+                            ("merge_summary", 0), ("ingest",), ("compress", True), ("append", 30), ("end",), ("ingest",)],
     # the list changed under a resumable prefix: in place, by uid, reordered, removed
     "changed_prefix": [("append", 80), ("ingest",), ("edit_in_place", 5), ("append", 3), ("ingest",),
                        ("edit_uid", 9), ("ingest",), ("edit_uid", 9), ("ingest",), ("swap", 20), ("ingest",),
@@ -251,9 +257,16 @@ def test_the_scripts_exercise_the_fast_paths(tmp_path, recorded, monkeypatch):
     verdicts: list[bool] = []
     real = ingest_resume.resumable
     monkeypatch.setattr(ingest_resume, "resumable", lambda *a: verdicts.append(real(*a)) or verdicts[-1])
+    merged: list[bool] = []
+    real_merged = ingest._is_merged
+    monkeypatch.setattr(ingest, "_is_merged", lambda m: merged.append(real_merged(m)) or merged[-1])
     play_both(tmp_path, _pool("mixed", 7, 1500), SCRIPTS["resumed_appends"] + SCRIPTS["changed_prefix"], recorded)
     assert verdicts.count(True) >= 5 and verdicts.count(False) >= 2, verdicts
     assert any(len(r[1]) > ingest_fast.LAZY_ROWS for r in recorded["fast.db"]), "a pipelined append ran"
+    recorded.clear()
+    play_both(tmp_path / "compaction", _pool("mixed", 7, 1500), SCRIPTS["compaction_fed_back"], recorded)
+    assert any(s[0] == "S" for r in recorded["fast.db"] for s in r[0]), "summary blocks came back"
+    assert True in merged, "a summary block merged with a neighbour came back"
 
 
 def test_known_divergence_below(tmp_path, recorded):
