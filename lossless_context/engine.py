@@ -23,7 +23,7 @@ from .pipeline.background import BackgroundWorker, presummarize, upgrade_nodes
 from .pipeline.compaction import Budget, Compactor, PassResult
 from .pipeline.dag_balance import node_targets
 from .config import LCMConfig, model_threshold
-from .pipeline.ingest import align
+from .pipeline.ingest_fast import align_fast
 from .contract.lifecycle import SessionLifecycle, session_lock
 from .messages import role_of, summary_node_ids, tool_call_ids
 from .contract.hooks_r19 import HostSignals
@@ -83,7 +83,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
         self._no_progress_at: int | None = None
         self._pending: dict[str, str] = {}
         # Per session: (context version, context entries, Resume) left by the last ingest,
-        # so re-sending a longer list costs the new part only (see ingest.Resume).
+        # so re-sending a longer list costs the new part only (see ingest_resume.Resume).
         self._aligned: "OrderedDict[str, tuple[int, list[Any], Any]]" = OrderedDict()
         self._aligned_lock = threading.Lock()
         self._owner = owners.register(self)  # names this engine in the passes it stages
@@ -320,8 +320,8 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
             version, ctx = self.store.get_context(sid)
         scope = self.store.lineage(sid)
         cfg = self.config
-        res = align(self.store, sid, scope, body, ctx, large_tokens=cfg.large_message_tokens,
-                    exploration_tokens=cfg.exploration_tokens, resume=resume)
+        res = align_fast(self.store, sid, scope, body, ctx, large_tokens=cfg.large_message_tokens,
+                         exploration_tokens=cfg.exploration_tokens, resume=resume)
         entries = res.entries
         if res.context_written:
             version = self.store.context_version(sid)

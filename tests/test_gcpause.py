@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from lossless_context import LCMEngine
-from lossless_context.pipeline import gcpause, ingest
+from lossless_context.pipeline import gcpause, ingest_fast
 from lossless_context.config import LCMConfig
 from lossless_context.demo.sessions import coding_session
 
@@ -59,17 +59,17 @@ def test_failing_work_still_restores_the_collector():
 def test_a_bulk_ingest_runs_with_the_collector_paused_and_ends_with_it_on(tmp_path, monkeypatch):
     gc.enable()
     seen: list[bool] = []
-    real = ingest.new_message
+    real = ingest_fast.new_message
 
     def spy(*a, **k):
         seen.append(gc.isenabled())
         return real(*a, **k)
 
-    monkeypatch.setattr(ingest, "new_message", spy)
+    monkeypatch.setattr(ingest_fast, "new_message", spy)
     e = LCMEngine(config=LCMConfig.load({"store": str(tmp_path / "lcm.db"), "summarizer": "extractive"},
                                         read_file=False))
     e.on_session_start("g", platform="cli")
-    msgs = coding_session(ingest.LAZY_ROWS * 3, seed=2).messages
+    msgs = coding_session(ingest_fast.LAZY_ROWS * 3, seed=2).messages
     e.ingest(msgs[:10], session_id="g")  # a small append: the collector is left alone
     assert seen and all(seen)
     seen.clear()

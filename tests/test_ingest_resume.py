@@ -1,4 +1,4 @@
-"""Re-sent lists resume where the last alignment ended (ingest.Resume) — and only when safe.
+"""Re-sent lists resume where the last alignment ended (ingest_resume.Resume) — and only when safe.
 
 Every check compares an engine that resumes ("warm") with a fresh clone on the same store
 that aligns the whole list from the stored context ("cold"): both must map every message
@@ -13,22 +13,22 @@ import random
 import pytest
 
 from lossless_context import LCMEngine
-from lossless_context.pipeline import ingest
+from lossless_context.pipeline import ingest_resume
 from lossless_context.config import LCMConfig
 from lossless_context.demo.sessions import coding_session
 
 
 @pytest.fixture
 def resumed(monkeypatch):
-    """The verdicts of ingest._resumable, in call order."""
+    """The verdicts of ingest_resume.resumable, in call order."""
     seen: list[bool] = []
-    real = ingest._resumable
+    real = ingest_resume.resumable
 
     def spy(*a, **k):
         seen.append(real(*a, **k))
         return seen[-1]
 
-    monkeypatch.setattr(ingest, "_resumable", spy)
+    monkeypatch.setattr(ingest_resume, "resumable", spy)
     return seen
 
 

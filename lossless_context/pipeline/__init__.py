@@ -1,7 +1,10 @@
 """The one-way pipeline, in reading order: host list → stored messages → summary DAG → context.
 
-1. `ingest`        — align the host's list with the known context; store what is new, verbatim
-                     (`gcpause`: the collector paused while a large list is aligned);
+1. `ingest`        — align the host's list with the known context; store what is new, verbatim:
+                     the plain walk; the engine runs the same walk with its fast paths
+                     (`ingest_fast`: identity memo, pipelined store, `gcpause`; `ingest_resume`:
+                     resuming where the last call ended) — tests/test_ingest_oracle.py checks
+                     that both store and return the same;
 2. `stubs`         — tier 0: old tool results shown as stubs, before any summary;
 3. `digest`        — what a summariser is sent of each message;
 4. `compaction`    — pick the span, build leaf and condensed nodes (`dag_balance`,
