@@ -227,7 +227,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
             t = Compactor.tail_start(slots, h, self._forced_tail(self._budget(0), sum(s.tokens for s in slots)))
             # the last protect_last_n messages are protected too
             t = min(t, max(h, len(slots) - self.protect_last_n))
-            return any(s.kind == "m" for s in slots[h:t]) or sum(len(s.refs) for s in slots[h:t] if s.kind == "S") > 1
+            return any(s.kind == "m" for s in slots[h:t]) or sum(len(s.refs) for s in slots[h:t] if s.kind == "s") > 1
         except Exception:
             return False
 
@@ -635,7 +635,7 @@ def _cheap_slots(messages: List[Any]) -> list[Slot]:
         if role == "system":
             continue
         if summary_node_ids(m):
-            out.append(Slot("S", summary_node_ids(m), m, role, estimate_message_tokens(m)))
+            out.append(Slot("s", summary_node_ids(m), m, role, estimate_message_tokens(m)))
             continue
         out.append(Slot("m", [0], m, role, estimate_message_tokens(m), call_ids=tool_call_ids(m),
                         result_for=m.get("tool_call_id") if role == "tool" else None))

@@ -264,7 +264,7 @@ def test_the_scripts_exercise_the_fast_paths(tmp_path, recorded, monkeypatch):
     assert any(len(r[1]) > ingest_fast.LAZY_ROWS for r in recorded["fast.db"]), "a pipelined append ran"
     recorded.clear()
     play_both(tmp_path / "compaction", _pool("mixed", 7, 1500), SCRIPTS["compaction_fed_back"], recorded)
-    assert any(s[0] == "S" for r in recorded["fast.db"] for s in r[0]), "summary blocks came back"
+    assert any(s[0] == "s" for r in recorded["fast.db"] for s in r[0]), "summary blocks came back"
     assert True in merged, "a summary block merged with a neighbour came back"
 
 

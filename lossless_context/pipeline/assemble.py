@@ -27,7 +27,8 @@ STUB_MARK = "[tool-output stub]"  # first line of a tier-0 stub (stubs.py makes 
 
 @dataclass(slots=True)  # (thousands live per session: no per-instance dict)
 class Slot:
-    kind: str  # "m" raw message | "S" summary block | "x" unusable input (stored, never sent)
+    kind: str  # "m" raw message | "s" summary block | "x" unusable input (stored, never sent): the
+    # codes of ContextEntry.kind ("m"/"s"), plus "x" for input that is stored but never sent
     refs: list[int]
     msg: dict[str, Any] | None  # the dict to emit for "m" slots
     role: str

@@ -153,10 +153,10 @@ def context_slots(store: Store, session_id: str) -> tuple[list[Slot], dict[int, 
     slots: list[Slot] = []
     for e in ctx:
         if e.kind == "s":
-            if slots and slots[-1].kind == "S":
+            if slots and slots[-1].kind == "s":
                 slots[-1].refs.append(e.ref)
             else:
-                slots.append(Slot("S", [e.ref], None, "summary", e.tokens))
+                slots.append(Slot("s", [e.ref], None, "summary", e.tokens))
             continue
         rec = records.get(e.ref)
         if rec is None or not isinstance(rec.raw, dict) or rec.role in ("invalid", "unknown"):

@@ -107,7 +107,7 @@ class Compactor:
     def head_end(slots: Sequence[Slot], protect_first_n: int) -> int:
         end = count = 0
         for a, b in groups(slots):
-            if count >= protect_first_n or any(s.kind == "S" for s in slots[a:b]):
+            if count >= protect_first_n or any(s.kind == "s" for s in slots[a:b]):
                 break
             end = b
             count += sum(1 for s in slots[a:b] if s.kind == "m")
@@ -119,7 +119,7 @@ class Compactor:
         used = 0
         gs = [g for g in groups(slots) if g[0] >= head_end]
         for a, b in reversed(gs):
-            if any(s.kind == "S" for s in slots[a:b]):
+            if any(s.kind == "s" for s in slots[a:b]):
                 break
             gt = sum(s.tokens for s in slots[a:b])
             if start < len(slots) and used + gt > budget:
@@ -151,7 +151,7 @@ class Compactor:
                 pass_id = new_pass_id(self.owner)
                 items: list[tuple[str, Any]] = []
                 for s in slots:
-                    if s.kind == "S":
+                    if s.kind == "s":
                         items.extend(("s", r) for r in s.refs)
                     elif s.kind in ("m", "x"):
                         items.append(("m", s.refs[0]))
@@ -203,7 +203,7 @@ class Compactor:
         items: list[tuple[str, Any]] = []
         for s in slots[:h]:
             if s.refs[0] not in held:
-                items.append(("m", s.refs[0]) if s.kind != "S" else ("s", s.refs[0]))
+                items.append(("m", s.refs[0]) if s.kind != "s" else ("s", s.refs[0]))
         items.extend(("s", n.key) for n in nodes)
         for s in slots[t:]:
             if s.kind in ("m", "x") and s.refs[0] not in held:
@@ -238,7 +238,7 @@ class Compactor:
         show_representations(slots, records)
 
     def _existing_nodes(self, slots: Sequence[Slot]) -> dict[int, SummaryRecord]:
-        ids = [r for s in slots if s.kind == "S" for r in s.refs]
+        ids = [r for s in slots if s.kind == "s" for r in s.refs]
         return self.store.get_summaries(ids, include_staged=True) if ids else {}
 
     def _fix_roles(self, slots: Sequence[Slot], h: int, t: int) -> int:
@@ -257,7 +257,7 @@ class Compactor:
                           budget: Budget, focus: str | None, memory: str) -> list[_Node]:
         nodes = list(nodes)
         for kind, item, _full in plan_region(slots, a, b, records, budget.leaf_chunk):
-            if kind == "S":
+            if kind == "s":
                 for ref in item:
                     rec = existing.get(ref)
                     if rec is not None:
@@ -409,7 +409,7 @@ class Compactor:
                     break
                 end = slots.index(item[-1]) + 1
             else:
-                end = next(i for i in range(end, len(slots)) if slots[i].kind == "S") + 1
+                end = next(i for i in range(end, len(slots)) if slots[i].kind == "s") + 1
         return end if end > h else t
 
     def _cover_unemitted(self, slots: Sequence[Slot], h: int, t: int, output: list[dict[str, Any]],
@@ -498,7 +498,7 @@ def _limited(text: str) -> str:
 
 def plan_region(slots: Sequence[Slot], a: int, b: int, records: dict[int, MessageRecord],
                 leaf_chunk: int) -> list[tuple[str, Any, bool]]:
-    """The region's items in order: ("S", node ids, _) for existing summaries and
+    """The region's items in order: ("s", node ids, _) for existing summaries and
     ("chunk", slots, full) for leaf chunks bounded in source tokens. Deterministic, so the
     background worker and compress() cut the same chunks; `full` chunks are stable."""
     out: list[tuple[str, Any, bool]] = []
@@ -506,11 +506,11 @@ def plan_region(slots: Sequence[Slot], a: int, b: int, records: dict[int, Messag
     used = 0
     for ga, gb in groups(list(slots[a:b])):
         grp = list(slots[a + ga: a + gb])
-        if grp[0].kind == "S":
+        if grp[0].kind == "s":
             if chunk:
                 out.append(("chunk", chunk, False))
             chunk, used = [], 0
-            out.append(("S", list(grp[0].refs), True))
+            out.append(("s", list(grp[0].refs), True))
             continue
         for s in grp:
             # Chunks are cut by what the model is shown, not by the (smaller) digest a

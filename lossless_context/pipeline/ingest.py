@@ -115,7 +115,7 @@ class Walk:
                 valid = [n for n, rec in sorted(store.get_summaries(nodes).items())
                          if rec.session_id == self.session_id and rec.state == "published"]
             if valid:
-                slot = Slot("S", valid, None, role_of(msg), estimate_message_tokens(msg))
+                slot = Slot("s", valid, None, role_of(msg), estimate_message_tokens(msg))
                 while in_context and self.j < len(context) and not (
                         context[self.j].kind == "s" and context[self.j].ref in valid):
                     self.j += 1
@@ -349,7 +349,7 @@ def context_items(slots: Sequence[Slot | int]) -> list[tuple[str, int]]:
             out.append(("m", s))
         elif s.kind == "m":
             out.append(("m", s.refs[0]))
-        elif s.kind == "S":
+        elif s.kind == "s":
             out.extend(("s", r) for r in s.refs)
     return out
 
@@ -357,7 +357,7 @@ def context_items(slots: Sequence[Slot | int]) -> list[tuple[str, int]]:
 def slots_to_entries(slots: Sequence[Slot]) -> list[ContextEntry]:
     out: list[ContextEntry] = []
     for s in slots:
-        if s.kind == "S":
+        if s.kind == "s":
             out.extend(ContextEntry("s", r, "", "summary", 0) for r in s.refs)
         elif s.kind == "m":
             out.append(ContextEntry("m", s.refs[0], s.ident, s.role, s.text_tokens or s.tokens))
