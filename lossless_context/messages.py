@@ -26,9 +26,11 @@ SUMMARY_OPEN = '<lcm-summary nodes="'
 SUMMARY_MARKER_RE = re.compile(r'<lcm-summary nodes="([0-9s,]*)"')
 
 
-# The scripts the SQLite store indexes in its trigram table (CJK, kana, Hangul): exactly
-# the ranges of the GLOB in its migrations 006/007, whose delete trigger must agree.
-_CJK_CHAR_RE = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\u3040-\u30ff]")
+# The scripts both stores index for substring search (CJK, kana, Hangul), defined once: the
+# ranges of the SQLite GLOB in migrations 006/007 and of PostgreSQL's lcm_cjk_grams (migration
+# 008) — those migrations are history and keep their own copy; every Python user takes this one.
+CJK_CLASS = "[\u2e80-\u9fff\uac00-\ud7af\u3040-\u30ff]"
+_CJK_CHAR_RE = re.compile(CJK_CLASS)
 
 
 def has_cjk(text: str) -> bool:

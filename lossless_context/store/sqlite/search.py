@@ -11,9 +11,10 @@ import sqlite3
 import time
 from typing import Any, Callable, Sequence
 
-# The scripts indexed by the trigram table (CJK, kana, Hangul): the same ranges as the
-# GLOB in migration 006, so every row this matches is in that index.
-_CJK_RE = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\u3040-\u30ff]+")
+from ...messages import CJK_CLASS
+
+# Runs of the scripts indexed by the trigram table (CJK, kana, Hangul; messages.CJK_CLASS).
+_CJK_RE = re.compile(CJK_CLASS + "+")
 
 
 class SQLiteSearch:
