@@ -239,6 +239,10 @@ class _Ctx:
         # A branch sees its parent only up to the fork (forks.py).
         self.bounds = {} if want_all else forks.lineage_bounds(self.store, sid)
         self.current: set[int] = set()  # the turn in flight: the question and this very tool call
+        # DAG edges read during this one call (they cannot change under it: passes publish
+        # whole, and a call reads them once)
+        self._covering_cache: dict[int, list[int]] = {}
+        self._parents_cache: dict[int, list[int]] = {}
 
     # -- scope checks -------------------------------------------------------------------
 
@@ -271,7 +275,7 @@ class _Ctx:
     def chain(self, kind: str, ref: int) -> list[int]:
         """Summary ids from the node covering this item up to the top of the DAG."""
         out: list[int] = []
-        frontier = self.store.message_summaries(ref) if kind == "m" else self.store.summary_parents(ref)
+        frontier = self._covering(ref) if kind == "m" else self._parents_of(ref)
         seen: set[int] = set()
         while frontier and len(out) < 64:
             nxt = frontier[0]
@@ -279,8 +283,34 @@ class _Ctx:
                 break
             seen.add(nxt)
             out.append(nxt)
-            frontier = self.store.summary_parents(nxt)
+            frontier = self._parents_of(nxt)
         return out
+
+    def prefetch_chains(self, items: Sequence[tuple[str, int]]) -> None:
+        """Read the chains of many items level by level, one batched read per level (a store
+        with costly round trips would otherwise answer one query per hit and per level)."""
+        mids = [r for k, r in items if k == "m" and r not in self._covering_cache]
+        if mids:
+            self._covering_cache.update(self.store.message_summaries_many(mids))
+        level = {r for k, r in items if k == "s"}
+        level |= {c[0] for k, r in items if k == "m" for c in [self._covering_cache.get(r)] if c}
+        for _ in range(64):
+            need = [s for s in level if s not in self._parents_cache]
+            if not need:
+                break
+            got = self.store.summary_parents_many(need)
+            self._parents_cache.update(got)
+            level = {p[0] for p in got.values() if p}
+
+    def _covering(self, mid: int) -> list[int]:
+        if mid not in self._covering_cache:
+            self._covering_cache[mid] = self.store.message_summaries(mid)
+        return self._covering_cache[mid]
+
+    def _parents_of(self, sid: int) -> list[int]:
+        if sid not in self._parents_cache:
+            self._parents_cache[sid] = self.store.summary_parents(sid)
+        return self._parents_cache[sid]
 
     # -- lcm_grep ---------------------------------------------------------------------------
 
@@ -338,6 +368,7 @@ class _Ctx:
         order: list[str] = []
         msg_ids = [r["id"] for r in page if r["kind"] == "m"]
         msgs = self.store.get_messages(msg_ids) if msg_ids else {}
+        self.prefetch_chains([(r["kind"], r["id"]) for r in page])
         for r in page:
             chain = self.chain(r["kind"], r["id"])
             top = chain[-1] if chain else (r["id"] if r["kind"] == "s" else None)

@@ -124,11 +124,10 @@ def rerank(store: Any, plan: QueryPlan, rows: list[dict[str, Any]], idf: dict[st
                 merged[-1][1] = max(merged[-1][1], hi)
             else:
                 merged.append([lo, hi])
-        for lo, hi in merged:
-            for rec in store.session_messages(sid, after_seq=lo - 1, limit=hi - lo + 1):
-                key = (sid, rec.seq)
-                info[key] = rec
-                own[key] = score_hit(plan, rec.text, idf, AVG_CHARS)
+        for rec in store.session_messages_in(sid, [(lo, hi) for lo, hi in merged]):
+            key = (sid, rec.seq)
+            info[key] = rec
+            own[key] = score_hit(plan, rec.text, idf, AVG_CHARS)
     by_id = {rec.id: key for key, rec in info.items()}
     for r in rows:
         rec = recs.get(r["id"])
@@ -166,11 +165,7 @@ def rerank(store: Any, plan: QueryPlan, rows: list[dict[str, Any]], idf: dict[st
 def _leaf_scores(store: Any, plan: QueryPlan, idf: dict[str, float], ids: Sequence[int]) -> dict[int, float]:
     """Message id → the score of the leaf summary covering it (0 when not yet summarised),
     normalised so a summary's length does not outweigh the message's own score."""
-    covering: dict[int, int] = {}
-    for mid in ids:
-        leaves = store.message_summaries(mid)
-        if leaves:
-            covering[mid] = leaves[0]
+    covering = {mid: leaves[0] for mid, leaves in store.message_summaries_many(ids).items() if leaves}
     if not covering:
         return {}
     texts = store.get_summaries(sorted(set(covering.values())))

@@ -175,6 +175,17 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def session_messages(self, session_id: str, after_seq: int = -1, limit: int = 1000) -> list[MessageRecord]: ...
 
+    def session_messages_in(self, session_id: str, ranges: Sequence[tuple[int, int]]) -> list[MessageRecord]:
+        """For each (lo, hi): the session's first hi - lo + 1 messages from seq lo on (all of
+        lo..hi while seqs have no gaps), merged in seq order. One query per range here; a store
+        with costly round trips answers all ranges at once."""
+        out: dict[int, MessageRecord] = {}
+        for lo, hi in ranges:
+            if hi >= lo:
+                for r in self.session_messages(session_id, after_seq=lo - 1, limit=hi - lo + 1):
+                    out[r.seq] = r
+        return [out[k] for k in sorted(out)]
+
     # -- active context and staged passes ----------------------------------
     @abc.abstractmethod
     def get_context(self, session_id: str) -> tuple[int, list[ContextEntry]]: ...
@@ -236,6 +247,14 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def message_summaries(self, message_id: int) -> list[int]:
         """Published leaf summaries covering a message."""
+
+    def message_summaries_many(self, message_ids: Sequence[int]) -> dict[int, list[int]]:
+        """`message_summaries` of several messages (every id is a key; [] when not covered)."""
+        return {m: self.message_summaries(m) for m in dict.fromkeys(message_ids)}
+
+    def summary_parents_many(self, summary_ids: Sequence[int]) -> dict[int, list[int]]:
+        """`summary_parents` of several summaries (every id is a key; [] at the top)."""
+        return {s: self.summary_parents(s) for s in dict.fromkeys(summary_ids)}
 
     @abc.abstractmethod
     def update_summary_text(self, summary_id: int, text: str, tokens: int, level: str, summarizer: str) -> None: ...

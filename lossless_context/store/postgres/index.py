@@ -22,12 +22,14 @@ import threading
 import time
 from typing import Any, Callable
 
+from ...messages import CJK_CLASS
+
 log = logging.getLogger("lossless_context.store")
 
 BATCH = 256  # rows per indexing transaction (texts may be up to ~160 KB)
 
-# The CJK ranges of migration 008's lcm_cjk_grams (a cheap test before computing bigrams).
-CJK_CLASS = r"[\u2e80-\u9fff\uac00-\ud7af\u3040-\u30ff]"
+# CJK_CLASS (messages.py): the ranges of migration 008's lcm_cjk_grams, a cheap test before
+# computing bigrams.
 
 INDEX_BATCH_SQL = (
     "WITH claimed AS ("

@@ -1,4 +1,4 @@
-"""Retracted messages, fork points and forgetting, for the PostgreSQL store (a mixin of
+"""Retracted messages, fork points, forgetting and batched DAG reads, for the PostgreSQL store (a mixin of
 :class:`~.postgres.PostgresStore`; the interface is documented on :class:`~.base.Store`)."""
 
 from __future__ import annotations
@@ -13,6 +13,27 @@ class PostgresRecords:
     _read: Callable[..., Any]
     _write: Callable[..., Any]
     _write_context: Callable[..., None]
+
+    # One round trip for many ids (search ranks and groups dozens of hits per call).
+    def message_summaries_many(self, message_ids: Sequence[int]) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {m: [] for m in message_ids}
+        if out:
+            for mid, sid in self._read(lambda c: c.execute(
+                    "SELECT sm.message_id, sm.summary_id FROM summary_messages sm JOIN summaries s"
+                    " ON s.id = sm.summary_id WHERE sm.message_id = ANY(%s) AND s.state='published'"
+                    " ORDER BY sm.message_id, sm.summary_id", (list(out),)).fetchall()):
+                out[mid].append(sid)
+        return out
+
+    def summary_parents_many(self, summary_ids: Sequence[int]) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {s: [] for s in summary_ids}
+        if out:
+            for child, parent in self._read(lambda c: c.execute(
+                    "SELECT sp.child_id, sp.parent_id FROM summary_parents sp JOIN summaries s ON s.id = sp.parent_id"
+                    " WHERE sp.child_id = ANY(%s) AND s.state='published' ORDER BY sp.child_id, sp.parent_id",
+                    (list(out),)).fetchall()):
+                out[child].append(parent)
+        return out
 
     def retract_messages(self, message_ids: Sequence[int]) -> int:
         if not message_ids:

@@ -15,6 +15,7 @@ import re
 import time
 from typing import Any, Callable, Sequence
 
+from ...messages import CJK_CLASS
 from ..base import StoreError
 from .text import pg_text as _t
 
@@ -24,7 +25,7 @@ except ImportError:  # pragma: no cover - reported when the store is first used
     psycopg = None  # type: ignore[assignment]
 
 # The scripts the CJK bigram index holds (the ranges of migration 008's lcm_cjk_grams).
-_CJK_RE = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\u3040-\u30ff]+")
+_CJK_RE = re.compile(CJK_CLASS + "+")  # messages.CJK_CLASS: the ranges lcm_cjk_grams indexes
 # A pending row's tsvector: the stored one of a row from before migration 008, else computed.
 _PENDING_TSV = "COALESCE(t.tsv, lcm_tsvector(t.text))"
 # A listed row, looked up by id for each listed id (OFFSET 0 keeps the planner from pushing the

@@ -1,0 +1,38 @@
+"""The batched reads search uses (issue #21): one round trip for many ids on PostgreSQL, the
+same answers as the one-id-at-a-time methods on both stores."""
+
+from __future__ import annotations
+
+import pytest
+
+from lossless_context import LCMEngine
+from lossless_context.config import LCMConfig
+from lossless_context.demo.host_driver import R19Host
+from lossless_context.demo.sessions import coding_session
+from lossless_context.store.base import Store
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_batched_reads_equal_the_single_ones(tmp_path, backend, request):
+    loc = str(tmp_path / "b.db") if backend == "sqlite" else request.getfixturevalue("pg_fresh_dsn")
+    e = LCMEngine(config=LCMConfig.load({"store": loc}, read_file=False))
+    host = R19Host(e, "batch", context_length=16_000)
+    host.start()
+    host.feed(coding_session(600, seed=4).messages)
+    host.end()
+    st = e.store
+    mids = [m.id for m in st.iter_all_messages()]
+    assert len(mids) >= 600
+    probe = mids[::7] + [10**9]  # an unknown id answers []
+    many = st.message_summaries_many(probe)
+    assert many == {m: st.message_summaries(m) for m in probe}
+    assert any(many.values()), "the session was compacted: some messages are covered"
+    sids = sorted({s for v in many.values() for s in v})
+    parents = st.summary_parents_many(sids + [10**9])
+    assert parents == {s: st.summary_parents(s) for s in sids + [10**9]}
+    ranges = [(-3, 2), (40, 55), (50, 60), (590, 700), (9, 8)]  # overlapping, past the end, empty
+    got = st.session_messages_in("batch", ranges)
+    want = Store.session_messages_in(st.inner if hasattr(st, "inner") else st, "batch", ranges)
+    assert [m.id for m in got] == [m.id for m in want] and got
+    assert [m.seq for m in got] == sorted({m.seq for m in got})
+    e.store.close()
