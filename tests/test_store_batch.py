@@ -36,3 +36,23 @@ def test_batched_reads_equal_the_single_ones(tmp_path, backend, request):
     assert [m.id for m in got] == [m.id for m in want] and got
     assert [m.seq for m in got] == sorted({m.seq for m in got})
     e.store.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_ancestry_in_one_read_equals_the_walk(tmp_path, backend, request):
+    loc = str(tmp_path / "a.db") if backend == "sqlite" else request.getfixturevalue("pg_fresh_dsn")
+    e = LCMEngine(config=LCMConfig.load({"store": loc}, read_file=False))
+    st = e.store
+    st.ensure_session("root")
+    e.ingest([{"role": "user", "content": "root turn"}], session_id="root")
+    st.ensure_session("mid", parent_id="root")
+    st.set_fork_point("mid")
+    e.ingest([{"role": "user", "content": "mid turn"}], session_id="mid")
+    st.ensure_session("leaf", parent_id="mid")
+    st.set_fork_point("leaf")
+    got = st.ancestry("leaf")
+    assert [a[0] for a in got] == ["leaf", "mid", "root"] and got[0][2] is not None and got[2][2] is None
+    inner = st.inner if hasattr(st, "inner") else st
+    assert got == Store.ancestry(inner, "leaf")
+    assert st.ancestry("nobody") == Store.ancestry(inner, "nobody") == []
+    e.store.close()

@@ -94,16 +94,9 @@ def lineage_bounds(store: Any, session_id: str) -> dict[str, tuple[int, int]]:
     newest summary id) visible. Sessions not listed are seen whole."""
     out: dict[str, tuple[int, int]] = {}
     bound: tuple[int, int] | None = None
-    sid: str | None = session_id
-    seen: set[str] = set()
-    while sid and sid not in seen and len(seen) < 256:
-        seen.add(sid)
-        fp = store.fork_point(sid)
+    for _sid, parent, fp in store.ancestry(session_id):
         if fp is not None:
             bound = fp if bound is None else (min(bound[0], fp[0]), min(bound[1], fp[1]))
-        row = store.get_session(sid)
-        parent = row.get("parent_id") if row else None
         if parent and bound is not None:
             out[parent] = bound
-        sid = parent
     return out

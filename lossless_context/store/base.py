@@ -334,6 +334,23 @@ class Store(abc.ABC):
     def fork_point(self, session_id: str) -> tuple[int, int] | None:
         """(newest message id, newest summary id) the branch may see of its ancestors."""
 
+    def ancestry(self, session_id: str, limit: int = 256) -> list[tuple[str, str | None, tuple[int, int] | None]]:
+        """The session and its ancestors, child first: (session, its parent, its fork point).
+        Stops at an unknown session, a cycle or `limit`. (Two reads per session here; a store
+        with costly round trips answers in one.)"""
+        out: list[tuple[str, str | None, tuple[int, int] | None]] = []
+        sid: str | None = session_id
+        seen: set[str] = set()
+        while sid and sid not in seen and len(seen) < limit:
+            seen.add(sid)
+            row = self.get_session(sid)
+            if row is None:
+                break
+            parent = row.get("parent_id")
+            out.append((sid, parent, self.fork_point(sid)))
+            sid = parent
+        return out
+
     @abc.abstractmethod
     def session_message_ids(self, session_id: str) -> list[int]: ...
 

@@ -68,6 +68,15 @@ class PostgresRecords:
                                              (_t(session_id),)).fetchone())
         return (int(row[0]), int(row[1] or 0)) if row and row[0] is not None else None
 
+    def ancestry(self, session_id: str, limit: int = 256) -> list[tuple[str, str | None, tuple[int, int] | None]]:
+        rows = self._read(lambda c: c.execute(
+            "WITH RECURSIVE up(id, parent_id, fm, fs, n, path) AS ("
+            " SELECT id, parent_id, fork_message_id, fork_summary_id, 1, ARRAY[id] FROM sessions WHERE id=%s"
+            " UNION ALL SELECT s.id, s.parent_id, s.fork_message_id, s.fork_summary_id, up.n + 1, up.path || s.id"
+            " FROM up JOIN sessions s ON s.id = up.parent_id WHERE up.n < %s AND NOT s.id = ANY(up.path))"
+            " SELECT id, parent_id, fm, fs FROM up ORDER BY n", (_t(session_id), limit)).fetchall())
+        return [(sid, parent, (int(fm), int(fs or 0)) if fm is not None else None) for sid, parent, fm, fs in rows]
+
     def session_message_ids(self, session_id: str) -> list[int]:
         return self._read(lambda c: [r[0] for r in c.execute(
             "SELECT id FROM messages WHERE session_id=%s ORDER BY id", (_t(session_id),))])
