@@ -44,7 +44,10 @@ LOCK_POOL_MAX = 16
 CONNECT_TIMEOUT = 5.0  # seconds to reach the server
 POOL_TIMEOUT = 5.0  # seconds to wait for a free (or re-established) pooled connection
 STATEMENT_TIMEOUT_MS = 60_000  # one statement; a server that accepts and never answers
-_SESSION_OPTIONS = f"-c statement_timeout={STATEMENT_TIMEOUT_MS}"
+# JIT off: our statements run in milliseconds, but the planner's cost of a search's pending-rows
+# branch (a table the indexer keeps near-empty, its statistics often stale) crosses
+# jit_above_cost, and compiling then took 270-360 ms of a 4 ms search at 100k messages.
+_SESSION_OPTIONS = f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c jit=off"
 WRITE_RETRIES = 6
 
 
