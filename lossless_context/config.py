@@ -55,7 +55,7 @@ class LCMConfig:
     breaker_cooldown_seconds: float = 300.0
     compaction_time_budget: float = 240.0  # seconds a pass may spend on model calls
     lock_timeout: float = 30.0
-    store_retry_seconds: float = 30.0  # after a store failure, calls fail fast this long (store_guard.py)
+    store_retry_seconds: float = 30.0  # after a store failure, calls fail fast this long (store/guard.py)
     background_compaction: bool = False
     soft_threshold: float = 0.6
     hard_threshold: float = 0.9  # above this fraction of the window compress() blocks on the model

@@ -127,7 +127,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
                     location = self.config.store_location()
                     shared = fam["stores"].get(location)
                     if shared is None:
-                        # Every call goes through the location's circuit breaker (store_guard.py).
+                        # Every call goes through the location's circuit breaker (store/guard.py).
                         shared = fam["stores"][location] = GuardedStore(location, open_store,
                                                                         self.config.store_retry_seconds)
                     self._store = shared
@@ -379,7 +379,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
                                     memory_context if isinstance(memory_context, str) else "", kwargs,
                                     time.monotonic())  # the pass budget counts from here (ingest included)
         except StoreUnavailable as exc:
-            # The session survives without its store: keep it within the window (store_guard.py).
+            # The session survives without its store: keep it within the window (store/guard.py).
             with self._stats_lock:
                 self._stats["last_reason"] = f"store unavailable: {exc.reason}"
             return self._trim_without_store(messages)

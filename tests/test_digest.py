@@ -1,4 +1,4 @@
-"""Issue #19: what a summariser is sent of each message (lossless_context/digest.py).
+"""Issue #19: what a summariser is sent of each message (lossless_context/pipeline/digest.py).
 
 Unit tests of the digest, and an engine test through the fake OpenAI-compatible server: a leaf's
 request carries the cut arguments and stubs, while `lcm_expand` still returns every original

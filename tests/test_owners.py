@@ -1,4 +1,4 @@
-"""Stage ownership (lossless_context/owners.py): who may discard or publish a staged pass."""
+"""Stage ownership (lossless_context/store/owners.py): who may discard or publish a staged pass."""
 
 from __future__ import annotations
 

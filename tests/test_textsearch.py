@@ -1,4 +1,4 @@
-"""lcm_grep's text search strategy (lossless_context/textsearch.py) on both backends.
+"""lcm_grep's text search strategy (lossless_context/search/textsearch.py) on both backends.
 
 The strategy only changes behaviour once terms are common, which at full scale means
 hundreds of thousands of matches. Here the rarity budget is lowered so a few dozen matches

@@ -608,7 +608,7 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(rv if isinstance(rv, int) else 0)
 
 
-# `lcm context` and `lcm forget` live in cli_session_cmds.py (kept apart for size).
+# `lcm context` and `lcm forget` live in session_cmds.py (kept apart for size).
 from .session_cmds import add_commands  # noqa: E402
 
 add_commands(lcm, pass_app, UserError)

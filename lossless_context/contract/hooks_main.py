@@ -1,4 +1,4 @@
-"""Hooks of newer Hermes hosts (select_context, on_turn_complete; compaction state: hosthooks.py).
+"""Hooks of newer Hermes hosts (select_context, on_turn_complete; compaction state: hooks_r19.py).
 
 Never required: the released host does not call them. When called they must be cheap
 (select_context runs before every provider call) and correct: a replacement keeps the
@@ -70,7 +70,7 @@ class NewHostHooks:
 
     def _context_version(self, sid: str) -> int:
         # Tells whether a pass was committed meanwhile: one primary-key read on SQLite, none
-        # on PostgreSQL while the listener keeps the version (store/postgres_versions.py).
+        # on PostgreSQL while the listener keeps the version (store/postgres/versions.py).
         return int(self.store.cached_context_version(sid))  # type: ignore[attr-defined]
 
     def _build_selection(self, req: list, sid: str, budget_tokens: int) -> Optional[list]:

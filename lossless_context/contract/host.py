@@ -6,11 +6,9 @@ module, which imports the host lazily and answers None when the host (or that pa
 not installed. tests/test_layout.py checks that no other core module imports the host.
 
 What the engine *offers* the host — every method the host calls and every attribute it reads —
-is documented where it is implemented: `_base.ContextEngine` (the 0.19.0 contract: should_compress,
-compress, update_model, on_session_*, get_tool_schemas, handle_tool_call, get_status, the
-threshold and counter attributes), `hosthooks.HostSignals` and `newhooks.NewHostHooks` (upstream
-main's additions: status line, should_compress_info, cooldowns, select_context,
-prune_tool_results_only, ...). What the engine *uses* of the host:
+is declared in `contract/spec.py` and implemented in `contract/base.py` (the 0.19.0 base class),
+`contract/lifecycle.py`, `contract/hooks_r19.py` and `contract/hooks_main.py` (upstream main's
+additions). What the engine *uses* of the host:
 
 =================================  ==========================================================
 host symbol                        used for
@@ -18,11 +16,11 @@ host symbol                        used for
 agent.context_engine.ContextEngine the engine's base class when the host is installed
                                    (`context_engine_class`), so `isinstance` checks hold
 agent.auxiliary_client.call_llm    summarising with the host's own model and credentials
-                                   (`llm_call`, summarize.HostSummarizer)
+                                   (`llm_call`, summarizers.summarize.HostSummarizer)
 agent.redact.redact_sensitive_text the host's secret patterns, applied before ours
-                                   (`secret_redactor`, redact.py)
+                                   (`secret_redactor`, summarizers/redact.py)
 agent.memory_manager               removing the host's injected memory blocks from imported
-  .sanitize_context                sessions (`memory_sanitizer`, hermes_import.py)
+  .sanitize_context                sessions (`memory_sanitizer`, hermes/importer.py)
 hermes_constants.get_hermes_home   HERMES_HOME with the host's profile rules (`hermes_home`)
 agent.usage_pricing                a price estimate for summariser spend (`usage_pricer`)
 agent.model_metadata               the host's rough token estimate, which decides when it

@@ -64,10 +64,10 @@ def with_appended(items: Sequence[tuple[str, int]], extra_rows: Sequence[tuple[A
 class Store(abc.ABC):
     location: str
     kind: str
-    read_only: bool = False  # opened for inspection only (store/sqlite_readonly.py): writes raise
+    read_only: bool = False  # opened for inspection only (store/sqlite/readonly.py): writes raise
 
     def reset_connections(self) -> None:
-        """Forget pooled connections after an outage (store_guard.py calls it); the next call
+        """Forget pooled connections after an outage (store/guard.py calls it); the next call
         reconnects. Nothing to do for a file store."""
 
     # -- sessions -----------------------------------------------------------
@@ -197,7 +197,7 @@ class Store(abc.ABC):
 
     def cached_context_version(self, session_id: str) -> int:
         """The context version, without a query where the store can know it (PostgreSQL:
-        LISTEN/NOTIFY, postgres_versions.py); by default a read of the row."""
+        LISTEN/NOTIFY, postgres/versions.py); by default a read of the row."""
         return self.context_version(session_id)
 
     @abc.abstractmethod

@@ -40,7 +40,7 @@ T = TypeVar("T")
 POOL_MIN, POOL_MAX = 1, 4
 LOCK_POOL_MAX = 16
 # Hot-path limits: the engine runs inside the host's turn loop, and the store circuit
-# breaker (store_guard.py) makes every call fail fast for a cool-down after one timeout.
+# breaker (store/guard.py) makes every call fail fast for a cool-down after one timeout.
 CONNECT_TIMEOUT = 5.0  # seconds to reach the server
 POOL_TIMEOUT = 5.0  # seconds to wait for a free (or re-established) pooled connection
 STATEMENT_TIMEOUT_MS = 60_000  # one statement; a server that accepts and never answers

@@ -9,7 +9,7 @@ nothing (the ids are listed again on rollback). A backlog left by a process that
 taken by the next indexer of any process.
 
 Searches never wait for the indexer: they read ``message_index`` and compute the still-listed
-rows on the fly (``postgres_search.py``), so they see every committed message.
+rows on the fly (``search.py``), so they see every committed message.
 
 Each store runs one background indexer thread, woken after each append and at first use.
 """

@@ -9,7 +9,7 @@ Entries named in :data:`OPTIONAL` run inside a savepoint: if one fails (for exam
 ``pg_trgm`` extension is not installed or the role may not create it) the store works
 without it, nothing is recorded, and the next start tries again.
 
-The tables and columns mirror the SQLite schema (``sqlite_migrations.py``). Differences:
+The tables and columns mirror the SQLite schema (``store/sqlite/migrations.py``). Differences:
 ids are identity columns; ``raw`` is TEXT holding the JSON string exactly as given (never
 JSONB, which reorders keys); ``large`` is BOOLEAN; messages and summaries carry a
 generated ``tsv`` column (``to_tsvector('english', text)``, GIN-indexed) instead of FTS5
@@ -339,7 +339,7 @@ MIGRATIONS: list[tuple[str, str]] = [
         "010_context_version_notify",
         # Every change of a session's context version, and every deletion of a session, is
         # announced on channel lcm_context as "<version> <session id>" (-1: deleted), so
-        # select_context can keep versions without reading them (postgres_versions.py).
+        # select_context can keep versions without reading them (versions.py).
         # Catalog only: no table is rewritten or scanned.
         """
         CREATE FUNCTION lcm_notify_context_version() RETURNS trigger

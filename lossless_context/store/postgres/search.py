@@ -3,7 +3,7 @@
 A mixin of :class:`~lossless_context.store.postgres.store.PostgresStore` (it uses the store's
 ``_read``); kept apart so each module holds one job.
 
-Messages are full-text indexed after their commit (``postgres_index.py``): every message
+Messages are full-text indexed after their commit (``index.py``): every message
 search reads ``message_index`` and, in the same statement, the rows still listed in
 ``message_index_pending`` with their tsvector computed on the fly, so it sees every committed
 message whatever the indexer is doing. Summaries keep a generated ``tsv`` column.

@@ -1,8 +1,8 @@
 """PostgreSQL store: the same behaviour as :class:`~.sqlite.SQLiteStore`, for shared or
 multi-host deployments (``lcm.store: postgresql://user@host/db``).
 
-* Connections, migrations and the compaction lock live in :mod:`.postgres_conn`, search in
-  :mod:`.postgres_search`.
+* Connections, migrations and the compaction lock live in :mod:`.conn`, search in
+  :mod:`.search`.
 * psycopg 3 with a small :class:`psycopg_pool.ConnectionPool` (1–4 connections, autocommit),
   opened on first use, never at construction; migrations run then, once per process,
   serialised across processes and hosts by ``pg_advisory_xact_lock``.
@@ -335,7 +335,7 @@ class PostgresStore(PostgresRecords, PostgresSearch, PostgresCosts, PostgresRepa
         ids = self._write(tx)
         self.forget_max_row_id()
         if self._background_index:
-            self._indexer.kick()  # full-text index them off the commit path (postgres_index.py)
+            self._indexer.kick()  # full-text index them off the commit path (index.py)
         if on_ids is not None:
             on_ids(ids)  # (after the commit: a retried transaction may give other ids)
         return ids

@@ -15,7 +15,7 @@ SQL from two base values (``?1 + k``), so the writer thread does no per-row Pyth
 chunk's last row fires its FTS indexing in the same statement (migrations 007 and 008) —
 except in a pipelined append. There the writer thread indexes the batch's rows only while
 it would otherwise wait for the caller's next chunk (IDLE_STEP rows at a time), and lists
-the rest for indexing after the commit (store/sqlite_index.py): the commit, and so the
+the rest for indexing after the commit (store/sqlite/index.py): the commit, and so the
 caller, never waits for indexing. The caller may build up to DEPTH chunks ahead of the
 writer thread: it then goes on while the writer still indexes what the previous append
 stored.

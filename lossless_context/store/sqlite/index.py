@@ -1,7 +1,7 @@
 """Full-text indexing of large appends after their commit (the deferred message index).
 
 FTS5 tokenising is most of what SQLite does for a large append. A pipelined append
-(store/sqlite_append.py) therefore indexes its rows only while its writer thread would
+(store/sqlite/append.py) therefore indexes its rows only while its writer thread would
 otherwise wait for the caller, and lists the id range of the rest in ``lcm_index_pending``
 in the same transaction (migration 009); after the commit the store's writer thread
 indexes the listed ranges, at most STEP rows per transaction, each range leaving the list

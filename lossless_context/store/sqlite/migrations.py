@@ -220,7 +220,7 @@ MIGRATIONS: list[tuple[str, str]] = [
         # the trigger fires on the chunk's last row (its id is in lcm_bulk_range) and indexes
         # the whole range in one FTS statement. One statement per chunk instead of two, so a
         # pipelined append's writer thread comes back to Python once per chunk (see
-        # store/sqlite_append.py). Only the store's own appends fill lcm_bulk_range.
+        # store/sqlite/append.py). Only the store's own appends fill lcm_bulk_range.
         "008_bulk_range_trigger",
         """
         CREATE TABLE lcm_bulk_range (lo INTEGER NOT NULL, hi INTEGER NOT NULL);
@@ -233,7 +233,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ),
     (
         # A large (pipelined) append commits its rows first and has them full-text indexed
-        # by the writer thread in the transactions that follow (store/sqlite_index.py):
+        # by the writer thread in the transactions that follow (store/sqlite/index.py):
         # until then its id range is listed here, committed with the rows, so a crash in
         # between leaves a record of exactly what is still to index. Search indexes what is
         # listed before it matches. A row deleted before it was indexed is not in the index:

@@ -21,7 +21,7 @@ class SQLiteSearch:
     """term_counts, max_row_id and search of the SQLite store."""
 
     conn: Callable[[], sqlite3.Connection]  # SQLiteStore's: the calling thread's connection
-    _index_before_search: Callable[[], None]  # SQLiteStore's (store/sqlite_index.py)
+    _index_before_search: Callable[[], None]  # SQLiteStore's (store/sqlite/index.py)
 
     def search(
         self,

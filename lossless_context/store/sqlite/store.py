@@ -150,7 +150,7 @@ class SQLiteStore(SQLiteRecords, SQLiteSearch, SQLiteCosts, Store):
         # instead of spilling to the WAL mid-transaction (~40% fewer WAL writes). Allocated
         # only as used.
         c.execute("PRAGMA cache_size=-16384")
-        # Checkpoints of large appends run on a background thread (store/sqlite_wal.py).
+        # Checkpoints of large appends run on a background thread (store/sqlite/wal.py).
         c.execute(f"PRAGMA wal_autocheckpoint={AUTOCHECKPOINT_PAGES}")
         with self._conns_lock:
             self._conns.append(c)
@@ -160,7 +160,7 @@ class SQLiteStore(SQLiteRecords, SQLiteSearch, SQLiteCosts, Store):
     def tx(self) -> Iterator[sqlite3.Connection]:
         """A write transaction; BEGIN IMMEDIATE takes the single writer slot up front."""
         c = self.conn()
-        self._indexer.before_write(c)  # (deferred indexing: store/sqlite_index.py)
+        self._indexer.before_write(c)  # (deferred indexing: store/sqlite/index.py)
         self._begin(c)
         try:
             yield c
@@ -318,7 +318,7 @@ class SQLiteStore(SQLiteRecords, SQLiteSearch, SQLiteCosts, Store):
                         context_known: tuple[int, int] | None = None,
                         on_ids: Callable[[list[int]], None] | None = None) -> list[int]:
         # `rows` may be a lazy iterable: then the append is pipelined, its SQL on the writer
-        # thread while this thread builds the next rows (store/sqlite_append.py).
+        # thread while this thread builds the next rows (store/sqlite/append.py).
         built = isinstance(rows, (list, tuple))  # rows already built: nothing to overlap with
         batch = sqlite_append.Batch(self.conn, self._begin, self._write_context, session_id, context, context_known,
                                     defer_index=not built)
@@ -328,7 +328,7 @@ class SQLiteStore(SQLiteRecords, SQLiteSearch, SQLiteCosts, Store):
         else:
             with self._writer_lock:  # one pipelined append at a time per writer connection
                 ids = sqlite_append.append(batch, rows, self._writer, on_ids)
-            if ids:  # its rows are full-text indexed after the commit (store/sqlite_index.py)
+            if ids:  # its rows are full-text indexed after the commit (store/sqlite/index.py)
                 self._indexer.soon()
         self._checkpointer.poke()
         return ids
@@ -705,7 +705,7 @@ class SQLiteStore(SQLiteRecords, SQLiteSearch, SQLiteCosts, Store):
             "staged_summaries": staged,
             "compactions": sess[1],
             "last_compaction_at": sess[2],
-            # (whole store) messages stored but not yet in the full-text index (sqlite_index.py)
+            # (whole store) messages stored but not yet in the full-text index (index.py)
             "unindexed_messages": self._indexer.pending(),
         }
 
