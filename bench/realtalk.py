@@ -11,7 +11,10 @@ Protocol:
 * every chat is one Hermes session, driven through our engine by ``bench.host.HostDriver``
   (the calls hermes-agent 0.19.0 makes, a 64K window, the extractive summariser): the first
   speaker is the user, the second the assistant, each message carries its time from
-  ``date_time``;
+  ``date_time`` and its speaker in OpenAI's ``name`` field (how a chat of named people reaches
+  a model; Hermes' gateway writes ``[Name]`` before each user message of a shared session
+  instead — both are read by ``messages.speaker_of``). A second store is fed the same chats
+  without names ("roles only": the protocol before speaker ranking);
 * each question is asked with ``lcm_grep(query=question, scope="messages", limit=k)`` from an
   engine bound to that chat's session, k = 5, 10, 25; recall@k = the share of a question's
   evidence turns among those k message hits, averaged over the questions;
@@ -100,11 +103,12 @@ def load(path: str | Path) -> list[Chat]:
     return sorted(chats, key=lambda c: c.number)
 
 
-def to_messages(chat: Chat) -> list[dict[str, Any]]:
-    """The chat as the host's message list: first speaker user, the other assistant."""
+def to_messages(chat: Chat, names: bool = True) -> list[dict[str, Any]]:
+    """The chat as the host's message list: first speaker user, the other assistant; with
+    ``names`` each message also carries its speaker in OpenAI's ``name`` field."""
     first = chat.turns[0].speaker.casefold() if chat.turns else ""
     return [{"role": "user" if t.speaker.casefold() == first else "assistant", "content": t.text,
-             "timestamp": t.ts} for t in chat.turns]
+             "timestamp": t.ts, **({"name": t.speaker} if names else {})} for t in chat.turns]
 
 
 def session_id(chat: Chat) -> str:
@@ -113,7 +117,7 @@ def session_id(chat: Chat) -> str:
 
 # -- ingest ----------------------------------------------------------------------------
 
-def ingest(store: str, chats: Sequence[Chat], *, context_length: int) -> dict[str, Any]:
+def ingest(store: str, chats: Sequence[Chat], *, context_length: int, names: bool = True) -> dict[str, Any]:
     """Drive every chat through the engine as one session; returns timings and store stats."""
     from .host import HostDriver
 
@@ -123,7 +127,7 @@ def ingest(store: str, chats: Sequence[Chat], *, context_length: int) -> dict[st
         eng = common.make_engine(store, context_length=context_length)
         drv = HostDriver(eng, session_id=session_id(chat), context_length=context_length)
         drv.start()
-        drv.feed(to_messages(chat))
+        drv.feed(to_messages(chat, names))
         drv.end()
         passes += sum(1 for p in drv.passes if p.adopted)
         eng.store.wait_indexed()
@@ -238,16 +242,21 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     for suffix in ("", "-wal", "-shm"):
         Path(store + suffix).unlink(missing_ok=True)
     ing = ingest(store, chats, context_length=context_length)
+    roles_store = store[:-3] + "-roles.db"
+    for suffix in ("", "-wal", "-shm"):
+        Path(roles_store + suffix).unlink(missing_ok=True)
+    ingest(roles_store, chats, context_length=context_length, names=False)
     st = common.make_engine(store, context_length=context_length).store
     ing["summaries"] = st.max_row_id("summaries")
     ing["store_bytes"] = common.store_bytes(store)
     from .recall_demo import previous_ranking
 
     grep = evaluate(chats, lambda c: grep_arm(store, c, context_length=context_length))
+    roles = evaluate(chats, lambda c: grep_arm(roles_store, c, context_length=context_length))
     with previous_ranking():  # the same store, the ranking before context ranking (same-run baseline)
         before = evaluate(chats, lambda c: grep_arm(store, c, context_length=context_length))
     fts = evaluate(chats, fts5_arm)
-    for r in (grep, before, fts):
+    for r in (grep, roles, before, fts):
         r.pop("per_question", None)
     return {"context_length": context_length, "chats": len(chats), "ingest": ing,
-            "lcm_grep": grep, "lcm_grep_previous": before, "fts5_or": fts}
+            "lcm_grep": grep, "lcm_grep_roles": roles, "lcm_grep_previous": before, "fts5_or": fts}

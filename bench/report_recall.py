@@ -17,7 +17,8 @@ def realtalk(r: dict[str, Any]) -> list[str]:
     L = ["", "## Recall on REALTALK (R@5 / R@10 / R@25, % of evidence turns in the top k message hits)", ""]
     if r.get("skipped") or r.get("error"):
         return L + [f"Not run: {r.get('skipped') or r.get('error')}"]
-    arms = [("lcm_grep", "lcm_grep (this release)"), ("lcm_grep_previous", "lcm_grep (previous ranking)"),
+    arms = [("lcm_grep", "lcm_grep (this release)"), ("lcm_grep_roles", "lcm_grep (this release, roles only: no names)"),
+            ("lcm_grep_previous", "lcm_grep (previous ranking)"),
              ("fts5_or", "plain FTS5 OR query")]
     cats = list(next(iter(r["lcm_grep"]["table"].values())).keys())
     L += ["| arm | chats | " + " | ".join(cats) + " |", "|---|---|" + "---|" * len(cats)]
@@ -26,7 +27,8 @@ def realtalk(r: dict[str, Any]) -> list[str]:
             L += _rows(r[key]["table"], label)
     ing = r.get("ingest", {})
     L += ["", f"{r.get('chats')} chats, each one session through the engine at a {r.get('context_length')} window "
-          f"({ing.get('messages')} messages, {ing.get('summaries')} summaries, ingest {ing.get('msgs_per_s')} msgs/s); "
+          f"({ing.get('messages')} messages, {ing.get('summaries')} summaries, ingest {ing.get('msgs_per_s')} msgs/s), "
+          "each message named by its speaker (OpenAI's `name`) except in the roles-only arm; "
           f"lcm_grep per call p50 {r['lcm_grep']['ask_ms'].get('p50')} ms (previous ranking "
           f"{r.get('lcm_grep_previous', {}).get('ask_ms', {}).get('p50')} ms). Constants were chosen on chats 1-5 (dev); "
           "6-10 (test) were held out."]

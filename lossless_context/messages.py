@@ -297,6 +297,28 @@ def role_of(msg: Any) -> str:
     return "invalid"
 
 
+# Hermes' gateway writes "[Display Name] text" into every user message of a session shared
+# by several people (gateway/run.py, shared multi-user sessions): that prefix is the speaker.
+_SPEAKER_PREFIX = re.compile(r"\[([^\[\]\n]{1,64})\] ")
+
+
+def speaker_of(msg: Any) -> str | None:
+    """Who said a message, when the message says: OpenAI's ``name`` field, else the
+    ``[Name] `` prefix Hermes' gateway puts on user messages in shared sessions. ``None``
+    when only the role is known."""
+    if not isinstance(msg, dict):
+        return None
+    name = msg.get("name")
+    if isinstance(name, str) and name.strip() and msg.get("role") in ("user", "assistant"):
+        return " ".join(name.split())[:64]
+    content = msg.get("content")
+    if msg.get("role") == "user" and isinstance(content, str):
+        m = _SPEAKER_PREFIX.match(content)
+        if m and m.group(1).strip():
+            return " ".join(m.group(1).split())
+    return None
+
+
 def tool_call_ids(msg: Any) -> list[str]:
     if not isinstance(msg, dict) or msg.get("role") != "assistant":
         return []

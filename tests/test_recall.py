@@ -167,3 +167,60 @@ def test_named_days_parses_common_forms_and_ignores_nonsense():
     assert named_days("on 31 Feb 2024") == []
     assert named_days("in the spring") == []
     assert named_days("x" * 5000) == []
+
+
+def named(text: str, role: str, name: str | None, t: float, prefix: bool = False) -> NewMessage:
+    """A turn as a chat of named people sends it: OpenAI's ``name`` field, or (``prefix``) the
+    ``[Name] `` prefix Hermes' gateway writes on user messages of a shared session."""
+    raw: dict = {"role": role, "content": f"[{name}] {text}" if prefix else text}
+    if name and not prefix:
+        raw["name"] = name
+    return NewMessage(raw=raw, role=role, ident=uuid.uuid4().hex, uid=None, text=raw["content"],
+                      tokens=len(text) // 4 + 1, created_at=t, absorbed=[])
+
+
+def _two_people(e, *, names: bool, prefix: bool = False) -> list[int]:
+    """Elise asks Kevin about hiking twice (her turns hold both "Kevin" and "hiking"); Kevin's
+    answers say "hiking" without his own name; filler after."""
+    role = {"Kevin": "user", "Elise": "user" if prefix else "assistant"}
+    turns = [("Elise", "Kevin, do you still go hiking in the hills? Hiking there is lovely, Kevin."),
+             ("Kevin", "Yes, I go hiking most weekends with my brother."),
+             ("Elise", "Kevin, hiking boots or trail shoes for hiking, Kevin?")]
+    turns += [("Kevin" if i % 2 else "Elise", f"small talk line {i} about lunch and weather") for i in range(20)]
+    return e.store.append_messages("s", [
+        named(text, role[who], who if names else None, T0 + 60 * i, prefix=prefix)
+        for i, (who, text) in enumerate(turns)])
+
+
+@pytest.mark.parametrize("prefix", [False, True], ids=["name-field", "gateway-prefix"])
+def test_a_named_speakers_own_turn_ranks_above_turns_that_only_name_them(engine, prefix):
+    ids = _two_people(engine, names=True, prefix=prefix)
+    got = [h["id"] for h in hits(grep(engine, query="Does Kevin like hiking?", scope="messages", limit=3))]
+    assert got[0] == f"m{ids[1]}"
+
+
+def test_without_speakers_the_turns_that_name_them_rank_first(engine):
+    # the same chat with roles only: nothing says who Kevin is, so his name is a search word
+    ids = _two_people(engine, names=False)
+    got = [h["id"] for h in hits(grep(engine, query="Does Kevin like hiking?", scope="messages", limit=3))]
+    assert got[0] in (f"m{ids[0]}", f"m{ids[2]}")
+
+
+def test_speaker_of_reads_the_name_field_and_the_gateway_prefix():
+    from lossless_context.messages import speaker_of
+
+    assert speaker_of({"role": "user", "content": "hi", "name": "  Fahim   Khan "}) == "Fahim Khan"
+    assert speaker_of({"role": "assistant", "content": "hi", "name": "Hermes"}) == "Hermes"
+    assert speaker_of({"role": "user", "content": "[Akib] see you at six"}) == "Akib"
+    assert speaker_of({"role": "assistant", "content": "[Akib] not a gateway prefix"}) is None
+    assert speaker_of({"role": "tool", "content": "ok", "name": "terminal"}) is None  # a tool's name
+    assert speaker_of({"role": "user", "content": "[] empty"}) is None
+    assert speaker_of({"role": "user", "content": "plain"}) is None
+    assert speaker_of("not a message") is None
+
+
+def test_a_speakers_name_written_in_lower_case_is_a_search_word(engine):
+    # "kevin" in lower case is not read as a name: the question is searched as typed
+    ids = _two_people(engine, names=True)
+    got = [h["id"] for h in hits(grep(engine, query="does kevin like hiking?", scope="messages", limit=3))]
+    assert got[0] in (f"m{ids[0]}", f"m{ids[2]}")

@@ -13,12 +13,18 @@ on SQLite and PostgreSQL):
   candidates also become candidates themselves (filters permitting);
 * **summary** — the covering leaf summary's score, for the best candidates (a message inside
   a span that is about the question ranks above a stray mention);
+* **speaker** — a question naming one of the conversation's speakers ("what does Kevin do to
+  relax?") is searched without the name, which the speaker's own turns rarely contain (it is
+  the other side that says "Kevin"), and that speaker's turns are raised by ``SPEAKER_BOOST``.
+  Speakers are what the messages say of themselves (``messages.speaker_of``: OpenAI's
+  ``name`` field, or the ``[Name]`` prefix Hermes' gateway writes in shared sessions), read
+  from the candidates; a conversation whose messages name no one is ranked without this;
 * **time** — a question naming a day ("on 7 Jan 2024", "2024-01-07") raises the messages
   of that day (a day's margin on each side: the host's time zone is unknown) and searches that
   window for more candidates.
 
 Only questions are re-ranked (:func:`wants_context`). The final score is ``own + W_NEIGHBOUR · neighbours + W_SUMMARY · summary``, times
-``1 + TIME_BOOST`` inside a named day. Queries with an identifier, a quoted phrase or a
+``1 + TIME_BOOST`` inside a named day and ``1 + SPEAKER_BOOST`` for the named speaker. Queries with an identifier, a quoted phrase or a
 substring item are not re-ranked: they stay exact-first.
 
 Constants were chosen on REALTALK chats 1–5 only (``bench/realtalk.py``); 6–10 are held out.
@@ -31,7 +37,8 @@ import re
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Sequence
 
-from .query import QueryPlan, score_hit
+from ..messages import speaker_of
+from .query import QueryPlan, plan_query, score_hit
 
 SEEDS = 40  # best candidates whose neighbours are fetched (and whose leaf summary is scored)
 WINDOW = 1  # neighbouring turns on each side that lend a message their score
@@ -39,6 +46,8 @@ DECAY = 0.5  # (WINDOW > 1) a neighbour two turns away counts half as much as th
 W_NEIGHBOUR = 0.35  # dev chats 1-5: 0.6 gave R@10 51.6, 0.35 gave 52.3 (and R@5 43.2 vs 42.5)
 W_SUMMARY = 0.3
 TIME_BOOST = 1.0
+SPEAKER_BOOST = 1.0
+SPEAKER_POOL = 200  # candidates whose speakers are read to recognise a name in the question
 AVG_CHARS = 2_000.0
 
 _MONTHS = {m.casefold(): i for i, m in enumerate(calendar.month_name) if m}
@@ -83,13 +92,40 @@ def named_days(query: str) -> list[tuple[float, float]]:
     return out[:4]
 
 
+def named_speakers(store: Any, plan: QueryPlan, rows: Sequence[dict[str, Any]]) -> tuple[list[str], QueryPlan | None]:
+    """The speakers of ``rows`` (the first ``SPEAKER_POOL``) that the question names by a word
+    of their name, and the question's plan without those words (``None`` when nothing is
+    named, or when the name is all the question holds). Only words written with a capital
+    count as names ("what did Mark say", not "what did we mark as done"), which also spares
+    the read for most questions."""
+    capitals = {w.casefold() for w in re.findall(r"[^\W_]+", plan.query) if w[0].isupper()}
+    if not capitals.intersection(plan.terms):
+        return [], None
+    recs = store.get_messages([r["id"] for r in rows[:SPEAKER_POOL]])
+    words: dict[str, set[str]] = {}
+    for rec in recs.values():
+        who = speaker_of(rec.raw)
+        if who:
+            for w in re.findall(r"[^\W_]+", who.casefold()):
+                if len(w) > 1:
+                    words.setdefault(w, set()).add(who)
+    hit = [t for t in plan.terms if t in words and t in capitals]
+    named = sorted({who for t in hit for who in words[t]})
+    if not named:
+        return [], None
+    drop = re.compile(r"(?<!\w)(?:" + "|".join(re.escape(t) for t in hit) + r")(?:'s)?(?!\w)", re.I)
+    narrowed = plan_query(drop.sub(" ", plan.query))
+    return named, (narrowed if narrowed.terms and wants_context(narrowed) else None)
+
+
 def rerank(store: Any, plan: QueryPlan, rows: list[dict[str, Any]], idf: dict[str, float], *,
            role: str | None = None, since: float | None = None, until: float | None = None,
-           under_summary: int | None = None,
+           under_summary: int | None = None, speakers: Sequence[str] = (),
            more: Callable[[float, float], list[dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
     """``rows`` (message candidates with ``text`` and ``score``) re-scored with their context,
     best first, joined by neighbouring turns of the best ones. ``more(since, until)`` returns
-    extra candidates inside a time window (used for the days a question names)."""
+    extra candidates inside a time window (used for the days a question names); ``speakers`` are
+    the speakers the question names (:func:`named_speakers`): one of them is raised."""
     days = named_days(plan.query)
     have = {r["id"] for r in rows}
     if more is not None:
@@ -105,7 +141,7 @@ def rerank(store: Any, plan: QueryPlan, rows: list[dict[str, Any]], idf: dict[st
         return rows
     rows.sort(key=lambda r: (-r["score"], -r["id"]))
     seeds = rows[:SEEDS]
-    recs = store.get_messages([r["id"] for r in seeds])
+    recs = store.get_messages([r["id"] for r in (rows if len(speakers) == 1 else seeds)])
     # every turn within WINDOW of a seed, one read per run of overlapping windows
     spans: dict[str, list[list[int]]] = {}
     for r in seeds:
@@ -157,6 +193,10 @@ def rerank(store: Any, plan: QueryPlan, rows: list[dict[str, Any]], idf: dict[st
         t = r.get("created_at") or 0.0
         if days and any(lo <= t < hi for lo, hi in days):
             score *= 1.0 + TIME_BOOST
+        if len(speakers) == 1:
+            rec = recs.get(r["id"]) or (info.get(key) if key is not None else None)
+            if rec is not None and speaker_of(rec.raw) == speakers[0]:
+                score *= 1.0 + SPEAKER_BOOST
         r["score"] = score
     rows.sort(key=lambda r: (-r["score"], -(r.get("created_at") or 0), -r["id"]))
     return rows

@@ -58,21 +58,29 @@ def ranked_page(store: Any, scope: Any, plan: QueryPlan, targets: list[str], *, 
             rows = store.search(t, scope, plan, mode="substring", limit=end, offset=0, **filters)
         contextual = t == "messages" and ranking.wants_context(plan)
         pool = max(end, CONTEXT_POOL) if contextual else end  # a fixed pool: pages stay stable
+        tplan = plan
         found, idf = candidates(store, t, scope, plan, need=pool, want=pool, **filters)
+        speakers: list[str] = []
+        if contextual and found:
+            # a speaker's name is who said it, not what was said: search without it
+            speakers, narrowed = ranking.named_speakers(store, plan, found)
+            if narrowed is not None:
+                tplan = narrowed
+                found, idf = candidates(store, t, scope, tplan, need=pool, want=pool, **filters)
         have = {r["id"] for r in rows}
         rows += [r for r in found if r["id"] not in have]
         for r in rows:
             r["kind"] = "m" if t == "messages" else "s"
-            r["score"] = score_hit(plan, r["text"], idf, AVG_CHARS)
+            r["score"] = score_hit(tplan, r["text"], idf, AVG_CHARS)
         if contextual:
             def more(lo: float, hi: float) -> list[dict[str, Any]]:
-                extra, _ = candidates(store, t, scope, plan, need=BLOCK, want=BLOCK,
+                extra, _ = candidates(store, t, scope, tplan, need=BLOCK, want=BLOCK,
                                       **{**filters, "since": lo, "until": hi})
                 for r in extra:
                     r["kind"] = "m"
                 return extra
 
-            rows = ranking.rerank(store, plan, rows, idf, more=more, **filters)
+            rows = ranking.rerank(store, tplan, rows, idf, more=more, speakers=speakers, **filters)
         rows = rows[:end]
         exhausted = exhausted and len(rows) < end
         seqs.append(rows)
