@@ -104,3 +104,95 @@ def test_a_deleted_session_is_dropped_from_the_cache(store, pg_fresh_dsn):
         c.execute("DELETE FROM context_items WHERE session_id = 'c'")
         c.execute("DELETE FROM sessions WHERE id = 'c'")
     assert _until(lambda: store.cached_context_version("c") == 0)
+
+
+# -- scopes: the lineage and ancestry every tool call reads (migration 011) -----------------
+
+def _counting_reads(store, name: str) -> list[str]:
+    """Record calls of the store's server read behind ``name`` (``read_lineage``)."""
+    calls: list[str] = []
+    if name == "lineage":
+        real = store.read_lineage
+
+        def read(sid: str) -> list[str]:
+            calls.append(sid)
+            return real(sid)
+
+        store.read_lineage = read
+    return calls
+
+
+def test_lineage_is_read_once_then_kept_until_a_session_changes(store, pg_fresh_dsn):
+    store.ensure_session("p", conversation_id="conv")
+    store.ensure_session("q", parent_id="p", conversation_id="conv")
+    assert store.version_listener_ready(HANG_GUARD)
+    reads = _counting_reads(store, "lineage")
+    first = store.lineage("q")
+    assert set(first) == {"p", "q"}
+    for _ in range(100):
+        assert store.lineage("q") == first
+    assert reads == ["q"]  # one read, then none while nothing changed
+
+    # This process's own change is seen at once (kept scopes are dropped on commit).
+    store.ensure_session("r", conversation_id="conv")
+    assert set(store.lineage("q")) == {"p", "q", "r"}
+    n = len(reads)
+    assert n == 2
+
+    # Another process or host adds a session to the conversation: the notice drops the scope.
+    cache = store._versions()
+    generation = cache.scope_generation()
+    with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:
+        c.execute("INSERT INTO sessions(id, conversation_id, created_at, updated_at)"
+                  " VALUES ('s', 'conv', 1, 1)")
+    assert _until(lambda: cache.scope_generation() != generation)
+    assert "s" in store.lineage("q")
+    # ... and writes that leave every lineage as it was keep it
+    k = len(reads)
+    store.set_context("q", [])
+    cache.note("fence", 0)
+    with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:
+        c.execute("INSERT INTO sessions(id, created_at, updated_at) VALUES ('p', 1, 1) ON CONFLICT (id) DO NOTHING")
+        c.execute("UPDATE sessions SET updated_at = 5, conversation_id = 'conv' WHERE id = 'q'")
+        # a notification sent after those commits arrives after any they sent: a fence
+        c.execute("SELECT pg_notify('lcm_context', '1 fence')")
+    assert _until(lambda: cache.get("fence") == 1)
+    assert cache.scope_generation() == generation + 1
+    assert "s" in store.lineage("q") and len(reads) == k
+
+
+def test_ancestry_with_fork_points_is_kept_and_dropped_on_a_fork(store, pg_fresh_dsn):
+    store.ensure_session("base")
+    store.ensure_session("branch", parent_id="base")
+    assert store.version_listener_ready(HANG_GUARD)
+    before = store.ancestry("branch")
+    assert [a[0] for a in before] == ["branch", "base"] and before[0][2] is None
+    store.set_fork_point("branch")  # own write: seen at once
+    after = store.ancestry("branch")
+    assert after[0][2] is not None
+    with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:  # another host clears it
+        c.execute("UPDATE sessions SET fork_message_id = NULL, fork_summary_id = NULL WHERE id = 'branch'")
+    assert _until(lambda: store.ancestry("branch")[0][2] is None)
+
+
+def test_a_scope_read_that_raced_a_notice_is_not_kept(store):
+    store.ensure_session("z")
+    assert store.version_listener_ready(HANG_GUARD)
+    cache = store._versions()
+    generation = cache.scope_generation()
+    cache.scopes_changed()  # a notice arrives while the read is under way
+    cache.scope_put(("lineage", "z"), generation, ("stale",))
+    assert cache.scope_get(("lineage", "z")) is None
+    assert store.lineage("z") == ["z"]
+
+
+def test_scopes_are_read_from_the_server_while_the_listener_is_away(store, pg_fresh_dsn):
+    store.ensure_session("w", conversation_id="cw")
+    assert store.version_listener_ready(HANG_GUARD)
+    assert store.lineage("w") == ["w"]
+    with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:
+        c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                  " WHERE datname = current_database() AND application_name = %s", (APPLICATION_NAME,))
+        assert _until(lambda: not store.version_listener_ready(0))
+        c.execute("INSERT INTO sessions(id, conversation_id, created_at, updated_at) VALUES ('w2', 'cw', 2, 2)")
+    assert set(store.lineage("w")) == {"w", "w2"}  # never stale: read while it is away

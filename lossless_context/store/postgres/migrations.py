@@ -357,6 +357,32 @@ MIGRATIONS: list[tuple[str, str]] = [
             FOR EACH ROW EXECUTE FUNCTION lcm_notify_context_version();
         """,
     ),
+    (
+        "011_lineage_notify",
+        # Every session created or deleted, and every change of a session's parent,
+        # conversation or fork point, is announced on channel lcm_context as "-3 *lineage"
+        # (row triggers: an INSERT .. ON CONFLICT DO NOTHING that inserts nothing says
+        # nothing; a transaction's repeats are one notification), so tool calls can keep each
+        # session's lineage and ancestry (versions.py). Catalog only: nothing is rewritten.
+        """
+        CREATE FUNCTION lcm_notify_lineage() RETURNS trigger
+        LANGUAGE plpgsql AS $fn$
+        BEGIN
+            PERFORM pg_notify('lcm_context', '-3 *lineage');
+            RETURN NULL;
+        END
+        $fn$;
+        CREATE TRIGGER sessions_notify_lineage_rows AFTER INSERT OR DELETE ON sessions
+            FOR EACH ROW EXECUTE FUNCTION lcm_notify_lineage();
+        CREATE TRIGGER sessions_notify_lineage_links
+            AFTER UPDATE OF parent_id, conversation_id, fork_message_id, fork_summary_id ON sessions
+            FOR EACH ROW WHEN (OLD.parent_id IS DISTINCT FROM NEW.parent_id
+                               OR OLD.conversation_id IS DISTINCT FROM NEW.conversation_id
+                               OR OLD.fork_message_id IS DISTINCT FROM NEW.fork_message_id
+                               OR OLD.fork_summary_id IS DISTINCT FROM NEW.fork_summary_id)
+            EXECUTE FUNCTION lcm_notify_lineage();
+        """,
+    ),
 ]
 
 # Migrations the store can live without (run in a savepoint; retried at the next start).

@@ -7,6 +7,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from .text import pg_text as _t
+from .versions import touch_scopes
 
 
 class PostgresRecords:
@@ -58,7 +59,7 @@ class PostgresRecords:
             "SELECT message_id FROM message_retractions WHERE message_id = ANY(%s)", (ids,))})
 
     def set_fork_point(self, session_id: str) -> None:
-        self._write(lambda c: c.execute(
+        self._write(lambda c: touch_scopes() or c.execute(
             "UPDATE sessions SET fork_message_id=(SELECT COALESCE(MAX(id), 0) FROM messages),"
             " fork_summary_id=(SELECT COALESCE(MAX(id), 0) FROM summaries)"
             " WHERE id=%s AND fork_message_id IS NULL", (_t(session_id),)))
@@ -67,6 +68,50 @@ class PostgresRecords:
         row = self._read(lambda c: c.execute("SELECT fork_message_id, fork_summary_id FROM sessions WHERE id=%s",
                                              (_t(session_id),)).fetchone())
         return (int(row[0]), int(row[1] or 0)) if row and row[0] is not None else None
+
+    def read_lineage(self, session_id: str) -> list[str]:
+        """The lineage as the server has it now (``lineage`` keeps it while nothing changes)."""
+        # The walk of the original per-session queries, with each session's row fetched
+        # together with its whole conversation (every tool call runs this: one or two round
+        # trips instead of one per session).
+        def run(c: Any) -> list[str]:
+            rows: dict[str, tuple[str | None, str | None]] = {}
+            members: dict[str, list[str]] = {}
+
+            def load(sid: str) -> None:
+                got = c.execute(
+                    "SELECT o.id, o.parent_id, o.conversation_id FROM sessions s JOIN sessions o"
+                    " ON o.id = s.id OR (s.conversation_id IS NOT NULL AND o.conversation_id = s.conversation_id)"
+                    " WHERE s.id = %s ORDER BY o.created_at, o.id", (sid,)).fetchall()
+                conv = next((r[2] for r in got if r[0] == sid), None)
+                for oid, parent, oconv in got:
+                    rows[oid] = (parent, oconv)
+                if conv is not None:
+                    members[conv] = [r[0] for r in got if r[2] == conv]
+
+            seen: list[str] = []
+            frontier = [_t(session_id)]
+            conv_done: set[str] = set()
+            while frontier:
+                sid = frontier.pop()
+                if sid in seen:
+                    continue
+                seen.append(sid)
+                if sid not in rows:
+                    load(sid)
+                row = rows.get(sid)
+                if row is None:
+                    continue
+                if row[0]:
+                    frontier.append(row[0])
+                if row[1] and row[1] not in conv_done:
+                    conv_done.add(row[1])
+                    if row[1] not in members:
+                        load(sid)
+                    frontier.extend(members.get(row[1], []))
+            return seen
+
+        return self._read(run)
 
     def ancestry(self, session_id: str, limit: int = 256) -> list[tuple[str, str | None, tuple[int, int] | None]]:
         rows = self._read(lambda c: c.execute(
@@ -103,6 +148,7 @@ class PostgresRecords:
         m, s = [int(i) for i in message_ids], [int(i) for i in summary_ids]
 
         def tx(c: Any) -> dict[str, int]:
+            touch_scopes()
             for sid, items in contexts.items():
                 if _t(sid) not in x:
                     self._write_context(c, _t(sid), items)

@@ -44,7 +44,7 @@ from .index import PostgresIndexer
 from .records import PostgresRecords
 from .repair import PostgresRepairs
 from .search import PostgresSearch
-from .versions import VersionCache, cache_for, peek
+from .versions import VersionCache, cache_for, peek, take_touched, touch_scopes
 
 log = logging.getLogger("lossless_context.store")
 
@@ -103,9 +103,31 @@ class PostgresStore(PostgresRecords, PostgresSearch, PostgresCosts, PostgresRepa
         finally:
             # After the commit (or the rollback): this process's next read sees the new version.
             sids, touched[mark:] = touched[mark:], []
-            cache = peek(self._dsn) if sids else None
+            scopes = take_touched()
+            cache = peek(self._dsn) if sids or scopes else None
             for sid in sids if cache is not None else ():
                 cache.forget(sid)
+            if scopes and cache is not None:
+                cache.scopes_changed()
+
+    def _scoped(self, key: tuple[Any, ...], read: Callable[[], Any]) -> Any:
+        """A session's scope (lineage, ancestry) from the listener's cache when this store
+        runs the listener (select_context starts it) and nothing changed since it was read."""
+        held = self._version_cache
+        cache = held[1] if held is not None and held[0] == os.getpid() else None
+        generation = cache.scope_generation() if cache is not None else None
+        if generation is None:
+            return read()
+        hit = cache.scope_get(key)
+        if hit is not None:
+            return list(hit)
+        value = read()
+        cache.scope_put(key, generation, tuple(value))
+        return value
+
+    def ancestry(self, session_id: str, limit: int = 256) -> list[tuple[str, str | None, tuple[int, int] | None]]:
+        return self._scoped(("ancestry", _t(session_id), limit), lambda: super(PostgresStore, self).ancestry(
+            session_id, limit))
 
     def _versions(self) -> VersionCache:
         held = self._version_cache
@@ -198,6 +220,7 @@ class PostgresStore(PostgresRecords, PostgresSearch, PostgresCosts, PostgresRepa
             pid = None
 
         def tx(c: Any) -> None:
+            touch_scopes()
             if pid:
                 c.execute(
                     "INSERT INTO sessions(id, created_at, updated_at) VALUES (%s, %s, %s) ON CONFLICT (id) DO NOTHING",
@@ -243,47 +266,7 @@ class PostgresStore(PostgresRecords, PostgresSearch, PostgresCosts, PostgresRepa
         return [dict(zip(keys, r)) for r in rows]
 
     def lineage(self, session_id: str) -> list[str]:
-        # The walk of the original per-session queries, with each session's row fetched
-        # together with its whole conversation (every tool call runs this: one or two round
-        # trips instead of one per session).
-        def run(c: Any) -> list[str]:
-            rows: dict[str, tuple[str | None, str | None]] = {}
-            members: dict[str, list[str]] = {}
-
-            def load(sid: str) -> None:
-                got = c.execute(
-                    "SELECT o.id, o.parent_id, o.conversation_id FROM sessions s JOIN sessions o"
-                    " ON o.id = s.id OR (s.conversation_id IS NOT NULL AND o.conversation_id = s.conversation_id)"
-                    " WHERE s.id = %s ORDER BY o.created_at, o.id", (sid,)).fetchall()
-                conv = next((r[2] for r in got if r[0] == sid), None)
-                for oid, parent, oconv in got:
-                    rows[oid] = (parent, oconv)
-                if conv is not None:
-                    members[conv] = [r[0] for r in got if r[2] == conv]
-
-            seen: list[str] = []
-            frontier = [_t(session_id)]
-            conv_done: set[str] = set()
-            while frontier:
-                sid = frontier.pop()
-                if sid in seen:
-                    continue
-                seen.append(sid)
-                if sid not in rows:
-                    load(sid)
-                row = rows.get(sid)
-                if row is None:
-                    continue
-                if row[0]:
-                    frontier.append(row[0])
-                if row[1] and row[1] not in conv_done:
-                    conv_done.add(row[1])
-                    if row[1] not in members:
-                        load(sid)
-                    frontier.extend(members.get(row[1], []))
-            return seen
-
-        return self._read(run)
+        return self._scoped(("lineage", _t(session_id)), lambda: self.read_lineage(session_id))
 
     # -- messages -------------------------------------------------------------------------
 

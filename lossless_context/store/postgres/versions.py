@@ -9,6 +9,14 @@ process's own commits (``forget``, called after the transaction), so a call whil
 changed asks the server nothing. Versions only grow, so a notification and a concurrent read
 arriving in either order keep the larger. While the listener is not connected (not started
 yet, server restarting) the cache answers nothing and callers read the row as before.
+
+The same listener keeps each session's *scope* — its lineage and its ancestry with fork
+points, read by every tool call — so a tool call does not spend two round trips on it.
+Migration 011 announces every change of a session's place in a lineage (a session created or
+deleted; its parent, conversation or fork point set) as "-3 *lineage"; any such notice, a
+reconnect, or this process's own change of those columns (:func:`touch_scopes`, applied after
+the commit) drops every kept scope. A scope read is kept under the generation it was read in,
+so a read that raced a notice is never served.
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ from typing import Any
 log = logging.getLogger("lossless_context.store")
 
 CHANNEL = "lcm_context"
+LINEAGE = "*lineage"  # the payload "-3 *lineage": a session's place in a lineage changed
+MAX_SCOPES = 4096  # scopes kept per DSN and process (all dropped when full)
 APPLICATION_NAME = "lcm-versions"  # names the listener's session in pg_stat_activity
 PROBE_SECONDS = 10.0  # how long the listener waits for its own test notification
 _RETRY_MAX = 30.0  # seconds between reconnect attempts of a listener that lost its server
@@ -33,6 +43,8 @@ class VersionCache:
         self._dsn, self._kwargs = dsn, dict(conn_kwargs)
         self._lock = threading.Lock()
         self._versions: dict[str, int] = {}
+        self._gen = 0  # scope generation: bumped by every lineage notice and reconnect
+        self._scopes: dict[tuple[Any, ...], tuple[int, Any]] = {}
         self._live = False
         self._users = 0
         self._stop = threading.Event()
@@ -53,6 +65,29 @@ class VersionCache:
     def forget(self, session_id: str) -> None:
         with self._lock:
             self._versions.pop(session_id, None)
+
+    def scope_generation(self) -> int | None:
+        """The current scope generation, or None while scopes cannot be kept (not listening)."""
+        with self._lock:
+            return self._gen if self._live else None
+
+    def scope_get(self, key: tuple[Any, ...]) -> Any | None:
+        with self._lock:
+            hit = self._scopes.get(key) if self._live else None
+            return hit[1] if hit is not None and hit[0] == self._gen else None
+
+    def scope_put(self, key: tuple[Any, ...], generation: int, value: Any) -> None:
+        """Keep a scope read in ``generation`` — unless a change was noticed since."""
+        with self._lock:
+            if self._live and generation == self._gen:
+                if len(self._scopes) >= MAX_SCOPES:
+                    self._scopes.clear()
+                self._scopes[key] = (generation, value)
+
+    def scopes_changed(self) -> None:
+        with self._lock:
+            self._gen += 1
+            self._scopes.clear()
 
     def wait_ready(self, timeout: float) -> bool:
         """Whether the listener is (or within `timeout` becomes) connected and listening."""
@@ -76,6 +111,8 @@ class VersionCache:
             self._live, thread = False, self._thread
             self._ready.clear()
             self._versions.clear()
+            self._scopes.clear()
+            self._gen += 1
             self._thread = None
             self._stop.set()
         if thread is not None and thread is not threading.current_thread():
@@ -104,6 +141,8 @@ class VersionCache:
                         return
                     self._conn = conn
                     self._versions.clear()  # anything read before LISTEN may have missed a change
+                    self._scopes.clear()
+                    self._gen += 1
                     self._live = True
                     self._ready.set()
                 delay = 0.5
@@ -118,6 +157,8 @@ class VersionCache:
                     self._live = False
                     self._conn = None
                     self._versions.clear()
+                    self._scopes.clear()
+                    self._gen += 1
                 if conn is not None:
                     try:
                         conn.close()
@@ -136,6 +177,9 @@ class VersionCache:
 
     def _apply(self, payload: str) -> None:
         version, _, sid = payload.partition(" ")
+        if sid == LINEAGE:
+            self.scopes_changed()
+            return
         try:
             v = int(version)
         except ValueError:
@@ -164,3 +208,19 @@ def cache_for(dsn: str, conn_kwargs: dict[str, Any]) -> VersionCache:
 def peek(dsn: str) -> VersionCache | None:
     """The cache of this DSN if this process made one (writers drop their sessions from it)."""
     return _CACHES.get((os.getpid(), dsn))
+
+
+_SCOPE_WRITES = threading.local()
+
+
+def touch_scopes() -> None:
+    """Called inside a write transaction that changes a session's place in a lineage: this
+    process's kept scopes are dropped once it ends (``take_touched``)."""
+    _SCOPE_WRITES.touched = True
+
+
+def take_touched() -> bool:
+    """Whether this thread's transaction changed a lineage (and reset the mark)."""
+    touched = getattr(_SCOPE_WRITES, "touched", False)
+    _SCOPE_WRITES.touched = False
+    return touched
