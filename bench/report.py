@@ -457,6 +457,19 @@ def _backends(b: dict[str, Any]) -> list[str]:
     rows = [[r["metric"], r["sqlite"], r["postgresql"], r["ratio_pg_over_sqlite"], r["better"]] for r in b["rows"]]
     L += _table(["metric", "SQLite", "PostgreSQL", "ratio PG/SQLite", "better is"], rows)
     L.append("")
+    big = b.get("postgresql_large")
+    if big:
+        g, m = big["grow"], big["measure"]
+        cells = [["lcm_grep " + k + " ms p50", get_path(m, f"lcm_grep.{k}.ms.p50")]
+                 for k in ("text", "identifier", "cjk_substring")]
+        cells += [["lcm_expand ms p50", get_path(m, "lcm_expand.ms.p50")],
+                  ["compress() engine ms p50", get_path(m, "compress.engine_ms.p50")],
+                  ["select_context cached ms p50", get_path(m, "select_context.cached_ms.p50")]]
+        L += [f"PostgreSQL grown to {_f(g['n_stored'])} messages ({_f(g['n_replicated'])} copied with SQL in "
+              f"{g['replicate_seconds']} s, their index rows with them; {_f(g['store_bytes'])} bytes), same "
+              "measurement:", ""]
+        L += _table(["metric", "PostgreSQL"], cells)
+        L.append("")
     return L
 
 

@@ -54,6 +54,14 @@ def test_bench_quick_writes_results(tmp_path: Path) -> None:
     for p in sc["points"]:
         assert isinstance(p["measure"]["select_context"]["same_object_every_call"], bool)
 
+    be = parts["backends"]
+    if not be.get("skipped") and not be.get("pg_stopped_early"):  # PG grown by SQL replication, measured again
+        big = be["postgresql_large"]
+        assert big["grow"]["n_stored"] == 2 * be["n_compared"] and big["grow"]["pending_after"] == 0
+        assert _num(big["measure"]["lcm_grep"]["text"]["ms"]["p50"])
+        assert big["measure"]["lcm_grep"]["identifier"]["hits"] >= 2  # the copies are indexed too
+        assert "PostgreSQL grown to" in md
+
     sbs = parts["side_by_side"]
     if not sbs.get("skipped"):
         assert {(r["session"], r["engine"]) for r in sbs["runs"]} == {
