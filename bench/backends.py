@@ -42,6 +42,9 @@ COMPARE = [
 ]
 
 
+SHARED_BUFFERS = "2GB"
+
+
 def _pg_server() -> tuple[Any, str | None]:
     """(server, reason-if-unavailable). Reuses tests/support/pg.py without its pytest skips."""
     try:
@@ -62,7 +65,9 @@ def _pg_server() -> tuple[Any, str | None]:
         from lossless_context.store.postgres.store import PostgresStore  # noqa: F401
     except Exception as exc:
         return None, f"lossless_context.store.postgres.store not importable: {type(exc).__name__}: {exc}"
-    srv = pgsupport.PgServer(bindir)
+    # shared_buffers sized for the 1M-message store (~3 GB), as a gateway's server would be:
+    # the test servers' 32 MB makes every search read the same pages from the OS again
+    srv = pgsupport.PgServer(bindir, shared_buffers=SHARED_BUFFERS)
     try:
         srv.start()
     except Exception as exc:
@@ -132,6 +137,7 @@ def run(cfg: dict[str, Any], scale_result: dict[str, Any] | None = None) -> dict
           f"{'reused from scale' if reused else 'built'}", flush=True)
     return {"skipped": False, "n_requested": n, "n_compared": n_pg, "pg_stopped_early": pg_b.get("stopped_early"),
             "pg_budget_seconds": budget, "sqlite_reused_from_scale": reused, "postgres_version": server_version,
+            "shared_buffers": SHARED_BUFFERS,
             "rows": rows, "sqlite": sqlite, "postgresql": pg, "postgresql_large": pg_large}
 
 

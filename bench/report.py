@@ -451,7 +451,8 @@ def _backends(b: dict[str, Any]) -> list[str]:
         note = (f" PostgreSQL's build hit its {_f(b['pg_budget_seconds'])} s budget at {_f(b['n_compared'])} of "
                 f"{_f(b['n_requested'])} requested messages; SQLite was built on exactly the same messages.")
     L += [f"Same workload as the scale benchmark on both backends, {_f(b['n_compared'])} messages; PostgreSQL "
-          f"{b.get('postgres_version') or '?'} (throw-away cluster from `tests/support/pg.py`, fsync off)."
+          f"{b.get('postgres_version') or '?'} (throw-away cluster from `tests/support/pg.py`, fsync off, "
+          f"shared_buffers {b.get('shared_buffers') or '32MB'})."
           + note + (" SQLite figures reused from the scale run (same stream, same N)." if b.get("sqlite_reused_from_scale")
                     else ""), ""]
     rows = [[r["metric"], r["sqlite"], r["postgresql"], r["ratio_pg_over_sqlite"], r["better"]] for r in b["rows"]]

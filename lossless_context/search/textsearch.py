@@ -24,7 +24,6 @@ which rows are looked at, not how they rank within a block.
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 from . import originals, ranking
@@ -167,16 +166,12 @@ def _groups(store: Any, target: str, plan: QueryPlan, live: list[int], cost: dic
     """The largest groups of terms that pairwise occur together (maximal cliques of the
     co-occurrence graph), most specific first. Pairs are tested rarest first — a capped AND
     that stops at the first shared row, so pairs that do meet cost almost nothing; this is
-    where a question's off-topic word ("decide") shows up. Untested pairs are assumed to meet."""
+    where a question's off-topic word ("decide") shows up. Pairs left untested when
+    ``PAIR_SECONDS`` run out are assumed to meet."""
     ranked = sorted(live, key=lambda i: (-idf[plan.items[i].casefold()], i))
     pairs = [(a, b) for k, a in enumerate(ranked) for b in ranked[k + 1:]][:MAX_PAIRS]
-    apart: set[tuple[int, int]] = set()
-    deadline = time.monotonic() + PAIR_SECONDS
-    for a, b in pairs:
-        if time.monotonic() > deadline:
-            break
-        if store.term_counts(target, [plan.subset([a, b], "AND")], 0)[0] == 0:
-            apart.add((min(a, b), max(a, b)))
+    met = store.any_match(target, [plan.subset([a, b], "AND") for a, b in pairs], PAIR_SECONDS)
+    apart = {(min(a, b), max(a, b)) for (a, b), m in zip(pairs, met) if m is False}
     near = {i: {j for j in live if j != i and (min(i, j), max(i, j)) not in apart} for i in live}
     cliques: list[list[int]] = []
 

@@ -7,8 +7,9 @@ call from several threads; each backend owns its connections (one per thread or 
 from __future__ import annotations
 
 import abc
-import re
 import contextlib
+import re
+import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ..records import ContextEntry, MessageRecord, NewMessage, NewSummary, StagedPass, SummaryRecord
@@ -302,6 +303,19 @@ class Store(abc.ABC):
         """How many rows of ``target`` (whole store, any session; only the ``newest`` rows by id
         when given) match each plan's full-text query (as :meth:`search` reads it), counted up
         to ``cap + 1``: the cost and rarity estimates of a ranked search."""
+
+    def any_match(self, target: str, plans: Sequence[Any], seconds: float) -> list[bool | None]:
+        """Whether each plan's full-text query matches at least one row of ``target`` (whole
+        store), tested in the given order until ``seconds`` have passed; None for the plans
+        left untested. By default one capped count per plan; a store may answer all at once."""
+        deadline = time.monotonic() + seconds
+        out: list[bool | None] = []
+        for plan in plans:
+            if time.monotonic() > deadline:
+                out.append(None)
+                continue
+            out.append(self.term_counts(target, [plan], 0)[0] > 0)
+        return out
 
     @abc.abstractmethod
     def max_row_id(self, target: str) -> int:

@@ -86,8 +86,11 @@ def _world_traversable(path: Path) -> bool:
 class PgServer:
     """One PostgreSQL cluster in a temporary directory."""
 
-    def __init__(self, bindir: Path) -> None:
+    def __init__(self, bindir: Path, shared_buffers: str = "32MB") -> None:
+        # (the test run's many small servers stay small; the bench sizes its one server's cache
+        # for its store, as an operator sizes a gateway's server)
         self.bindir = bindir
+        self.shared_buffers = shared_buffers
         self.user: str | None = None
         if os.geteuid() == 0:
             for name in ("postgres", "nobody"):
@@ -138,7 +141,7 @@ class PgServer:
             self.port = _free_port()
             opts = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.base}"
                     " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
-                    " -c max_connections=300 -c shared_buffers=32MB")
+                    f" -c max_connections=300 -c shared_buffers={self.shared_buffers}")
             res = self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.log),
                             "-w", "-t", "60", "-o", opts, "start")
             if res.returncode == 0:
