@@ -108,8 +108,16 @@ def run(cfg: dict[str, Any], scale_result: dict[str, Any] | None = None) -> dict
 
             with psycopg.connect(dsn, autocommit=True) as c:
                 server_version = c.execute("SHOW server_version").fetchone()[0]
+                # the floor under every PostgreSQL row: one statement's round trip on loopback
+                trips = []
+                for _ in range(500):
+                    t0 = time.perf_counter()
+                    c.execute("SELECT 1").fetchone()
+                    trips.append((time.perf_counter() - t0) * 1000)
+                round_trip = common.dist(trips, 4)
         except Exception:
             server_version = None
+            round_trip = None
     finally:
         srv.stop()
     n_pg = pg_b["n_stored"]
@@ -137,7 +145,7 @@ def run(cfg: dict[str, Any], scale_result: dict[str, Any] | None = None) -> dict
           f"{'reused from scale' if reused else 'built'}", flush=True)
     return {"skipped": False, "n_requested": n, "n_compared": n_pg, "pg_stopped_early": pg_b.get("stopped_early"),
             "pg_budget_seconds": budget, "sqlite_reused_from_scale": reused, "postgres_version": server_version,
-            "shared_buffers": SHARED_BUFFERS,
+            "shared_buffers": SHARED_BUFFERS, "round_trip_ms": round_trip,
             "rows": rows, "sqlite": sqlite, "postgresql": pg, "postgresql_large": pg_large}
 
 

@@ -458,6 +458,10 @@ def _backends(b: dict[str, Any]) -> list[str]:
     rows = [[r["metric"], r["sqlite"], r["postgresql"], r["ratio_pg_over_sqlite"], r["better"]] for r in b["rows"]]
     L += _table(["metric", "SQLite", "PostgreSQL", "ratio PG/SQLite", "better is"], rows)
     L.append("")
+    rt = b.get("round_trip_ms")
+    if rt:
+        L += [f"One `SELECT 1` round trip to this server (psycopg, loopback): p50 {rt['p50']} ms — the floor of "
+              "each statement a PostgreSQL request makes, against SQLite's in-process calls.", ""]
     big = b.get("postgresql_large")
     if big:
         g, m = big["grow"], big["measure"]

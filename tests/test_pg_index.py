@@ -265,7 +265,7 @@ def test_any_match_never_scans_the_whole_index(pg_fresh_dsn):
             _flush_stats(c)
             seq1, idx1 = _seq_scans(pg_fresh_dsn)
             assert seq1 > seq0
-            assert c.execute("SELECT lcm_any_match(ARRAY[to_tsquery('english', 'alpha & bravo')],"
+            assert c.execute("SELECT lcm_any_match('messages', ARRAY[to_tsquery('english', 'alpha & bravo')],"
                              " interval '5 s')").fetchone()[0] == [False]
             _flush_stats(c)
             seq2, idx2 = _seq_scans(pg_fresh_dsn)

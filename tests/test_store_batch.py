@@ -35,6 +35,26 @@ def test_batched_reads_equal_the_single_ones(tmp_path, backend, request):
     want = Store.session_messages_in(st.inner if hasattr(st, "inner") else st, "batch", ranges)
     assert [m.id for m in got] == [m.id for m in want] and got
     assert [m.seq for m in got] == sorted({m.seq for m in got})
+    other = R19Host(e, "batch-2", context_length=16_000)
+    other.start()
+    other.feed(coding_session(80, seed=5).messages)
+    other.end()
+    spans = [("batch", lo, hi) for lo, hi in ranges] + [("batch-2", 3, 9), ("batch-2", 7, 12), ("nobody", 0, 5)]
+    got2 = st.messages_in(spans)
+    want2 = Store.messages_in(st.inner if hasattr(st, "inner") else st, spans)
+    key = lambda m: (m.session_id, m.seq)  # noqa: E731
+    assert sorted(map(key, got2)) == sorted(map(key, want2)) and len(got2) == len(set(map(key, got2)))
+    assert {m.session_id for m in got2} == {"batch", "batch-2"}
+    assert [m.id for m in got2 if m.session_id == "batch"] == [m.id for m in got]
+    # pair tests in one call answer what a capped count per pair answers, on both targets
+    from lossless_context.search.query import plan_query
+
+    words = ["error", "file", "test", "zebracornx", "function", "config"]
+    pairs = [plan_query(f"{a} {b}").subset([0, 1], "AND") for k, a in enumerate(words) for b in words[k + 1:]]
+    for target in ("messages", "summaries"):
+        met = st.any_match(target, pairs, 30.0)
+        assert met == [c > 0 for c in st.term_counts(target, pairs, 0)], target
+        assert True in met and False in met, target
     e.store.close()
 
 

@@ -142,7 +142,7 @@ def rerank(store: Any, plan: QueryPlan, rows: list[dict[str, Any]], idf: dict[st
     rows.sort(key=lambda r: (-r["score"], -r["id"]))
     seeds = rows[:SEEDS]
     recs = store.get_messages([r["id"] for r in (rows if len(speakers) == 1 else seeds)])
-    # every turn within WINDOW of a seed, one read per run of overlapping windows
+    # every turn within WINDOW of a seed (overlapping windows merged), all sessions in one read
     spans: dict[str, list[list[int]]] = {}
     for r in seeds:
         rec = recs.get(r["id"])
@@ -152,6 +152,7 @@ def rerank(store: Any, plan: QueryPlan, rows: list[dict[str, Any]], idf: dict[st
         runs.append([rec.seq - WINDOW, rec.seq + WINDOW])
     own: dict[tuple[str, int], float] = {}
     info: dict[tuple[str, int], Any] = {}
+    wanted: list[tuple[str, int, int]] = []
     for sid, runs in spans.items():
         runs.sort()
         merged: list[list[int]] = []
@@ -160,10 +161,11 @@ def rerank(store: Any, plan: QueryPlan, rows: list[dict[str, Any]], idf: dict[st
                 merged[-1][1] = max(merged[-1][1], hi)
             else:
                 merged.append([lo, hi])
-        for rec in store.session_messages_in(sid, [(lo, hi) for lo, hi in merged]):
-            key = (sid, rec.seq)
-            info[key] = rec
-            own[key] = score_hit(plan, rec.text, idf, AVG_CHARS)
+        wanted += [(sid, lo, hi) for lo, hi in merged]
+    for rec in store.messages_in(wanted):  # every session's windows in one read
+        key = (rec.session_id, rec.seq)
+        info[key] = rec
+        own[key] = score_hit(plan, rec.text, idf, AVG_CHARS)
     by_id = {rec.id: key for key, rec in info.items()}
     for r in rows:
         rec = recs.get(r["id"])

@@ -187,6 +187,14 @@ class Store(abc.ABC):
                     out[r.seq] = r
         return [out[k] for k in sorted(out)]
 
+    def messages_in(self, spans: Sequence[tuple[str, int, int]]) -> list[MessageRecord]:
+        """:meth:`session_messages_in` over several sessions: for each (session, lo, hi) that
+        session's messages from seq lo on, each once. By default one call per session."""
+        by: dict[str, list[tuple[int, int]]] = {}
+        for sid, lo, hi in spans:
+            by.setdefault(sid, []).append((lo, hi))
+        return [r for sid, ranges in by.items() for r in self.session_messages_in(sid, ranges)]
+
     # -- active context and staged passes ----------------------------------
     @abc.abstractmethod
     def get_context(self, session_id: str) -> tuple[int, list[ContextEntry]]: ...

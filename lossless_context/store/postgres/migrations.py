@@ -385,7 +385,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ),
     (
         "012_any_match",
-        # Which of several full-text queries match at least one message, in one call, testing
+        # Which of several full-text queries match at least one message (or summary), in one call, testing
         # them in order and giving up once `budget` has passed (NULL: not tested). Planned with
         # enable_seqscan off: an existence test is a LIMIT 1, and with two common terms the
         # planner expects a match in the first rows a sequential scan reads — when the terms
@@ -395,24 +395,34 @@ MIGRATIONS: list[tuple[str, str]] = [
         # Still-listed rows (message_index_pending) are checked too.
         # Catalog only: nothing is rewritten.
         """
-        CREATE FUNCTION lcm_any_match(qs tsquery[], budget interval) RETURNS boolean[]
+        CREATE FUNCTION lcm_any_match(target text, qs tsquery[], budget interval) RETURNS boolean[]
         LANGUAGE plpgsql STABLE SET enable_seqscan = off AS $fn$
         DECLARE
             stop timestamptz := clock_timestamp() + budget;
             res boolean[] := '{}';
             hit boolean;
             q tsquery;
+            newest tsvector[];
         BEGIN
+            -- terms that meet usually meet among the newest rows: those are read once and
+            -- tried first, the index only for the rest
+            IF target = 'summaries' THEN
+                newest := ARRAY(SELECT x.tsv FROM summaries x ORDER BY x.id DESC LIMIT 256);
+            ELSE
+                newest := ARRAY(SELECT x.tsv FROM message_index x ORDER BY x.id DESC LIMIT 256);
+            END IF;
             FOREACH q IN ARRAY qs LOOP
                 IF clock_timestamp() > stop THEN
                     res := res || NULL::boolean;
                     CONTINUE;
                 END IF;
-                -- terms that meet usually meet among the newest rows: a short walk first
-                hit := EXISTS (SELECT 1 FROM (SELECT x.tsv FROM message_index x ORDER BY x.id DESC
-                                              LIMIT 256) w WHERE w.tsv @@ q)
-                       OR EXISTS (SELECT 1 FROM message_index x WHERE x.tsv @@ q);
-                IF NOT hit THEN
+                hit := EXISTS (SELECT 1 FROM unnest(newest) AS w(v) WHERE w.v @@ q);
+                IF NOT hit AND target = 'summaries' THEN
+                    hit := EXISTS (SELECT 1 FROM summaries x WHERE x.tsv @@ q);
+                ELSIF NOT hit THEN
+                    hit := EXISTS (SELECT 1 FROM message_index x WHERE x.tsv @@ q);
+                END IF;
+                IF NOT hit AND target <> 'summaries' THEN
                     hit := EXISTS (SELECT 1 FROM message_index_pending p
                         CROSS JOIN LATERAL (SELECT * FROM messages m WHERE m.id = p.message_id OFFSET 0) t
                         WHERE COALESCE(t.tsv, lcm_tsvector(t.text)) @@ q);

@@ -100,8 +100,6 @@ class PostgresSearch:
         return out
 
     def any_match(self, target: str, plans: Sequence[Any], seconds: float) -> list[bool | None]:
-        if target != "messages":  # summaries: a small table with its own index
-            return super().any_match(target, plans, seconds)  # type: ignore[misc]
         out: list[bool | None] = [False] * len(plans)
         todo = [(k, _t(s)) for k, s in enumerate(getattr(p, "pg_tsquery", None) for p in plans) if s]
         if not todo:
@@ -110,9 +108,10 @@ class PostgresSearch:
         def run(c: Any) -> list[Any] | None:
             try:  # one round trip: lcm_any_match (migration 012) tests them in order
                 return c.execute(
-                    "SELECT lcm_any_match(ARRAY(SELECT to_tsquery('english', s) FROM unnest(%s::text[])"
+                    "SELECT lcm_any_match(%s, ARRAY(SELECT to_tsquery('english', s) FROM unnest(%s::text[])"
                     " WITH ORDINALITY AS u(s, i) ORDER BY i), make_interval(secs => %s))",
-                    ([s for _, s in todo], seconds)).fetchone()[0]
+                    ("summaries" if target == "summaries" else "messages", [s for _, s in todo],
+                     seconds)).fetchone()[0]
             except (psycopg.DataError, psycopg.ProgrammingError):
                 return None  # an operand the server refuses (rare: plan_query quotes them)
 

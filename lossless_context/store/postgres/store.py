@@ -411,6 +411,19 @@ class PostgresStore(PostgresRecords, PostgresSearch, PostgresCosts, PostgresRepa
         ).fetchall())
         return [_msg(r) for r in rows]
 
+    def messages_in(self, spans: Sequence[tuple[str, int, int]]) -> list[MessageRecord]:
+        spans = [(sid, lo, hi) for sid, lo, hi in spans if hi >= lo]
+        if not spans:
+            return []
+        cols = ", ".join(f"m.{c.strip()}" for c in _MSG_COLS.split(","))
+        rows = self._read(lambda c: c.execute(
+            f"SELECT DISTINCT ON (m.session_id, m.seq) {cols} FROM unnest(%s::text[], %s::bigint[], %s::bigint[])"
+            " AS r(sid, lo, n) CROSS JOIN LATERAL (SELECT * FROM messages WHERE session_id=r.sid AND seq >= r.lo"
+            " ORDER BY seq LIMIT r.n) m ORDER BY m.session_id, m.seq",
+            ([_t(sid) for sid, _, _ in spans], [lo for _, lo, _ in spans], [hi - lo + 1 for _, lo, hi in spans]),
+        ).fetchall())
+        return [_msg(r) for r in rows]
+
     def iter_all_messages(self, batch: int = 1000) -> Iterator[MessageRecord]:
         last = 0
         while True:
