@@ -274,3 +274,30 @@ def test_any_match_never_scans_the_whole_index(pg_fresh_dsn):
         assert st.any_match("messages", [pair], 5.0) == [False]
     finally:
         st.close()
+
+
+def test_a_filled_index_without_statistics_is_analysed(pg_fresh_dsn, monkeypatch):
+    """Searches skip counting common terms by the planner's lexeme statistics; a store that
+    fills message_index faster than autovacuum looks analyses it itself, once."""
+    from lossless_context.store.postgres import index as pg_index
+
+    monkeypatch.setattr(pg_index, "STATS_ROWS", 50)
+
+    def analysed() -> tuple[bool, bool]:
+        with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:
+            last = c.execute("SELECT last_analyze FROM pg_stat_user_tables WHERE relname = 'message_index'").fetchone()[0]
+            stats = c.execute("SELECT EXISTS (SELECT 1 FROM pg_stats WHERE tablename = 'message_index'"
+                              " AND attname = 'tsv')").fetchone()[0]
+        return last is not None, stats
+
+    st = PostgresStore(pg_fresh_dsn, background_index=False)
+    try:
+        st.ensure_session("s")
+        st.append_messages("s", [nm(f"webhook retry note {i}") for i in range(30)])
+        st.wait_indexed()
+        assert analysed() == (False, False)  # (last_analyze: ours; autovacuum sets last_autoanalyze)
+        st.append_messages("s", [nm(f"webhook retry note {i}") for i in range(30, 60)])
+        st.wait_indexed()
+        assert analysed() == (True, True)
+    finally:
+        st.close()

@@ -27,6 +27,11 @@ from ...messages import CJK_CLASS
 log = logging.getLogger("lossless_context.store")
 
 BATCH = 256  # rows per indexing transaction (texts may be up to ~160 KB)
+# A store that has indexed this many rows while message_index has no planner statistics yet
+# analyses it itself: searches read the lexeme statistics (search.py) to skip counting common
+# terms, and the planner needs them to choose the index; autovacuum only gets there a minute
+# or more after a large import (or never, where an operator turned it off).
+STATS_ROWS = 5_000
 
 # CJK_CLASS (messages.py): the ranges of migration 008's lcm_cjk_grams, a cheap test before
 # computing bigrams.
@@ -58,6 +63,8 @@ class PostgresIndexer:
         self._pid = os.getpid()
         self._closed = False
         self._failed_logged = False
+        self._since_stats = 0
+        self._stats_known = False
 
     def index_batch(self, batch: int = BATCH) -> list[int]:
         """Index one batch of listed messages; the ids this call indexed (empty: none left
@@ -73,8 +80,28 @@ class PostgresIndexer:
         while True:
             got = self.index_batch()
             if not got:
+                if n:
+                    self._statistics(n)
                 return n
             n += len(got)
+
+    def _statistics(self, indexed: int) -> None:
+        """ANALYZE message_index once STATS_ROWS rows were indexed and it has no statistics."""
+        self._since_stats += indexed
+        if self._stats_known or self._since_stats < STATS_ROWS:
+            return
+        self._since_stats = 0
+        if self._read(lambda c: c.execute(
+                "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_stats WHERE schemaname = current_schema()"
+                " AND tablename = 'message_index' AND attname = 'tsv')").fetchone()[0]):
+            self._stats_known = True  # from here on autovacuum keeps them
+            return
+        try:
+            self._write(lambda c: c.execute("ANALYZE message_index"))
+            self._stats_known = True
+        except Exception as exc:  # e.g. a role that does not own the table: searches still work
+            log.info("lcm store %s: could not analyse message_index (searches count every term"
+                     " until autovacuum has): %s", self._location, exc)
 
     def wait_indexed(self, timeout: float = 60.0) -> None:
         """Index what is listed; then wait (bounded) for rows other indexers hold."""
