@@ -50,12 +50,12 @@ def grow(dsn: str, n: int) -> dict[str, Any]:
                         f"WITH copied AS (INSERT INTO messages(session_id, {COLS})"
                         f" SELECT %s, {COLS} FROM messages WHERE session_id = %s ORDER BY seq LIMIT %s"
                         " RETURNING id, seq),"
-                        " indexed AS (INSERT INTO message_index(id, tsv, cjk)"
-                        " SELECT copied.id, x.tsv, x.cjk FROM copied"
+                        " indexed AS (INSERT INTO message_index(id, session_id, tsv, cjk)"
+                        " SELECT copied.id, %s, x.tsv, x.cjk FROM copied"
                         " JOIN messages s ON s.session_id = %s AND s.seq = copied.seq"
                         " JOIN message_index x ON x.id = s.id RETURNING id)"
                         " SELECT (SELECT count(*) FROM copied), (SELECT count(*) FROM indexed)",
-                        (new, sid, extra - done, sid)).fetchone()
+                        (new, sid, extra - done, new, sid)).fetchone()
                     c.execute("DELETE FROM message_index_pending p USING message_index x"
                               " WHERE x.id = p.message_id")
                     done += got[0]

@@ -301,3 +301,35 @@ def test_a_filled_index_without_statistics_is_analysed(pg_fresh_dsn, monkeypatch
         assert analysed() == (True, True)
     finally:
         st.close()
+
+
+def test_scoped_search_uses_the_indexed_session_and_rows_from_before_it(quiet_store, pg_fresh_dsn):
+    """message_index keeps each row's session (migration 013): a scoped search filters there.
+    Rows indexed before the column existed (NULL) are looked up in messages until the indexer
+    fills them; either way a search never leaves its scope."""
+    st = quiet_store
+    for sid in ("a", "b"):
+        st.ensure_session(sid)
+    a = st.append_messages("a", [nm(f"webhook retry limit in a, note {i}") for i in range(5)])
+    b = st.append_messages("b", [nm(f"webhook retry limit in b, note {i}") for i in range(5)])
+    st.wait_indexed()
+    with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:
+        assert c.execute("SELECT count(*) FROM message_index WHERE session_id IS NULL").fetchone()[0] == 0
+        assert dict(c.execute("SELECT session_id, count(*) FROM message_index GROUP BY 1").fetchall()) == {"a": 5, "b": 5}
+        # as if indexed before migration 013: half of each session without its session
+        c.execute("UPDATE message_index SET session_id = NULL WHERE id % 2 = 0")
+    for order in ("rank", "recent"):
+        got = {r["id"] for r in st.search("messages", ["a"], plan_query("webhook retry"), mode="fts",
+                                          order=order, limit=50)}
+        assert got == set(a), order
+        assert {r["id"] for r in st.search("messages", None, plan_query("webhook retry"), mode="fts",
+                                           order=order, limit=50)} == set(a) | set(b)
+    filled = 0
+    assert st.index_unscoped() == 5
+    while (n := st.fill_index_sessions(batch=2)):
+        filled += n
+    assert filled == 5 and st.index_unscoped() == 0
+    with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:
+        assert dict(c.execute("SELECT session_id, count(*) FROM message_index GROUP BY 1").fetchall()) == {"a": 5, "b": 5}
+    assert [r["id"] for r in st.search("messages", ["b"], plan_query("webhook retry"), mode="fts", limit=50)] \
+        == sorted(b, reverse=True)

@@ -245,6 +245,14 @@ def _postgres(store: Any, repair: bool, rep: DoctorReport) -> DoctorReport:
     if missing and repair:
         store.repair_index()
         chk.repaired = True
+    unscoped = store.index_unscoped()
+    chk = rep.add("indexed messages carry their session", True,
+                  f"notice: {unscoped} rows indexed before migration 013 have no session yet (the background"
+                  " indexer fills them when idle; scoped searches look them up meanwhile)" if unscoped else "")
+    if unscoped and repair:
+        while store.fill_index_sessions():
+            pass
+        chk.repaired = True
     rep.add("pg_trgm substring index", True, "" if store.has_trigram_index() else
             "notice: pg_trgm is not installed (or may not be created by this role); substring search"
             " over summaries scans instead of using a trigram index")

@@ -41,12 +41,21 @@ INDEX_BATCH_SQL = (
     " DELETE FROM message_index_pending WHERE message_id IN ("
     "  SELECT message_id FROM message_index_pending ORDER BY message_id LIMIT %s FOR UPDATE SKIP LOCKED)"
     " RETURNING message_id)"
-    " INSERT INTO message_index(id, tsv, cjk)"
-    " SELECT m.id, COALESCE(m.tsv, lcm_tsvector(m.text)),"
+    " INSERT INTO message_index(id, session_id, tsv, cjk)"
+    " SELECT m.id, m.session_id, COALESCE(m.tsv, lcm_tsvector(m.text)),"
     f" CASE WHEN m.text ~ '{CJK_CLASS}' THEN lcm_cjk_grams(m.text) END"
     " FROM claimed c JOIN messages m ON m.id = c.message_id"
     " ON CONFLICT (id) DO NOTHING RETURNING id"
 )
+
+
+# Rows indexed before migration 013 get their session, a batch at a time, when nothing is listed.
+FILL_SESSION_SQL = (
+    "UPDATE message_index x SET session_id = m.session_id FROM messages m"
+    " WHERE m.id = x.id AND x.id IN (SELECT id FROM message_index WHERE session_id IS NULL"
+    " ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING x.id"
+)
+FILL_BATCH = 2_000
 
 
 class PostgresIndexer:
@@ -103,6 +112,11 @@ class PostgresIndexer:
             log.info("lcm store %s: could not analyse message_index (searches count every term"
                      " until autovacuum has): %s", self._location, exc)
 
+    def fill_sessions(self, batch: int = FILL_BATCH) -> int:
+        """Give rows indexed before migration 013 their session; how many this call filled
+        (0: none left that no one else is filling)."""
+        return len(self._write(lambda c: c.execute(FILL_SESSION_SQL, (int(batch),)).fetchall()))
+
     def wait_indexed(self, timeout: float = 60.0) -> None:
         """Index what is listed; then wait (bounded) for rows other indexers hold."""
         deadline = time.monotonic() + timeout
@@ -150,6 +164,8 @@ class PostgresIndexer:
                 return
             try:
                 self.drain()
+                while not self._closed and not wake.is_set() and self.fill_sessions():
+                    pass  # (an append wakes the indexer: new rows first)
                 self._failed_logged = False
             except Exception as exc:  # the store may be unreachable: searches still see everything
                 if not self._failed_logged:

@@ -7,7 +7,17 @@ from typing import Any
 
 
 class PostgresRepairs:
-    """Mixed into PostgresStore: needs its `_write` and `_lock_sessions`."""
+    """Mixed into PostgresStore: needs its `_read`, `_write`, `_lock_sessions` and `_indexer`."""
+
+    def fill_index_sessions(self, batch: int = 2_000) -> int:
+        """Give up to ``batch`` rows indexed before migration 013 their session (searches look
+        it up meanwhile); how many. (The background indexer does this when idle.)"""
+        return self._indexer.fill_sessions(batch)
+
+    def index_unscoped(self) -> int:
+        """Indexed rows still without their session (migration 013's backlog)."""
+        return self._read(lambda c: c.execute(
+            "SELECT count(*) FROM message_index WHERE session_id IS NULL").fetchone()[0])
 
     def delete_orphan_staged(self) -> None:
         """Drop staged summaries whose pass is gone (`lcm doctor --repair`)."""

@@ -284,11 +284,24 @@ class PostgresSearch:
                 ranked = order == "rank"
                 main_score = "-ts_rank_cd(x.tsv, q.q, 1)::float8" if ranked else "0.0::float8"
                 pend_score = "-ts_rank_cd(v.tsv, q.q, 1)::float8" if ranked else "0.0::float8"
+                main_order = " ORDER BY rank, x.id DESC" if ranked else " ORDER BY x.id DESC"
+                if len(where) == (session_ids is not None) and not with_sql:
+                    # scope only: matches are filtered by the session message_index keeps
+                    # (migration 013; looked up for rows indexed before it) and only the rows
+                    # returned are read from messages
+                    scope = "" if session_ids is None else (
+                        " AND (x.session_id = ANY(%s::text[]) OR (x.session_id IS NULL AND EXISTS"
+                        " (SELECT 1 FROM messages m WHERE m.id = x.id AND m.session_id = ANY(%s::text[]))))")
+                    main = (f"SELECT {cols}, k.rank FROM (SELECT x.id, {main_score} AS rank FROM message_index x,"
+                            f" to_tsquery('english', %s) AS q(q) WHERE x.tsv @@ q.q{scope}{main_order} LIMIT %s) k"
+                            " JOIN messages t ON t.id = k.id")
+                    main_args = [tsq, *params, *params, top]
+                else:
+                    main = (f"SELECT {cols}, {main_score} AS rank FROM message_index x JOIN messages t ON t.id = x.id,"
+                            f" to_tsquery('english', %s) AS q(q) WHERE x.tsv @@ q.q{and_where}{main_order} LIMIT %s")
+                    main_args = [tsq, *params, top]
                 sql = (
-                    f"{with_sql}SELECT * FROM (("
-                    f"SELECT {cols}, {main_score} AS rank FROM message_index x JOIN messages t ON t.id = x.id,"
-                    f" to_tsquery('english', %s) AS q(q) WHERE x.tsv @@ q.q{and_where}"
-                    + (" ORDER BY rank, x.id DESC" if ranked else " ORDER BY x.id DESC") + " LIMIT %s"
+                    f"{with_sql}SELECT * FROM (({main}"
                     f") UNION ALL ("
                     f"SELECT {cols}, {pend_score} AS rank FROM message_index_pending p"
                     f" CROSS JOIN LATERAL {_PENDING_ROW}"
@@ -297,7 +310,7 @@ class PostgresSearch:
                     + (" ORDER BY rank, t.id DESC" if ranked else " ORDER BY t.id DESC") + " LIMIT %s"
                     ")) u" + (" ORDER BY rank, id DESC" if ranked else " ORDER BY id DESC") + " LIMIT %s OFFSET %s"
                 )
-                return c.execute(sql, (*with_params, tsq, *params, top, tsq, *params, top, limit, offset)).fetchall()
+                return c.execute(sql, (*with_params, *main_args, tsq, *params, top, limit, offset)).fetchall()
 
             try:
                 rows = self._read(fts)
