@@ -2,7 +2,9 @@
 
 A child process (tests/support/engine_worker.py crash) replays a long generated coding
 session into an engine with host-style compactions (64K window, small fresh tail, so a
-pass runs every few turns). The parent kills it with SIGKILL after a random delay, at
+pass runs every few turns). The parent kills it with SIGKILL after a random number of its
+turns (1-12; one run in six in its start-up) and a random moment of up to 30 ms more, so
+the number of kills a session allows does not depend on the machine's speed — at
 least 50 times in a row on the SAME store file; each new child continues the same
 session from the host's own records and re-feeds everything it may not have handed over
 (which must not duplicate anything). After every kill:
@@ -52,6 +54,7 @@ from tests.test_hostile_input import record_counts
 
 WORKER = Path(__file__).resolve().parent / "support" / "engine_worker.py"
 N_KILLS = 50
+MAX_TURNS_PER_RUN = 12  # a child is killed after 1..12 turns of its own
 SEED = int(os.environ.get("LCM_CRASH_SEED", "20261130"))
 ALLOWED_DOCTOR_FAILURES = {"no stale staged work"}
 REACHABILITY = "every message reachable from a context or the DAG"
@@ -133,11 +136,22 @@ def check_after_kill(workdir: Path, sess_json: list[str], stats: Counter) -> tup
     return n, unreachable
 
 
+def _turns_logged(workdir: Path) -> int:
+    """Turns the children have started handing over so far (one "A" line each)."""
+    try:
+        return (workdir / "progress.log").read_bytes().count(b"A ")
+    except FileNotFoundError:
+        return 0
+
+
 def test_sigkill_at_random_moments_on_one_store(tmp_path):
     rng = random.Random(SEED)
     workdir = tmp_path / "crash"
     workdir.mkdir()
     sess = coding_session(30_000, seed=77).messages
+    turns = sum(1 for m in sess if m.get("role") == "user")
+    # every kill uses at most MAX_TURNS_PER_RUN turns plus the ones run within `delay`
+    assert turns > N_KILLS * (MAX_TURNS_PER_RUN + 15), turns
     with open(workdir / "session.pkl", "wb") as f:
         pickle.dump(sess, f)
     sess_json = [safe_json(m) for m in sess]
@@ -152,7 +166,15 @@ def test_sigkill_at_random_moments_on_one_store(tmp_path):
                                     stdout=subprocess.PIPE, stderr=err, cwd=str(Path(__file__).resolve().parents[1]))
             ready, _, _ = select.select([proc.stdout], [], [], 60)
             assert ready and proc.stdout.readline().strip() == b"READY", "child did not start"
-            delay = rng.uniform(0.05, 0.8)
+            # Kill after a random number of the child's turns (and then a random moment
+            # within the next one or so), not after a random time: how many kills a session
+            # allows must not depend on how fast the machine replays it.
+            base = _turns_logged(workdir)
+            # (one run in six is killed in its start-up: the resync that re-feeds the host's list)
+            target = base + (0 if rng.random() < 1 / 6 else rng.randint(1, MAX_TURNS_PER_RUN))
+            delay = rng.uniform(0.0, 0.03)
+            while proc.poll() is None and _turns_logged(workdir) < target:
+                time.sleep(0.002)
             try:
                 rc = proc.wait(timeout=delay)
             except subprocess.TimeoutExpired:
