@@ -333,3 +333,21 @@ def test_scoped_search_uses_the_indexed_session_and_rows_from_before_it(quiet_st
         assert dict(c.execute("SELECT session_id, count(*) FROM message_index GROUP BY 1").fetchall()) == {"a": 5, "b": 5}
     assert [r["id"] for r in st.search("messages", ["b"], plan_query("webhook retry"), mode="fts", limit=50)] \
         == sorted(b, reverse=True)
+
+
+def test_the_background_indexer_fills_sessions_left_from_before_013(pg_fresh_dsn):
+    st = PostgresStore(pg_fresh_dsn, background_index=False)
+    st.ensure_session("a")
+    st.append_messages("a", [nm(f"old row {i}") for i in range(30)])
+    st.wait_indexed()
+    st.close()
+    with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:
+        c.execute("UPDATE message_index SET session_id = NULL")
+    bg = PostgresStore(pg_fresh_dsn)  # its indexer starts at open and fills when idle
+    try:
+        deadline = time.monotonic() + 60
+        while bg.index_unscoped() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert bg.index_unscoped() == 0
+    finally:
+        bg.close()

@@ -74,6 +74,7 @@ class PostgresIndexer:
         self._failed_logged = False
         self._since_stats = 0
         self._stats_known = False
+        self._sessions_filled = False  # rows indexed before migration 013 all have their session
 
     def index_batch(self, batch: int = BATCH) -> list[int]:
         """Index one batch of listed messages; the ids this call indexed (empty: none left
@@ -164,8 +165,9 @@ class PostgresIndexer:
                 return
             try:
                 self.drain()
-                while not self._closed and not wake.is_set() and self.fill_sessions():
-                    pass  # (an append wakes the indexer: new rows first)
+                while not self._sessions_filled and not self._closed and not wake.is_set():
+                    # (an append wakes the indexer: new rows first; they carry their session)
+                    self._sessions_filled = not self.fill_sessions()
                 self._failed_logged = False
             except Exception as exc:  # the store may be unreachable: searches still see everything
                 if not self._failed_logged:

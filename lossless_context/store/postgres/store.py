@@ -399,17 +399,7 @@ class PostgresStore(PostgresRecords, PostgresSearch, PostgresCosts, PostgresRepa
         return [_msg(r) for r in rows]
 
     def session_messages_in(self, session_id: str, ranges: Sequence[tuple[int, int]]) -> list[MessageRecord]:
-        ranges = [(lo, hi) for lo, hi in ranges if hi >= lo]
-        if not ranges:
-            return []
-        cols = ", ".join(f"m.{c.strip()}" for c in _MSG_COLS.split(","))
-        rows = self._read(lambda c: c.execute(
-            f"SELECT DISTINCT ON (m.seq) {cols} FROM unnest(%s::bigint[], %s::bigint[]) AS r(lo, n)"
-            f" CROSS JOIN LATERAL (SELECT * FROM messages WHERE session_id=%s AND seq >= r.lo"
-            " ORDER BY seq LIMIT r.n) m ORDER BY m.seq",
-            ([lo for lo, _ in ranges], [hi - lo + 1 for lo, hi in ranges], _t(session_id)),
-        ).fetchall())
-        return [_msg(r) for r in rows]
+        return self.messages_in([(session_id, lo, hi) for lo, hi in ranges])
 
     def messages_in(self, spans: Sequence[tuple[str, int, int]]) -> list[MessageRecord]:
         spans = [(sid, lo, hi) for sid, lo, hi in spans if hi >= lo]
