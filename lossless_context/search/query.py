@@ -23,6 +23,7 @@ rest of the query is read as ordinary words.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import unicodedata
 import warnings
@@ -309,8 +310,7 @@ def _term_count(flat: str, term: str, cap: int) -> int:
     """Word-start occurrences of ``term`` (crudely stemmed, as :func:`_term_regex` matches) in
     casefolded ``flat``, up to ``cap``. A plain substring scan checked at the edges: a regex
     that opens with a look-behind cannot use the literal-prefix search and is ~10× slower."""
-    whole = len(term) <= 3 or term.isdigit()
-    needle = (term if whole else _stem(term)).casefold()
+    needle, whole = _needle(term)
     found = looked = 0
     i = flat.find(needle)
     while i >= 0 and found < cap and looked < cap * 16:
@@ -320,6 +320,14 @@ def _term_count(flat: str, term: str, cap: int) -> int:
             found += 1
         i = flat.find(needle, j)
     return found
+
+
+@functools.lru_cache(maxsize=4096)
+def _needle(term: str) -> tuple[str, bool]:
+    """What :func:`_term_count` looks for, and whether it must end a word (short terms and
+    numbers match whole): the same few terms are looked up in every candidate of a search."""
+    whole = len(term) <= 3 or term.isdigit()
+    return (term if whole else _stem(term)).casefold(), whole
 
 
 def _is_word(ch: str) -> bool:
