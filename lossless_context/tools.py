@@ -287,20 +287,17 @@ class _Ctx:
         return out
 
     def prefetch_chains(self, items: Sequence[tuple[str, int]]) -> None:
-        """Read the chains of many items level by level, one batched read per level (a store
-        with costly round trips would otherwise answer one query per hit and per level)."""
+        """Read the chains of many items at once (a store with costly round trips would
+        otherwise answer one query per hit and per level)."""
         mids = [r for k, r in items if k == "m" and r not in self._covering_cache]
-        if mids:
-            self._covering_cache.update(self.store.message_summaries_many(mids))
-        level = {r for k, r in items if k == "s"}
-        level |= {c[0] for k, r in items if k == "m" for c in [self._covering_cache.get(r)] if c}
-        for _ in range(64):
-            need = [s for s in level if s not in self._parents_cache]
-            if not need:
-                break
-            got = self.store.summary_parents_many(need)
-            self._parents_cache.update(got)
-            level = {p[0] for p in got.values() if p}
+        sids = [r for k, r in items if k == "s" and r not in self._parents_cache]
+        sids += [c[0] for k, r in items if k == "m" and r not in mids
+                 for c in [self._covering_cache.get(r)] if c and c[0] not in self._parents_cache]
+        if not mids and not sids:
+            return
+        covering, parents = self.store.summary_chains(mids, sids)
+        self._covering_cache.update(covering)
+        self._parents_cache.update(parents)
 
     def _covering(self, mid: int) -> list[int]:
         if mid not in self._covering_cache:

@@ -30,6 +30,17 @@ def test_batched_reads_equal_the_single_ones(tmp_path, backend, request):
     sids = sorted({s for v in many.values() for s in v})
     parents = st.summary_parents_many(sids + [10**9])
     assert parents == {s: st.summary_parents(s) for s in sids + [10**9]}
+    # every hit's chain up the DAG in one call: what the level-by-level default reads
+    inner = st.inner if hasattr(st, "inner") else st
+    chains = st.summary_chains(probe, sids[:2] + [10**9])
+    assert chains == Store.summary_chains(inner, probe, sids[:2] + [10**9])
+    covering, walked = chains
+    assert covering == many
+    assert any(walked.values()), "the DAG has more than one level"
+    for s in walked:  # each key's parents are the published ones, every first parent walked
+        assert walked[s] == st.summary_parents(s)
+        assert not walked[s] or walked[s][0] in walked
+    assert st.summary_chains([], []) == ({}, {})
     ranges = [(-3, 2), (40, 55), (50, 60), (590, 700), (9, 8)]  # overlapping, past the end, empty
     got = st.session_messages_in("batch", ranges)
     want = Store.session_messages_in(st.inner if hasattr(st, "inner") else st, "batch", ranges)

@@ -138,7 +138,7 @@ def candidates(store: Any, target: str, scope: Any, plan: QueryPlan, *, need: in
         budget -= cost[i]
     if len(rare) > 1 and run(rare, "OR"):
         return rows, idf
-    if len(live) > 1:
+    if len(live) > 1 and set(rare) != set(live):  # the same OR again would find nothing new
         run(live, "OR")
     return rows, idf
 

@@ -265,6 +265,22 @@ class Store(abc.ABC):
         """`summary_parents` of several summaries (every id is a key; [] at the top)."""
         return {s: self.summary_parents(s) for s in dict.fromkeys(summary_ids)}
 
+    def summary_chains(self, message_ids: Sequence[int],
+                       summary_ids: Sequence[int]) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+        """What naming the chains of search hits up the DAG needs, in one call: the published
+        leaves covering each message (`message_summaries_many`), and the published parents
+        (`summary_parents_many`) of the given summaries, of each message's first leaf, and of
+        every first parent above them up to the top (each of those ids a key; [] at the top).
+        This default reads level by level; a store with costly round trips reads it at once."""
+        covering = self.message_summaries_many(message_ids) if message_ids else {}
+        parents: dict[int, list[int]] = {}
+        level = set(summary_ids) | {c[0] for c in covering.values() if c}
+        while level:
+            got = self.summary_parents_many([s for s in level if s not in parents])
+            parents.update(got)
+            level = {p[0] for p in got.values() if p and p[0] not in parents}
+        return covering, parents
+
     @abc.abstractmethod
     def update_summary_text(self, summary_id: int, text: str, tokens: int, level: str, summarizer: str) -> None: ...
 

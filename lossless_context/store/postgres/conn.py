@@ -75,7 +75,10 @@ _returned: "weakref.WeakKeyDictionary[Any, float]" = weakref.WeakKeyDictionary()
 
 
 def _mark_returned(conn: Any) -> None:
-    """Pool reset hook: remember when the connection was last handed back."""
+    """Remember when the connection was last handed back. Called by the store itself as it
+    hands a connection back, not as the pool's ``reset`` hook: with a reset hook the pool
+    returns every connection through its worker thread (a queue hand-off per store call,
+    ~0.1 ms of the ~0.25 ms a one-row read took)."""
     _returned[conn] = time.monotonic()
 
 
@@ -170,7 +173,7 @@ class PostgresConnections:
         # Opened without waiting: the server was just reached; the pool fills in the background.
         pool = ConnectionPool(
             self._dsn, min_size=min_size, max_size=max_size, open=False, name=name,
-            kwargs=self._conn_kwargs(), check=_check_if_idle, reset=_mark_returned,
+            kwargs=self._conn_kwargs(), check=_check_if_idle,
             timeout=POOL_TIMEOUT, num_workers=1,
         )
         pool.open(wait=False)
@@ -181,7 +184,10 @@ class PostgresConnections:
         pool, _ = self._pools()
         try:
             with pool.connection() as conn:
-                yield conn
+                try:
+                    yield conn
+                finally:
+                    _mark_returned(conn)
         except PoolTimeout as exc:
             raise StoreError(f"store {self.location}: no connection available: {exc}") from exc
         except psycopg.OperationalError as exc:
