@@ -351,3 +351,34 @@ def test_the_background_indexer_fills_sessions_left_from_before_013(pg_fresh_dsn
         assert bg.index_unscoped() == 0
     finally:
         bg.close()
+
+
+# Migration 014: the parts of compound tokens come from the first parse's whole lexemes.
+COMPOUND_TEXTS = [
+    "see src/billing/invoice.py and models.py for ERR_TIMEOUT",
+    "mail ops-team@example.org or open https://status.example.com/incidents/42 today",
+    r"the config lives in C:\Users\dev\settings.json, key=retry_limit value=7",
+    "host db-primary.internal.example.net:5432 refused; retrying on api.v2.example.io",
+    "plain words only: the quota file moved to the new bucket last week",
+]
+
+
+def test_a_tsvector_holds_every_whole_token_and_its_parts(pg_fresh_dsn):
+    st = PostgresStore(pg_fresh_dsn, background_index=False)
+    st.ensure_session("s")  # connects, hence migrates
+    st.close()
+    with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:
+        def lexemes(sql: str, t: str) -> set[str]:
+            return set(c.execute(f"SELECT tsvector_to_array({sql})", (t,)).fetchone()[0])
+
+        for t in COMPOUND_TEXTS:
+            got = lexemes("lcm_tsvector_of(%s::text)", t)
+            whole = lexemes("to_tsvector('english', %s::text)", t)
+            # every word a separator-split reading of the text has (what FTS5 indexes)
+            words = lexemes("to_tsvector('english', translate(%s::text, './\\:@=', '      '))", t)
+            assert got == whole | words, (t, got ^ (whole | words))
+        assert {"src/billing/invoice.py", "src", "bill", "invoic", "py"} <= lexemes(
+            "lcm_tsvector_of(%s::text)", COMPOUND_TEXTS[0])
+        positions = c.execute("SELECT lcm_tsvector_of(%s::text)::text = to_tsvector('english', %s::text)::text",
+                              (COMPOUND_TEXTS[-1], COMPOUND_TEXTS[-1])).fetchone()[0]
+        assert positions  # a text without compound tokens is parsed once, as to_tsvector does

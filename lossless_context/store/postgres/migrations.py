@@ -449,6 +449,41 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX message_index_unscoped ON message_index(id) WHERE session_id IS NULL;
         """,
     ),
+    (
+        "014_parts_from_lexemes",
+        # The parts of paths, hosts, addresses and URLs are taken from the lexemes the first
+        # parse made whole ('src/billing/invoice.py'), not found again in the text with a
+        # regular expression over every whitespace-separated chunk: about a third less work
+        # per row (20,000 bench messages, 18.7 MB: 2.85 -> 1.98 s; to_tsvector alone is 1.42 s)
+        # and the same lexemes (a URL's scheme is added from the text: the parser drops it),
+        # except that a number glued to a unit ("1.28s") gives '28' where the chunk gave '28s'.
+        # Rows indexed before keep their vectors: queries ask for the same whole tokens and
+        # words either way.
+        r"""
+        CREATE OR REPLACE FUNCTION lcm_tsvector_of(t text) RETURNS tsvector
+        LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $fn$
+        DECLARE
+            v tsvector := pg_catalog.to_tsvector('pg_catalog.english'::regconfig, t);
+            parts text;
+        BEGIN
+            SELECT pg_catalog.string_agg(l, ' ') INTO parts
+            FROM pg_catalog.unnest(pg_catalog.tsvector_to_array(v)) AS l
+            WHERE l ~ '[./\\:@=]';
+            IF pg_catalog.strpos(t, '://') > 0 THEN  -- a URL's scheme is no lexeme of its own
+                SELECT pg_catalog.concat_ws(' ', parts, pg_catalog.string_agg(m[1], ' ')) INTO parts
+                FROM pg_catalog.regexp_matches(t, '([[:alnum:]]+)://', 'g') AS m;
+            END IF;
+            IF parts IS NOT NULL THEN
+                v := v || pg_catalog.ts_delete(
+                    pg_catalog.to_tsvector('pg_catalog.english'::regconfig,
+                                           pg_catalog.translate(parts, './\:@=', '      ')),
+                    pg_catalog.tsvector_to_array(v));
+            END IF;
+            RETURN v;
+        END
+        $fn$;
+        """,
+    ),
 ]
 
 # Migrations the store can live without (run in a savepoint; retried at the next start).
