@@ -382,3 +382,53 @@ def test_a_tsvector_holds_every_whole_token_and_its_parts(pg_fresh_dsn):
         positions = c.execute("SELECT lcm_tsvector_of(%s::text)::text = to_tsvector('english', %s::text)::text",
                               (COMPOUND_TEXTS[-1], COMPOUND_TEXTS[-1])).fetchone()[0]
         assert positions  # a text without compound tokens is parsed once, as to_tsvector does
+
+
+def test_message_text_is_compressed_with_lz4_and_reads_back_exactly(pg_fresh_dsn):
+    st = PostgresStore(pg_fresh_dsn, background_index=False)
+    try:
+        st.ensure_session("s")
+        assert "015_lz4_toast" in st.applied_migrations()  # the test server is built with lz4
+        big = "\n".join(f"line {i}: src/app/module_{i % 37}.py raised ERR_{i % 11} after {i}ms" for i in range(3000))
+        mid = st.append_messages("s", [nm(big), nm("small")])[0]
+        assert st.get_messages([mid])[mid].text == big
+        with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:
+            assert c.execute("SELECT pg_column_compression(text), pg_column_compression(raw) FROM messages"
+                             " WHERE id = %s", (mid,)).fetchone() == ("lz4", "lz4")
+        st.wait_indexed()
+        assert fts_ids(st, "ERR_7") == [mid]
+    finally:
+        st.close()
+
+
+def test_one_statement_append_stores_every_column_as_given(pg_fresh_dsn):
+    st = PostgresStore(pg_fresh_dsn, background_index=False)
+    try:
+        st.ensure_session("s")
+        first = st.append_messages("s", [nm("v1 of the plan")])[0]
+        rows = [
+            NewMessage(raw={"role": "user", "content": "v2 of the plan", "name": "Ann"}, role="user", ident="i-a",
+                       uid="u-1", text="v2 of the plan", tokens=5, created_at=1.5, supersedes=first,
+                       absorbed=["u-0", "u-0"], large=True, exploration="explored"),
+            NewMessage(raw={"role": "assistant", "content": None, "tool_calls": []}, role="assistant", ident="i-b",
+                       uid=None, text="", tokens=1, created_at=2.25),
+            NewMessage(raw={"role": "tool", "content": "nul\x00 and \ud800 lone"}, role="tool", ident="i-c",
+                       uid="u-3", text="nul\x00 and \ud800 lone", tokens=3, created_at=3.0),
+        ]
+        ids = st.append_messages("s", rows)
+        assert ids == sorted(ids) and ids[0] > first
+        with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:
+            got = c.execute("SELECT id, seq, uid, ident, role, text, tokens, created_at, supersedes, large,"
+                            " exploration FROM messages WHERE id = ANY(%s) ORDER BY id", (ids,)).fetchall()
+            absorbed = c.execute("SELECT uid FROM message_absorbed WHERE message_id = %s", (ids[0],)).fetchall()
+            listed = c.execute("SELECT count(*) FROM message_index_pending WHERE message_id = ANY(%s)",
+                               (ids,)).fetchone()[0]
+        assert [g[1] for g in got] == [1, 2, 3]
+        assert got[0][2:] == ("u-1", "i-a", "user", "v2 of the plan", 5, 1.5, first, True, "explored")
+        assert got[1][2:] == (None, "i-b", "assistant", "", 1, 2.25, None, False, None)
+        assert "\x00" not in got[2][5] and got[2][5].startswith("nul")  # cleaned as SQLite cleans it
+        assert absorbed == [("u-0",)] and listed == 3  # every new row is listed for the indexer
+        msgs = st.get_messages(ids)
+        assert msgs[ids[0]].raw == rows[0].raw and msgs[ids[1]].raw == rows[1].raw
+    finally:
+        st.close()

@@ -484,7 +484,19 @@ MIGRATIONS: list[tuple[str, str]] = [
         $fn$;
         """,
     ),
+    (
+        "015_lz4_toast",
+        # Message text is stored twice (raw JSON and text) and mostly compressed: with the
+        # default pglz, compressing it was a quarter of an append (20,000 bench messages, 20 MB:
+        # 0.88 -> 0.65 s with lz4, the same as SQLite's append; the table 4% larger). New
+        # values only; catalog only. Optional: a server built without lz4 (or before
+        # PostgreSQL 14) keeps pglz.
+        """
+        ALTER TABLE messages ALTER COLUMN raw SET COMPRESSION lz4, ALTER COLUMN text SET COMPRESSION lz4;
+        ALTER TABLE message_index ALTER COLUMN tsv SET COMPRESSION lz4;
+        """,
+    ),
 ]
 
 # Migrations the store can live without (run in a savepoint; retried at the next start).
-OPTIONAL: frozenset[str] = frozenset({"002_trigram"})
+OPTIONAL: frozenset[str] = frozenset({"002_trigram", "015_lz4_toast"})

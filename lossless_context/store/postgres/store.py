@@ -284,24 +284,29 @@ class PostgresStore(PostgresRecords, PostgresSearch, PostgresCosts, PostgresRepa
         def tx(c: Any) -> list[int]:
             self._lock_sessions(c, sid)  # one writer per session: seq and id order are safe
             seq = c.execute("SELECT COALESCE(MAX(seq), -1) FROM messages WHERE session_id=%s", (sid,)).fetchone()[0]
-            params = []
-            for r in rows:
-                seq += 1
-                params.append((sid, seq, _t(r.uid), _t(r.ident), _t(r.role), _t(safe_json(r.raw)), _t(r.text),
-                               r.tokens, r.created_at, r.supersedes, bool(r.large), _t(r.exploration)))
-            ids: list[int] = []
-            with c.cursor() as cur:
-                cur.executemany(
-                    "INSERT INTO messages(session_id, seq, uid, ident, role, raw, text, tokens, created_at,"
-                    " supersedes, large, exploration) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) RETURNING id",
-                    params, returning=True,
-                )
-                while True:
-                    ids.append(cur.fetchone()[0])
-                    if not cur.nextset():
-                        break
-                absorbed = [(mid, _t(u)) for mid, r in zip(ids, rows) for u in r.absorbed]
-                if absorbed:
+            first = seq + 1
+            # One statement for the whole batch (columns as arrays): one plan, one firing of the
+            # statement trigger that lists the rows for the indexer, instead of one per row.
+            # Rows are inserted in seq order, so ids follow seq; they are matched by seq anyway.
+            got = c.execute(
+                "INSERT INTO messages(session_id, seq, uid, ident, role, raw, text, tokens, created_at,"
+                " supersedes, large, exploration)"
+                " SELECT %s, u.seq, u.uid, u.ident, u.role, u.raw, u.text, u.tokens, u.created_at,"
+                " u.supersedes, u.large, u.exploration"
+                " FROM unnest(%b::bigint[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[],"
+                " %b::bigint[], %b::float8[], %b::bigint[], %b::boolean[], %b::text[])"
+                " AS u(seq, uid, ident, role, raw, text, tokens, created_at, supersedes, large, exploration)"
+                " ORDER BY u.seq RETURNING seq, id",
+                (sid, list(range(first, first + len(rows))), [_t(r.uid) for r in rows],
+                 [_t(r.ident) for r in rows], [_t(r.role) for r in rows], [_t(safe_json(r.raw)) for r in rows],
+                 [_t(r.text) for r in rows], [r.tokens for r in rows], [r.created_at for r in rows],
+                 [r.supersedes for r in rows], [bool(r.large) for r in rows], [_t(r.exploration) for r in rows]),
+            ).fetchall()
+            by_seq = dict(got)
+            ids: list[int] = [by_seq[first + i] for i in range(len(rows))]
+            absorbed = [(mid, _t(u)) for mid, r in zip(ids, rows) for u in r.absorbed]
+            if absorbed:
+                with c.cursor() as cur:
                     cur.executemany(
                         "INSERT INTO message_absorbed(message_id, uid) VALUES (%s, %s) ON CONFLICT DO NOTHING",
                         absorbed,
