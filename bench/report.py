@@ -452,7 +452,9 @@ def _backends(b: dict[str, Any]) -> list[str]:
                 f"{_f(b['n_requested'])} requested messages; SQLite was built on exactly the same messages.")
     L += [f"Same workload as the scale benchmark on both backends, {_f(b['n_compared'])} messages; PostgreSQL "
           f"{b.get('postgres_version') or '?'} (throw-away cluster from `tests/support/pg.py`, fsync off, "
-          f"shared_buffers {b.get('shared_buffers') or '32MB'})."
+          f"shared_buffers {b.get('shared_buffers') or '32MB'}; measured after `VACUUM (ANALYZE)` of the built "
+          "store, as autovacuum leaves it). On both backends `lcm_grep` is timed once the store's deferred "
+          "full-text index has caught up with the compaction passes before it."
           + note + (" SQLite figures reused from the scale run (same stream, same N)." if b.get("sqlite_reused_from_scale")
                     else ""), ""]
     rows = [[r["metric"], r["sqlite"], r["postgresql"], r["ratio_pg_over_sqlite"], r["better"]] for r in b["rows"]]

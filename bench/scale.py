@@ -362,7 +362,11 @@ def measure(store: str, n_stored: int, *, passes: int, reps: int, identifier: st
     res["select_context"] = {"first_call_ms": round(build_ms, 3), "cached_ms": dist(times, 5),
                              "replaced_request": first is not None, "same_object_every_call": same}
 
-    # lcm_grep
+    # lcm_grep, once the store's deferred index has caught up with the passes above (it does
+    # within moments of an append; timing searches while it works would time the two cores
+    # being shared, not the search). A search never waits for it: unindexed rows are searched
+    # as they are.
+    eng.store.wait_indexed()
     grep: dict[str, Any] = {}
     for kind, q in (("text", TEXT_QUERY), ("identifier", identifier), ("cjk_substring", CJK_UNIQUE)):
         ts = []
