@@ -57,6 +57,9 @@ FILL_SESSION_SQL = (
 )
 FILL_BATCH = 2_000
 
+# The full-text GIN indexes the indexer's writes (and compaction's summaries) add entries to.
+GIN_INDEXES = ("message_index_tsv", "message_index_cjk", "summaries_tsv")
+
 
 class PostgresIndexer:
     """Background and on-demand indexing of listed messages for one store."""
@@ -75,6 +78,7 @@ class PostgresIndexer:
         self._since_stats = 0
         self._stats_known = False
         self._sessions_filled = False  # rows indexed before migration 013 all have their session
+        self._merge_failed_logged = False
 
     def index_batch(self, batch: int = BATCH) -> list[int]:
         """Index one batch of listed messages; the ids this call indexed (empty: none left
@@ -92,8 +96,24 @@ class PostgresIndexer:
             if not got:
                 if n:
                     self._statistics(n)
+                    self._merge_pending_entries()
                 return n
             n += len(got)
+
+    def _merge_pending_entries(self) -> None:
+        """Move the GIN indexes' pending entries into the indexes proper, now, off the search
+        path. GIN (fastupdate) keeps new entries in an unsorted list that every search scans
+        whole until autovacuum or a full list merges it: after a burst of appends a search
+        took 50-110 ms instead of 3-25 ms until then."""
+        try:
+            self._write(lambda c: c.execute(
+                "SELECT gin_clean_pending_list(i::regclass) FROM unnest(%s::text[]) AS i",
+                (list(GIN_INDEXES),)))
+        except Exception as exc:  # e.g. a role that does not own the index: autovacuum still does it
+            if not self._merge_failed_logged:
+                log.info("lcm store %s: could not merge pending index entries (autovacuum will):"
+                         " %s", self._location, exc)
+                self._merge_failed_logged = True
 
     def _statistics(self, indexed: int) -> None:
         """ANALYZE message_index once STATS_ROWS rows were indexed and it has no statistics."""
