@@ -87,3 +87,46 @@ def test_ancestry_in_one_read_equals_the_walk(tmp_path, backend, request):
     assert got == Store.ancestry(inner, "leaf")
     assert st.ancestry("nobody") == Store.ancestry(inner, "nobody") == []
     e.store.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_expanding_a_summary_reads_its_messages_in_chunks(tmp_path, backend, request, monkeypatch):
+    import json
+
+    loc = str(tmp_path / "e.db") if backend == "sqlite" else request.getfixturevalue("pg_fresh_dsn")
+    e = LCMEngine(config=LCMConfig.load({"store": loc}, read_file=False))
+    host = R19Host(e, "exp", context_length=16_000)
+    host.start()
+    host.feed(coding_session(600, seed=6).messages)
+    host.end()
+    st = e.store
+    leaves = {s for m in st.iter_all_messages() for s in st.message_summaries(m.id)}
+    leaf = max(leaves, key=lambda s: len(st.summary_children(s)[1]))
+    _, mids = st.summary_children(leaf)
+    assert len(mids) >= 16, "a leaf over enough messages"
+    reads: list[list[int]] = []
+    real = st.get_messages
+    monkeypatch.setattr(st, "get_messages", lambda ids: reads.append(list(ids)) or real(ids))
+    pages, cursor = [], None
+    while True:
+        args = {"id": f"s{leaf}", "max_tokens": 200_000}
+        if cursor:
+            args["cursor"] = cursor
+        out = json.loads(e.handle_tool_call("lcm_expand", args))
+        pages.append(out)
+        cursor = out.get("next_cursor")
+        if not cursor:
+            break
+    shown = [c["id"] for p in pages for c in p["children"]]
+    assert shown == [f"m{m}" for m in mids]  # every message, in order, once
+    stored = real(mids)
+    for c in (c for p in pages for c in p["children"]):
+        rec = stored[int(c["id"][1:])]
+        if "message" in c and isinstance(rec.raw.get("content"), str):
+            assert c["message"]["content"] == rec.raw["content"]  # the original, as stored
+    assert len(reads) <= 1 + len(mids).bit_length(), reads  # 8, 16, 32, ... ahead: not one per message
+    # a small page reads at most twice what it shows
+    reads.clear()
+    out = json.loads(e.handle_tool_call("lcm_expand", {"id": f"s{leaf}", "max_tokens": 200}))
+    assert sum(len(r) for r in reads) <= max(8, 2 * len(out["children"]))
+    e.store.close()

@@ -657,14 +657,11 @@ class PostgresStore(PostgresRecords, PostgresSearch, PostgresCosts, PostgresRepa
         return {r[0]: _sum(r) for r in rows}
 
     def summary_children(self, summary_id: int) -> tuple[list[int], list[int]]:
-        def run(c: Any) -> tuple[list[int], list[int]]:
-            kids = [r[0] for r in c.execute(
-                "SELECT child_id FROM summary_parents WHERE parent_id=%s ORDER BY ord", (summary_id,))]
-            msgs = [r[0] for r in c.execute(
-                "SELECT message_id FROM summary_messages WHERE summary_id=%s ORDER BY ord", (summary_id,))]
-            return kids, msgs
-
-        return self._read(run)
+        rows = self._read(lambda c: c.execute(  # both lists in one round trip
+            "SELECT 0, ord, child_id FROM summary_parents WHERE parent_id=%s"
+            " UNION ALL SELECT 1, ord, message_id FROM summary_messages WHERE summary_id=%s ORDER BY 1, 2",
+            (summary_id, summary_id)).fetchall())
+        return [r[2] for r in rows if r[0] == 0], [r[2] for r in rows if r[0] == 1]
 
     def summary_parents(self, summary_id: int) -> list[int]:
         return self._read(lambda c: [r[0] for r in c.execute(
