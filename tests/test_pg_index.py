@@ -455,3 +455,17 @@ def test_the_indexer_merges_gin_pending_entries_once_it_is_done(quiet_store, pg_
     st.wait_indexed()  # the indexer's drain: past MERGE_ROWS rows it merges
     assert pending_pages_merged_now() == 0
     assert len(fts_ids(st, "quota bucket")) == 50  # (searches see it all, as before)
+
+
+def test_a_cjk_substring_search_of_summaries_uses_their_bigram_index(pg_fresh_dsn):
+    st = PostgresStore(pg_fresh_dsn, background_index=False)
+    try:
+        st.ensure_session("s")  # migrated
+        with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:
+            c.execute("SET enable_seqscan = off")  # a tiny table: ask whether the index can serve it
+            plan = "\n".join(r[0] for r in c.execute(
+                "EXPLAIN SELECT id FROM summaries t WHERE lcm_cjk_grams(t.text) @> %s::text[]"
+                " AND t.text LIKE %s", (["重试", "试次"], "%重试次%")).fetchall())
+        assert "summaries_cjk" in plan, plan
+    finally:
+        st.close()

@@ -659,6 +659,20 @@ def test_search_substring_cjk(store):
     assert [r["text"] for r in store.search("messages", None, p, mode="substring")] == ["done 100%_\\ ok"]
 
 
+def test_search_substring_cjk_in_summaries(store):
+    store.ensure_session("s")
+    ids = store.append_messages("s", [nm(f"m{i}") for i in range(6)])
+    texts = {"a": "我们把重试次数上限改成了五次", "b": "上限 and 重试 apart, not the run", "c": "no CJK at all",
+             "d": "另一个摘要：重试次数上限仍是五次"}
+    keymap, _ = store.stage_pass("s", "p1", [leaf(k, [ids[i]], t, t_end=T0 + i) for i, (k, t) in enumerate(texts.items())],
+                                 [("s", k) for k in texts], 1, 6)
+    assert store.publish_pass("p1")
+    rows = store.search("summaries", ["s"], plan_query("重试次数上限"), mode="substring")
+    assert ids_of(rows) == [keymap["d"], keymap["a"]]  # the whole run, newest first; not its bigrams apart
+    assert ids_of(store.search("summaries", ["s"], plan_query("五次"), mode="substring", limit=1, offset=1)) == [keymap["a"]]
+    assert store.search("summaries", ["other"], plan_query("重试次数上限"), mode="substring") == []
+
+
 def test_search_regex(store):
     ids = _corpus(store)
     rx, err = compile_regex(r"retry\s+(limit|scheduled)")

@@ -341,6 +341,16 @@ class PostgresSearch:
                     *with_params, *sub_args, *params, top, *[like_pattern(s) for s in subs], *params, top,
                     limit, offset)).fetchall())
                 return [dict(zip(keys, r)) for r in rows]
+            if not is_msg and all(len(x) >= 2 and _CJK_RE.fullmatch(x) for x in subs):
+                # CJK runs in summaries: their bigrams' expression index (migration 016)
+                ors = " OR ".join("(lcm_cjk_grams(t.text) @> %s::text[] AND t.text LIKE %s ESCAPE '\\')"
+                                  for _ in subs)
+                sql = (f"{with_sql}SELECT {cols}, 0.0::float8 FROM summaries t WHERE ({ors}){and_where}"
+                       " ORDER BY t.id DESC LIMIT %s OFFSET %s")
+                rows = self._read(lambda c: c.execute(sql, (
+                    *with_params, *[a for s in subs for a in (cjk_bigrams(s), like_pattern(s))], *params,
+                    limit, offset)).fetchall())
+                return [dict(zip(keys, r)) for r in rows]
             ors = " OR ".join("t.text ILIKE %s ESCAPE '\\'" for _ in subs)
             sql = (
                 f"{with_sql}SELECT {cols}, 0.0::float8 FROM {table} t WHERE ({ors}){and_where}"
