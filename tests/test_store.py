@@ -762,6 +762,38 @@ def test_stats(store):
     assert store.stats("t")["compactions"] == 0
 
 
+def test_postgres_without_lz4(pg_fresh_dsn, monkeypatch, caplog):
+    """A server without lz4 skips migration 015 (logged), stores and reads text with pglz, and
+    lcm doctor says so as a notice."""
+    from lossless_context.ops.doctor import run_doctor
+    from lossless_context.store.postgres import store as pgmod, conn as postgres_conn
+
+    # what PostgreSQL answers where lz4 is missing
+    broken = [(n, "DO $$ BEGIN RAISE EXCEPTION 'compression method lz4 not supported'; END $$;"
+               if n == "015_lz4_toast" else sql) for n, sql in postgres_conn.MIGRATIONS]
+    monkeypatch.setattr(postgres_conn, "MIGRATIONS", broken)
+    s = pgmod.PostgresStore(pg_fresh_dsn)
+    try:
+        s.ensure_session("s")
+        assert "015_lz4_toast" not in s.applied_migrations() and "016_summaries_cjk" in s.applied_migrations()
+        assert "015_lz4_toast" in caplog.text
+        big = "pglz keeps this long text " * 400
+        (mid,) = s.append_messages("s", [nm(big)])
+        assert s.get_messages([mid])[mid].text == big
+        notice = [c for c in run_doctor(s).checks if c.name == "lz4 compression of message text"][0]
+        assert notice.ok and "no lz4" in notice.detail
+    finally:
+        s.close()
+    monkeypatch.undo()
+    s = pgmod.PostgresStore(pg_fresh_dsn)  # a server that has it (the next start) applies it
+    try:
+        s.ensure_session("s")
+        assert "015_lz4_toast" in s.applied_migrations()
+        assert [c for c in run_doctor(s).checks if c.name == "lz4 compression of message text"][0].detail == ""
+    finally:
+        s.close()
+
+
 def test_postgres_location_hides_password(pg_fresh_dsn):
     from lossless_context.store.postgres.store import PostgresStore
 

@@ -256,6 +256,9 @@ def _postgres(store: Any, repair: bool, rep: DoctorReport) -> DoctorReport:
     rep.add("pg_trgm substring index", True, "" if store.has_trigram_index() else
             "notice: pg_trgm is not installed (or may not be created by this role); substring search"
             " over summaries scans instead of using a trigram index")
+    rep.add("lz4 compression of message text", True, "" if "015_lz4_toast" in store.applied_migrations() else
+            "notice: this server has no lz4 (PostgreSQL before 14, or built without it): message text is"
+            " compressed with pglz, and appends cost about a third more")
     with store.maintenance_connection() as c:
         empty = q(c, SQL_NO_SOURCES)
         rep.add("every summary has sources", not empty,
