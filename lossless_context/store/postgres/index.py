@@ -57,12 +57,13 @@ FILL_SESSION_SQL = (
 )
 FILL_BATCH = 2_000
 
-# The GIN indexes the indexer writes to, and how many rows it indexes between merges of their
-# pending entries. Each GIN lookup scans the pending list: at 1M messages one term count took
-# 4.4-4.9 ms merged, +0.9 ms with 100 rows pending, +1.8 ms with 500. A compaction pass appends
-# 20-50 messages, so this merges every few passes (merging after every drain made no measurable
-# difference to compress() either).
-GIN_INDEXES = ("message_index_tsv", "message_index_cjk")
+# The GIN indexes searches read (the indexer's, and the summaries' that compaction writes to)
+# and how many rows the indexer indexes between merges of their pending entries. Each GIN
+# lookup scans the pending list: at 1M messages one term count took 4.4-4.9 ms merged, +0.9 ms
+# with 100 rows pending, +1.8 ms with 500. A compaction pass appends 20-50 messages, so this
+# merges every few passes (merging after every drain made no measurable difference to
+# compress() either).
+GIN_INDEXES = ("message_index_tsv", "message_index_cjk", "summaries_tsv", "summaries_cjk")
 MERGE_ROWS = 100
 
 
