@@ -276,6 +276,61 @@ def test_any_match_never_scans_the_whole_index(pg_fresh_dsn):
         st.close()
 
 
+def test_term_counts_use_the_indexes_and_count_what_plain_sql_counts(pg_fresh_dsn):
+    """lcm_term_counts (migration 017): capped counts per query in one call, never a sequential
+    scan (a summary's tsvector is ~4 KB out of line: scanning read and decompressed each one per
+    term); still-listed messages count; a window (newest rows) and the cap hold."""
+    from lossless_context.records import NewSummary
+
+    st = PostgresStore(pg_fresh_dsn, background_index=False)
+    try:
+        st.ensure_session("s")
+        ids = st.append_messages("s", [nm(f"{'alpha' if i % 3 else 'bravo'} line {i} widgets") for i in range(90)])
+        st.wait_indexed()
+        st.append_messages("s", [nm("alpha listed, not indexed yet")])
+        sums = [NewSummary(key=f"k{i}", kind="leaf", depth=0, text=f"{'alpha' if i % 2 else 'bravo'} summary {i} "
+                           + "filler words " * 300, tokens=10, source_tokens=100, level="normal", summarizer="t",
+                           t_start=1.0, t_end=2.0 + i, n_messages=1, message_ids=[ids[i]]) for i in range(40)]
+        st.stage_pass("s", "p", sums, [("s", f"k{i}") for i in range(40)], 1, 90)
+        assert st.publish_pass("p")
+        plans = [plan_query(q) for q in ("alpha", "bravo", "zulu", "alpha widgets")]
+        plans = [p.subset(list(range(len(p.items))), "AND") for p in plans]  # as searches ask
+        with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:
+            def plain(table: str, q: str, floor: int = 0) -> int:
+                return c.execute(f"SELECT count(*) FROM {table} WHERE to_tsvector('english', text)"
+                                 " @@ to_tsquery('english', %s) AND id > %s", (q, floor)).fetchone()[0]
+
+            want_m = [plain("messages", p.pg_tsquery) for p in plans]
+            want_s = [plain("summaries", p.pg_tsquery) for p in plans]
+            assert want_m == [61, 30, 0, 60] and want_s == [20, 20, 0, 0]
+            assert st.term_counts("messages", plans, 1_000) == want_m  # the listed row included
+            assert st.term_counts("summaries", plans, 1_000) == want_s
+            assert st.term_counts("messages", plans, 10) == [11, 11, 0, 11]  # capped: cap + 1
+            top = st.max_row_id("summaries")
+            assert st.term_counts("summaries", plans, 1_000, newest=10) == [
+                plain("summaries", p.pg_tsquery, top - 10) for p in plans]
+            if int(c.execute("SHOW server_version_num").fetchone()[0]) < 150000:
+                pytest.skip("pg_stat_force_next_flush needs PostgreSQL 15")
+            c.execute("ANALYZE summaries")
+
+            def scans() -> tuple[int, int]:
+                _flush_stats(c)
+                return c.execute("SELECT seq_scan, COALESCE(idx_scan, 0) FROM pg_stat_user_tables"
+                                 " WHERE relname = 'summaries'").fetchone()
+
+            seq0, _ = scans()  # control: the planner's own choice for a capped count here
+            c.execute("SELECT count(*) FROM (SELECT 1 FROM summaries x WHERE x.tsv @@"
+                      " to_tsquery('english', 'alpha') LIMIT 1001) a")
+            seq1, idx1 = scans()
+            assert seq1 > seq0
+            assert c.execute("SELECT lcm_term_counts('summaries', ARRAY[to_tsquery('english', 'alpha')],"
+                             " 1000, NULL)").fetchone()[0] == [20]
+            seq2, idx2 = scans()
+            assert seq2 == seq1 and idx2 > idx1
+    finally:
+        st.close()
+
+
 def test_a_filled_index_without_statistics_is_analysed(pg_fresh_dsn, monkeypatch):
     """Searches skip counting common terms by the planner's lexeme statistics; a store that
     fills message_index faster than autovacuum looks analyses it itself, once."""

@@ -507,6 +507,78 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX summaries_cjk ON summaries USING GIN (lcm_cjk_grams(text));
         """,
     ),
+    (
+        "017_term_counts",
+        # Term counts in one call, planned without sequential scans (as lcm_any_match). The
+        # summaries table is small, so the planner scanned it and tested each row's tsvector -
+        # a summary's is ~4 KB, stored out of line, read and decompressed for every term: 3.4 ms
+        # per term for 342 summaries, where the GIN index answers without reading them. And
+        # lcm_any_match no longer reads the newest 256 summaries' vectors first (the shortcut
+        # pays for small message vectors, not for those): GIN straight away.
+        r"""
+        CREATE FUNCTION lcm_term_counts(target text, qs tsquery[], cap integer, floor bigint)
+        RETURNS integer[]
+        LANGUAGE plpgsql STABLE SET enable_seqscan = off AS $fn$
+        DECLARE
+            res integer[] := '{}';
+            n integer;
+            q tsquery;
+        BEGIN
+            FOREACH q IN ARRAY qs LOOP
+                IF target = 'summaries' THEN
+                    SELECT count(*) INTO n FROM (SELECT 1 FROM summaries x
+                        WHERE x.tsv @@ q AND (floor IS NULL OR x.id > floor) LIMIT cap + 1) a;
+                ELSE
+                    SELECT count(*) INTO n FROM (SELECT 1 FROM message_index x
+                        WHERE x.tsv @@ q AND (floor IS NULL OR x.id > floor) LIMIT cap + 1) a;
+                    IF n <= cap THEN  -- still-listed rows count too
+                        n := n + (SELECT count(*) FROM (SELECT 1 FROM message_index_pending p
+                            CROSS JOIN LATERAL (SELECT * FROM messages m WHERE m.id = p.message_id OFFSET 0) t
+                            WHERE COALESCE(t.tsv, lcm_tsvector(t.text)) @@ q
+                              AND (floor IS NULL OR p.message_id > floor) LIMIT cap + 1) b);
+                    END IF;
+                END IF;
+                res := res || LEAST(n, cap + 1);
+            END LOOP;
+            RETURN res;
+        END
+        $fn$;
+
+        CREATE OR REPLACE FUNCTION lcm_any_match(target text, qs tsquery[], budget interval) RETURNS boolean[]
+        LANGUAGE plpgsql STABLE SET enable_seqscan = off AS $fn$
+        DECLARE
+            stop timestamptz := clock_timestamp() + budget;
+            res boolean[] := '{}';
+            hit boolean;
+            q tsquery;
+            newest tsvector[] := '{}';
+        BEGIN
+            IF target <> 'summaries' THEN
+                newest := ARRAY(SELECT x.tsv FROM message_index x ORDER BY x.id DESC LIMIT 256);
+            END IF;
+            FOREACH q IN ARRAY qs LOOP
+                IF clock_timestamp() > stop THEN
+                    res := res || NULL::boolean;
+                    CONTINUE;
+                END IF;
+                hit := EXISTS (SELECT 1 FROM unnest(newest) AS w(v) WHERE w.v @@ q);
+                IF NOT hit AND target = 'summaries' THEN
+                    hit := EXISTS (SELECT 1 FROM summaries x WHERE x.tsv @@ q);
+                ELSIF NOT hit THEN
+                    hit := EXISTS (SELECT 1 FROM message_index x WHERE x.tsv @@ q);
+                END IF;
+                IF NOT hit AND target <> 'summaries' THEN
+                    hit := EXISTS (SELECT 1 FROM message_index_pending p
+                        CROSS JOIN LATERAL (SELECT * FROM messages m WHERE m.id = p.message_id OFFSET 0) t
+                        WHERE COALESCE(t.tsv, lcm_tsvector(t.text)) @@ q);
+                END IF;
+                res := res || hit;
+            END LOOP;
+            RETURN res;
+        END
+        $fn$;
+        """,
+    ),
 ]
 
 # Migrations the store can live without (run in a savepoint; retried at the next start).
