@@ -12,14 +12,21 @@ from lossless_context.demo.sessions import coding_session
 from lossless_context.store.base import Store
 
 
+def _compacted(tmp_path, backend: str, request, sid: str, seed: int) -> LCMEngine:
+    """An engine whose store holds a 600-message coding session the host compacted."""
+    loc = str(tmp_path / f"{sid}.db") if backend == "sqlite" else request.getfixturevalue("pg_fresh_dsn")
+    e = LCMEngine(config=LCMConfig.load({"store": loc}, read_file=False))
+    host = R19Host(e, sid, context_length=16_000)
+    host.start()
+    host.feed(coding_session(600, seed=seed).messages)
+    host.end()
+    return e
+
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_batched_reads_equal_the_single_ones(tmp_path, backend, request):
-    loc = str(tmp_path / "b.db") if backend == "sqlite" else request.getfixturevalue("pg_fresh_dsn")
-    e = LCMEngine(config=LCMConfig.load({"store": loc}, read_file=False))
-    host = R19Host(e, "batch", context_length=16_000)
-    host.start()
-    host.feed(coding_session(600, seed=4).messages)
-    host.end()
+    e = _compacted(tmp_path, backend, request, "batch", 4)
     st = e.store
     mids = [m.id for m in st.iter_all_messages()]
     assert len(mids) >= 600
@@ -93,12 +100,7 @@ def test_ancestry_in_one_read_equals_the_walk(tmp_path, backend, request):
 def test_expanding_a_summary_reads_its_messages_in_chunks(tmp_path, backend, request, monkeypatch):
     import json
 
-    loc = str(tmp_path / "e.db") if backend == "sqlite" else request.getfixturevalue("pg_fresh_dsn")
-    e = LCMEngine(config=LCMConfig.load({"store": loc}, read_file=False))
-    host = R19Host(e, "exp", context_length=16_000)
-    host.start()
-    host.feed(coding_session(600, seed=6).messages)
-    host.end()
+    e = _compacted(tmp_path, backend, request, "exp", 6)
     st = e.store
     leaves = {s for m in st.iter_all_messages() for s in st.message_summaries(m.id)}
     leaf = max(leaves, key=lambda s: len(st.summary_children(s)[1]))
