@@ -36,7 +36,6 @@ class PostgresRecords:
                 out[child].append(parent)
         return out
 
-
     def summary_chains(self, message_ids: Sequence[int],
                        summary_ids: Sequence[int]) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
         # One statement instead of one read for the covering leaves and one per DAG level:
@@ -68,6 +67,7 @@ class PostgresRecords:
             else:
                 parents[ref].append(other)
         return covering, parents
+
     def retract_messages(self, message_ids: Sequence[int]) -> int:
         if not message_ids:
             return 0
