@@ -83,6 +83,26 @@ def _touched() -> list[str]:
     return t
 
 
+APPEND_CHUNK_ROWS = 5_000
+APPEND_CHUNK_CHARS = 64 * 1024 * 1024
+
+
+def _chunks(sizes: Sequence[int]) -> list[tuple[int, int]]:
+    """[lo, hi) ranges over rows of these sizes: at most APPEND_CHUNK_ROWS rows and, past its
+    first row, APPEND_CHUNK_CHARS characters each."""
+    max_rows, max_chars = APPEND_CHUNK_ROWS, APPEND_CHUNK_CHARS
+    out: list[tuple[int, int]] = []
+    lo = total = 0
+    for i, n in enumerate(sizes):
+        if i > lo and (i - lo >= max_rows or total + n > max_chars):
+            out.append((lo, i))
+            lo, total = i, 0
+        total += n
+    if lo < len(sizes):
+        out.append((lo, len(sizes)))
+    return out
+
+
 class PostgresStore(PostgresRecords, PostgresSearch, PostgresCosts, PostgresRepairs, PostgresConnections, Store):
     kind = "postgresql"
 
@@ -285,24 +305,30 @@ class PostgresStore(PostgresRecords, PostgresSearch, PostgresCosts, PostgresRepa
             self._lock_sessions(c, sid)  # one writer per session: seq and id order are safe
             seq = c.execute("SELECT COALESCE(MAX(seq), -1) FROM messages WHERE session_id=%s", (sid,)).fetchone()[0]
             first = seq + 1
-            # One statement for the whole batch (columns as arrays): one plan, one firing of the
-            # statement trigger that lists the rows for the indexer, instead of one per row.
-            # Rows are inserted in seq order, so ids follow seq; they are matched by seq anyway.
-            got = c.execute(
-                "INSERT INTO messages(session_id, seq, uid, ident, role, raw, text, tokens, created_at,"
-                " supersedes, large, exploration)"
-                " SELECT %s, u.seq, u.uid, u.ident, u.role, u.raw, u.text, u.tokens, u.created_at,"
-                " u.supersedes, u.large, u.exploration"
-                " FROM unnest(%b::bigint[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[],"
-                " %b::bigint[], %b::float8[], %b::bigint[], %b::boolean[], %b::text[])"
-                " AS u(seq, uid, ident, role, raw, text, tokens, created_at, supersedes, large, exploration)"
-                " ORDER BY u.seq RETURNING seq, id",
-                (sid, list(range(first, first + len(rows))), [_t(r.uid) for r in rows],
-                 [_t(r.ident) for r in rows], [_t(r.role) for r in rows], [_t(safe_json(r.raw)) for r in rows],
-                 [_t(r.text) for r in rows], [r.tokens for r in rows], [r.created_at for r in rows],
-                 [r.supersedes for r in rows], [bool(r.large) for r in rows], [_t(r.exploration) for r in rows]),
-            ).fetchall()
-            by_seq = dict(got)
+            raws = [_t(safe_json(r.raw)) for r in rows]
+            texts = [_t(r.text) for r in rows]
+            by_seq: dict[int, int] = {}
+            # One statement per chunk of the batch (columns as arrays): one plan, one firing of
+            # the statement trigger that lists the rows for the indexer, instead of one per row.
+            # Chunks keep each array parameter far below the server's 1 GB limit on one value
+            # (a first import may hand over a whole history). Rows go in seq order, so ids
+            # follow seq; they are matched by seq anyway.
+            for lo, hi in _chunks([len(a) + len(b) for a, b in zip(raws, texts)]):
+                part = rows[lo:hi]
+                by_seq.update(c.execute(
+                    "INSERT INTO messages(session_id, seq, uid, ident, role, raw, text, tokens, created_at,"
+                    " supersedes, large, exploration)"
+                    " SELECT %s, u.seq, u.uid, u.ident, u.role, u.raw, u.text, u.tokens, u.created_at,"
+                    " u.supersedes, u.large, u.exploration"
+                    " FROM unnest(%b::bigint[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[],"
+                    " %b::bigint[], %b::float8[], %b::bigint[], %b::boolean[], %b::text[])"
+                    " AS u(seq, uid, ident, role, raw, text, tokens, created_at, supersedes, large, exploration)"
+                    " ORDER BY u.seq RETURNING seq, id",
+                    (sid, list(range(first + lo, first + hi)), [_t(r.uid) for r in part],
+                     [_t(r.ident) for r in part], [_t(r.role) for r in part], raws[lo:hi], texts[lo:hi],
+                     [r.tokens for r in part], [r.created_at for r in part], [r.supersedes for r in part],
+                     [bool(r.large) for r in part], [_t(r.exploration) for r in part]),
+                ).fetchall())
             ids: list[int] = [by_seq[first + i] for i in range(len(rows))]
             absorbed = [(mid, _t(u)) for mid, r in zip(ids, rows) for u in r.absorbed]
             if absorbed:
