@@ -527,15 +527,15 @@ def test_a_cjk_substring_search_of_summaries_uses_their_bigram_index(pg_fresh_ds
 
 
 def test_a_large_append_goes_in_chunks_and_keeps_seq_order(pg_fresh_dsn, monkeypatch):
-    from lossless_context.store.postgres import store as pg_store
+    from lossless_context.store.postgres import append as pg_append
 
-    monkeypatch.setattr(pg_store, "APPEND_CHUNK_ROWS", 3)
-    monkeypatch.setattr(pg_store, "APPEND_CHUNK_CHARS", 200)  # and by size: the big row alone
+    monkeypatch.setattr(pg_append, "APPEND_CHUNK_ROWS", 3)
+    monkeypatch.setattr(pg_append, "APPEND_CHUNK_CHARS", 200)  # and by size: the big row alone
     st = PostgresStore(pg_fresh_dsn, background_index=False)
     try:
         st.ensure_session("s")
         texts = [f"chunked row {i}" if i != 5 else "big " * 100 for i in range(11)]
-        assert [(lo, hi) for lo, hi in pg_store._chunks([len(t) * 2 for t in texts])] == [
+        assert pg_append.chunks([len(t) * 2 for t in texts]) == [
             (0, 3), (3, 5), (5, 6), (6, 9), (9, 11)]
         ids = st.append_messages("s", [nm(t) for t in texts])
         got = st.session_messages("s", after_seq=-1, limit=100)

@@ -33,10 +33,10 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from ...messages import safe_json
 from ..owners import pass_owner
 from ...records import ContextEntry, MessageRecord, NewMessage, NewSummary, StagedPass, SummaryRecord
 from ..base import Store, StoreError, resolve_keys, resolve_new_refs, with_appended
+from .append import insert_messages
 from .text import pg_text as _t
 from .conn import WRITE_RETRIES, PostgresConnections
 from .costs import PostgresCosts
@@ -81,26 +81,6 @@ def _touched() -> list[str]:
     if t is None:
         t = _TOUCHED.sids = []
     return t
-
-
-APPEND_CHUNK_ROWS = 5_000
-APPEND_CHUNK_CHARS = 64 * 1024 * 1024
-
-
-def _chunks(sizes: Sequence[int]) -> list[tuple[int, int]]:
-    """[lo, hi) ranges over rows of these sizes: at most APPEND_CHUNK_ROWS rows and, past its
-    first row, APPEND_CHUNK_CHARS characters each."""
-    max_rows, max_chars = APPEND_CHUNK_ROWS, APPEND_CHUNK_CHARS
-    out: list[tuple[int, int]] = []
-    lo = total = 0
-    for i, n in enumerate(sizes):
-        if i > lo and (i - lo >= max_rows or total + n > max_chars):
-            out.append((lo, i))
-            lo, total = i, 0
-        total += n
-    if lo < len(sizes):
-        out.append((lo, len(sizes)))
-    return out
 
 
 class PostgresStore(PostgresRecords, PostgresSearch, PostgresCosts, PostgresRepairs, PostgresConnections, Store):
@@ -305,30 +285,7 @@ class PostgresStore(PostgresRecords, PostgresSearch, PostgresCosts, PostgresRepa
             self._lock_sessions(c, sid)  # one writer per session: seq and id order are safe
             seq = c.execute("SELECT COALESCE(MAX(seq), -1) FROM messages WHERE session_id=%s", (sid,)).fetchone()[0]
             first = seq + 1
-            raws = [_t(safe_json(r.raw)) for r in rows]
-            texts = [_t(r.text) for r in rows]
-            by_seq: dict[int, int] = {}
-            # One statement per chunk of the batch (columns as arrays): one plan, one firing of
-            # the statement trigger that lists the rows for the indexer, instead of one per row.
-            # Chunks keep each array parameter far below the server's 1 GB limit on one value
-            # (a first import may hand over a whole history). Rows go in seq order, so ids
-            # follow seq; they are matched by seq anyway.
-            for lo, hi in _chunks([len(a) + len(b) for a, b in zip(raws, texts)]):
-                part = rows[lo:hi]
-                by_seq.update(c.execute(
-                    "INSERT INTO messages(session_id, seq, uid, ident, role, raw, text, tokens, created_at,"
-                    " supersedes, large, exploration)"
-                    " SELECT %s, u.seq, u.uid, u.ident, u.role, u.raw, u.text, u.tokens, u.created_at,"
-                    " u.supersedes, u.large, u.exploration"
-                    " FROM unnest(%b::bigint[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[],"
-                    " %b::bigint[], %b::float8[], %b::bigint[], %b::boolean[], %b::text[])"
-                    " AS u(seq, uid, ident, role, raw, text, tokens, created_at, supersedes, large, exploration)"
-                    " ORDER BY u.seq RETURNING seq, id",
-                    (sid, list(range(first + lo, first + hi)), [_t(r.uid) for r in part],
-                     [_t(r.ident) for r in part], [_t(r.role) for r in part], raws[lo:hi], texts[lo:hi],
-                     [r.tokens for r in part], [r.created_at for r in part], [r.supersedes for r in part],
-                     [bool(r.large) for r in part], [_t(r.exploration) for r in part]),
-                ).fetchall())
+            by_seq = insert_messages(c, sid, first, rows)
             ids: list[int] = [by_seq[first + i] for i in range(len(rows))]
             absorbed = [(mid, _t(u)) for mid, r in zip(ids, rows) for u in r.absorbed]
             if absorbed:
