@@ -306,6 +306,9 @@ def test_term_counts_use_the_indexes_and_count_what_plain_sql_counts(pg_fresh_ds
             assert st.term_counts("messages", plans, 1_000) == want_m  # the listed row included
             assert st.term_counts("summaries", plans, 1_000) == want_s
             assert st.term_counts("messages", plans, 10) == [11, 11, 0, 11]  # capped: cap + 1
+            from types import SimpleNamespace  # an operand the server refuses: counted as common,
+            refused = SimpleNamespace(pg_tsquery="'alpha' & (")  # the others still exactly
+            assert st.term_counts("summaries", [plans[0], refused, plans[1]], 1_000) == [20, 1_001, 20]
             top = st.max_row_id("summaries")
             assert st.term_counts("summaries", plans, 1_000, newest=10) == [
                 plain("summaries", p.pg_tsquery, top - 10) for p in plans]

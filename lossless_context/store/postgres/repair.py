@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from .index import FILL_BATCH
+
 
 class PostgresRepairs:
     """Mixed into PostgresStore: needs its `_read`, `_write`, `_lock_sessions` and `_indexer`."""
 
-    def fill_index_sessions(self, batch: int = 2_000) -> int:
+    def fill_index_sessions(self, batch: int = FILL_BATCH) -> int:
         """Give up to ``batch`` rows indexed before migration 013 their session (searches look
         it up meanwhile); how many. (The background indexer does this when idle.)"""
         return self._indexer.fill_sessions(batch)

@@ -61,48 +61,20 @@ class PostgresSearch:
             todo = self._counts_from_stats(todo, out, cap, total, newest)
             if not todo:
                 return out
-        win = floor is not None
-        if target == "messages":
-            count = (
-                "(SELECT count(*) FROM (SELECT 1 FROM message_index x WHERE x.tsv @@ q.q"
-                + (" AND x.id > %s" if win else "")
-                + " LIMIT %s) a) + (SELECT count(*) FROM (SELECT 1 FROM message_index_pending p"
-                " CROSS JOIN LATERAL " + _PENDING_ROW + " WHERE " + _PENDING_TSV + " @@ q.q"
-                + (" AND p.message_id > %s" if win else "") + " LIMIT %s) b)"
-            )
-            count_args: tuple[Any, ...] = (floor, cap + 1, floor, cap + 1) if win else (cap + 1, cap + 1)
-        else:
-            count = ("(SELECT count(*) FROM (SELECT 1 FROM summaries x WHERE x.tsv @@ q.q"
-                     + (" AND x.id > %s" if win else "") + " LIMIT %s) a)")
-            count_args = (floor, cap + 1) if win else (cap + 1,)
-        # Each query a constant of its own part of the statement, so the planner sees its terms.
-        one = "SELECT %s::int, LEAST(" + count + ", %s) FROM to_tsquery('english', %s) AS q(q)"
-
-        def one_args(k: int, s: str) -> tuple[Any, ...]:
-            return (k, *count_args, cap + 1, s)
+        sql = ("SELECT lcm_term_counts(%s, ARRAY(SELECT to_tsquery('english', s) FROM unnest(%s::text[])"
+               " WITH ORDINALITY AS u(s, i) ORDER BY i), %s, %s)")
 
         def run(c: Any) -> None:
             try:  # all plans in one call, planned without sequential scans (migration 017)
-                got = c.execute(
-                    "SELECT lcm_term_counts(%s, ARRAY(SELECT to_tsquery('english', s) FROM unnest(%s::text[])"
-                    " WITH ORDINALITY AS u(s, i) ORDER BY i), %s, %s)",
-                    (target, [s for _, s in todo], cap, floor)).fetchone()[0]
+                got = c.execute(sql, (target, [s for _, s in todo], cap, floor)).fetchone()[0]
                 for (k, _), n in zip(todo, got):
                     out[k] = n
                 return
             except (psycopg.DataError, psycopg.ProgrammingError):
                 pass
-            try:  # an operand the server refuses: one statement, then each alone
-                rows = c.execute(" UNION ALL ".join(one for _ in todo),
-                                 [a for k, s in todo for a in one_args(k, s)]).fetchall()
-                for k, n in rows:
-                    out[k] = n
-                return
-            except (psycopg.DataError, psycopg.ProgrammingError):
-                pass
-            for k, s in todo:  # a refused operand (rare: plan_query quotes them) alone
+            for k, s in todo:  # an operand the server refuses (rare: plan_query quotes them) alone
                 try:
-                    out[k] = c.execute(one, one_args(k, s)).fetchone()[1]
+                    out[k] = c.execute(sql, (target, [s], cap, floor)).fetchone()[0][0]
                 except (psycopg.DataError, psycopg.ProgrammingError):
                     out[k] = cap + 1
 
@@ -332,12 +304,13 @@ class PostgresSearch:
                 return []
             from ...search.query import like_pattern
 
-            if is_msg and all(len(x) >= 2 and _CJK_RE.fullmatch(x) for x in subs):
+            cjk_only = all(len(x) >= 2 and _CJK_RE.fullmatch(x) for x in subs)
+            cjk_args = [a for s in subs for a in (cjk_bigrams(s), like_pattern(s))] if cjk_only else []
+            if is_msg and cjk_only:
                 # CJK runs: the bigram index of messages holding CJK text (message_index.cjk)
                 # narrows the rows a LIKE checks; still-listed rows are checked directly.
                 ors = " OR ".join("(x.cjk @> %s::text[] AND t.text LIKE %s ESCAPE '\\')" for _ in subs)
                 pors = " OR ".join("t.text LIKE %s ESCAPE '\\'" for _ in subs)
-                sub_args = [a for s in subs for a in (cjk_bigrams(s), like_pattern(s))]
                 sql = (
                     f"{with_sql}SELECT * FROM (("
                     f"SELECT {cols}, 0.0::float8 AS rank FROM message_index x JOIN messages t ON t.id = x.id"
@@ -348,18 +321,16 @@ class PostgresSearch:
                     ")) u ORDER BY id DESC LIMIT %s OFFSET %s"
                 )
                 rows = self._read(lambda c: c.execute(sql, (
-                    *with_params, *sub_args, *params, top, *[like_pattern(s) for s in subs], *params, top,
+                    *with_params, *cjk_args, *params, top, *[like_pattern(s) for s in subs], *params, top,
                     limit, offset)).fetchall())
                 return [dict(zip(keys, r)) for r in rows]
-            if not is_msg and all(len(x) >= 2 and _CJK_RE.fullmatch(x) for x in subs):
+            if not is_msg and cjk_only:
                 # CJK runs in summaries: their bigrams' expression index (migration 016)
                 ors = " OR ".join("(lcm_cjk_grams(t.text) @> %s::text[] AND t.text LIKE %s ESCAPE '\\')"
                                   for _ in subs)
                 sql = (f"{with_sql}SELECT {cols}, 0.0::float8 FROM summaries t WHERE ({ors}){and_where}"
                        " ORDER BY t.id DESC LIMIT %s OFFSET %s")
-                rows = self._read(lambda c: c.execute(sql, (
-                    *with_params, *[a for s in subs for a in (cjk_bigrams(s), like_pattern(s))], *params,
-                    limit, offset)).fetchall())
+                rows = self._read(lambda c: c.execute(sql, (*with_params, *cjk_args, *params, limit, offset)).fetchall())
                 return [dict(zip(keys, r)) for r in rows]
             ors = " OR ".join("t.text ILIKE %s ESCAPE '\\'" for _ in subs)
             sql = (
