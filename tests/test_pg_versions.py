@@ -139,26 +139,36 @@ def test_lineage_is_read_once_then_kept_until_a_session_changes(store, pg_fresh_
     n = len(reads)
     assert n == 2
 
-    # Another process or host adds a session to the conversation: the notice drops the scope.
+    # The server's notice of that own change arrives later and bumps the generation once
+    # more; wait for it (a fence) before taking the generation the rest compares with.
     cache = store._versions()
+    _fence(cache, pg_fresh_dsn, [], 1)
     generation = cache.scope_generation()
-    with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:
-        c.execute("INSERT INTO sessions(id, conversation_id, created_at, updated_at)"
-                  " VALUES ('s', 'conv', 1, 1)")
-    assert _until(lambda: cache.scope_generation() != generation)
+
+    # Another process or host adds a session to the conversation: the notice drops the scope.
+    _fence(cache, pg_fresh_dsn, ["INSERT INTO sessions(id, conversation_id, created_at, updated_at)"
+                                 " VALUES ('s', 'conv', 1, 1)"], 2)
+    assert cache.scope_generation() == generation + 1
     assert "s" in store.lineage("q")
     # ... and writes that leave every lineage as it was keep it
     k = len(reads)
     store.set_context("q", [])
-    cache.note("fence", 0)
-    with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:
-        c.execute("INSERT INTO sessions(id, created_at, updated_at) VALUES ('p', 1, 1) ON CONFLICT (id) DO NOTHING")
-        c.execute("UPDATE sessions SET updated_at = 5, conversation_id = 'conv' WHERE id = 'q'")
-        # a notification sent after those commits arrives after any they sent: a fence
-        c.execute("SELECT pg_notify('lcm_context', '1 fence')")
-    assert _until(lambda: cache.get("fence") == 1)
+    _fence(cache, pg_fresh_dsn, [
+        "INSERT INTO sessions(id, created_at, updated_at) VALUES ('p', 1, 1) ON CONFLICT (id) DO NOTHING",
+        "UPDATE sessions SET updated_at = 5, conversation_id = 'conv' WHERE id = 'q'"], 3)
     assert cache.scope_generation() == generation + 1
     assert "s" in store.lineage("q") and len(reads) == k
+
+
+def _fence(cache, dsn: str, statements: list[str], n: int) -> None:
+    """Run ``statements`` from another connection, then wait until every notice they sent was
+    handled: a notification sent after their commits arrives after any of theirs."""
+    cache.note("fence", n - 1)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        for sql in statements:
+            c.execute(sql)
+        c.execute("SELECT pg_notify('lcm_context', %s)", (f"{n} fence",))
+    assert _until(lambda: cache.get("fence") == n)
 
 
 def test_ancestry_with_fork_points_is_kept_and_dropped_on_a_fork(store, pg_fresh_dsn):
