@@ -38,27 +38,16 @@ class PostgresRecords:
 
     def summary_chains(self, message_ids: Sequence[int],
                        summary_ids: Sequence[int]) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
-        # One statement instead of one read for the covering leaves and one per DAG level:
-        # the walk follows each node's first published parent (as the default does); UNION
-        # keeps it finite whatever the rows hold.
+        # One statement instead of one read for the covering leaves and one per DAG level
+        # (lcm_summary_chains, migration 018): the walk follows each node's first published
+        # parent (as the default does); UNION keeps it finite whatever the rows hold.
         covering: dict[int, list[int]] = {int(m): [] for m in message_ids}
         parents: dict[int, list[int]] = {}
         if not covering and not summary_ids:
             return covering, parents
         rows = self._read(lambda c: c.execute(
-            "WITH RECURSIVE cov AS ("
-            " SELECT sm.message_id, sm.summary_id FROM summary_messages sm JOIN summaries s ON s.id = sm.summary_id"
-            " WHERE sm.message_id = ANY(%s::bigint[]) AND s.state = 'published'),"
-            " walk(id) AS ("
-            " SELECT unnest(%s::bigint[]) UNION SELECT min(summary_id) FROM cov GROUP BY message_id"
-            " UNION SELECT q.p FROM walk w CROSS JOIN LATERAL (SELECT min(sp.parent_id) AS p FROM summary_parents sp"
-            "  JOIN summaries s ON s.id = sp.parent_id WHERE sp.child_id = w.id AND s.state = 'published') q"
-            "  WHERE q.p IS NOT NULL)"
-            " SELECT 0, message_id, summary_id FROM cov"
-            " UNION ALL SELECT 1, id, NULL FROM walk"
-            " UNION ALL SELECT 2, sp.child_id, sp.parent_id FROM summary_parents sp JOIN summaries s ON s.id = sp.parent_id"
-            " WHERE sp.child_id IN (SELECT id FROM walk) AND s.state = 'published'"
-            " ORDER BY 1, 2, 3", ([int(m) for m in covering], [int(x) for x in summary_ids])).fetchall())
+            "SELECT kind, ref, other FROM lcm_summary_chains(%s::bigint[], %s::bigint[])",
+            ([int(m) for m in covering], [int(x) for x in summary_ids])).fetchall())
         for kind, ref, other in rows:
             if kind == 0:
                 covering[ref].append(other)
