@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .messages import flatten_content, safe_json
-from .pipeline import forget, forks
+from .pipeline import forks
 from .search import textsearch
 from .search.query import compile_regex, plan_query, score_hit, snippet
 from .tokens import estimate_text_tokens
@@ -252,13 +252,14 @@ class _Ctx:
         bound = self.bounds.get(session_id)
         return bound is None or not kind or ref <= (bound[0] if kind == "m" else bound[1])
 
-    def _visible(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Search rows the caller may see: inside a branch's fork point, not rolled back."""
+    def _visible(self, rows: list[dict[str, Any]], hidden: set[int]) -> list[dict[str, Any]]:
+        """Search rows the caller may see: inside a branch's fork point, not rolled back
+        (``hidden``: the retracted message ids among them, from ``Store.hit_details``)."""
         if self.bounds:
             rows = [r for r in rows if self._in_scope(r.get("session_id", ""), r["kind"], r["id"])]
         if self.current:  # the question being answered is not a hit for itself
             rows = [r for r in rows if not (r["kind"] == "m" and r["id"] in self.current)]
-        return forget.visible(self.store, rows)
+        return [r for r in rows if not (r["kind"] == "m" and r["id"] in hidden)]
 
     def _summary(self, sid: int):
         rec = self.store.get_summaries([sid]).get(sid)
@@ -360,12 +361,16 @@ class _Ctx:
             cands.sort(key=lambda r: (-(r.get("created_at") or 0), r["kind"], -r["id"]))
             page = cands[offset: offset + limit]
             more = len(cands) > offset + limit
-        page = self._visible(page)
+        # the page's retractions, messages and chains in one store call (one round trip on
+        # PostgreSQL); a retracted message's details are read and dropped with it
+        hidden, msgs, covering, parents = self.store.hit_details(
+            [r["id"] for r in page if r["kind"] == "m"], [r["id"] for r in page if r["kind"] == "s"])
+        self._covering_cache.update(covering)
+        self._parents_cache.update(parents)
+        page = self._visible(page, hidden)
         groups: dict[str, dict[str, Any]] = {}
         order: list[str] = []
-        msg_ids = [r["id"] for r in page if r["kind"] == "m"]
-        msgs = self.store.get_messages(msg_ids) if msg_ids else {}
-        self.prefetch_chains([(r["kind"], r["id"]) for r in page])
+        self.prefetch_chains([(r["kind"], r["id"]) for r in page])  # reads only what is still missing
         for r in page:
             chain = self.chain(r["kind"], r["id"])
             top = chain[-1] if chain else (r["id"] if r["kind"] == "s" else None)

@@ -3,6 +3,8 @@ same answers as the one-id-at-a-time methods on both stores."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from lossless_context import LCMEngine
@@ -131,4 +133,50 @@ def test_expanding_a_summary_reads_its_messages_in_chunks(tmp_path, backend, req
     reads.clear()
     out = json.loads(e.handle_tool_call("lcm_expand", {"id": f"s{leaf}", "max_tokens": 200}))
     assert sum(len(r) for r in reads) <= max(8, 2 * len(out["children"]))
+    e.store.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_hit_details_equal_the_three_reads_and_are_one_read_on_postgres(tmp_path, backend, request):
+    e = _compacted(tmp_path, backend, request, "hits", 7)
+    st = e.store
+    inner = st.inner if hasattr(st, "inner") else st
+    mids = [m.id for m in st.iter_all_messages()]
+    probe = mids[::9] + [10**9]  # an unknown id: not retracted, no record, covered by nothing
+    assert st.retract_messages(probe[:3]) == 3
+    sids = sorted({s for m in probe for s in st.message_summaries(m)})[:3]
+    hidden, msgs, covering, parents = st.hit_details(probe, sids)
+    assert hidden == set(probe[:3]) == st.retracted(probe)
+    assert msgs == st.get_messages(probe) and 10**9 not in msgs
+    assert (covering, parents) == st.summary_chains(probe, sids)
+    assert any(covering.values()) and any(parents.values())
+    assert st.hit_details([], []) == (set(), {}, {}, {})
+    if backend == "postgres":
+        reads = []
+        real = inner._read
+        inner._read = lambda fn: reads.append(fn) or real(fn)
+        try:
+            assert st.hit_details(probe, sids) == (hidden, msgs, covering, parents)
+        finally:
+            del inner._read
+        assert len(reads) == 1  # one connection use, the three statements pipelined
+    # lcm_grep hides a retracted message, and shows it again with its chain once restored
+    gone = probe[0]
+    rec = st.get_messages([gone])[gone]
+    word = max(rec.text.split(), key=len)
+
+    def hits() -> dict[str, list[str]]:
+        out = json.loads(e.handle_tool_call("lcm_grep", {"query": word, "scope": "messages", "limit": 50}))
+        return {h["id"]: h["summary_chain"] for g in out["groups"] for h in g["hits"]}
+
+    assert f"m{gone}" not in hits()
+    st.restore_messages([gone])
+    shown = hits()
+    assert f"m{gone}" in shown
+    assert covering[gone], "the first message was compacted"
+    walk, node = [], covering[gone][0]
+    while node is not None:
+        walk.append(f"s{node}")
+        node = (parents.get(node) or st.summary_parents(node) or [None])[0]
+    assert shown[f"m{gone}"] == walk
     e.store.close()

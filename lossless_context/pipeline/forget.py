@@ -123,9 +123,3 @@ def retract_rolled_back(store: Store, old: Sequence[ContextEntry], new: Sequence
             store.restore_messages(sorted(again))
     return gone
 
-
-def visible(store: Store, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Search rows without retracted messages."""
-    mids = [r["id"] for r in rows if r.get("kind", "m") == "m"]
-    hidden = store.retracted(mids) if mids else set()
-    return [r for r in rows if not (r.get("kind", "m") == "m" and r["id"] in hidden)]

@@ -281,6 +281,18 @@ class Store(abc.ABC):
             level = {p[0] for p in got.values() if p and p[0] not in parents}
         return covering, parents
 
+    def hit_details(self, message_ids: Sequence[int], summary_ids: Sequence[int]) -> tuple[
+            set[int], dict[int, MessageRecord], dict[int, list[int]], dict[int, list[int]]]:
+        """What showing a page of search hits reads, in one call: which of the messages are
+        retracted (`retracted`), the messages (`get_messages`), and the hits' chains up the
+        DAG (`summary_chains`). This default makes the three reads; a store with costly
+        round trips sends them together."""
+        mids = list(dict.fromkeys(message_ids))
+        hidden = self.retracted(mids) if mids else set()
+        msgs = self.get_messages(mids) if mids else {}
+        covering, parents = self.summary_chains(mids, summary_ids)
+        return hidden, msgs, covering, parents
+
     @abc.abstractmethod
     def update_summary_text(self, summary_id: int, text: str, tokens: int, level: str, summarizer: str) -> None: ...
 

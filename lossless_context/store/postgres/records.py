@@ -6,8 +6,27 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence
 
+from ...records import MessageRecord
+from .rows import MSG_COLS, message_record
 from .text import pg_text as _t
 from .versions import touch_scopes
+
+
+_CHAINS = "SELECT kind, ref, other FROM lcm_summary_chains(%s::bigint[], %s::bigint[])"
+
+
+def _chains(rows: Sequence[tuple], covering: dict[int, list[int]]) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """``covering`` and parents filled from lcm_summary_chains' rows (kind 0: a message's
+    leaf, 1: a walked summary, 2: a walked summary's parent)."""
+    parents: dict[int, list[int]] = {}
+    for kind, ref, other in rows:
+        if kind == 0:
+            covering[ref].append(other)
+        elif kind == 1:
+            parents[ref] = []
+        else:
+            parents[ref].append(other)
+    return covering, parents
 
 
 class PostgresRecords:
@@ -45,17 +64,30 @@ class PostgresRecords:
         parents: dict[int, list[int]] = {}
         if not covering and not summary_ids:
             return covering, parents
-        rows = self._read(lambda c: c.execute(
-            "SELECT kind, ref, other FROM lcm_summary_chains(%s::bigint[], %s::bigint[])",
-            ([int(m) for m in covering], [int(x) for x in summary_ids])).fetchall())
-        for kind, ref, other in rows:
-            if kind == 0:
-                covering[ref].append(other)
-            elif kind == 1:
-                parents[ref] = []
-            else:
-                parents[ref].append(other)
-        return covering, parents
+        rows = self._read(lambda c: c.execute(_CHAINS, ([int(m) for m in covering],
+                                                          [int(x) for x in summary_ids])).fetchall())
+        return _chains(rows, covering)
+
+    def hit_details(self, message_ids: Sequence[int], summary_ids: Sequence[int]) -> tuple[
+            set[int], dict[int, MessageRecord], dict[int, list[int]], dict[int, list[int]]]:
+        # The three reads sent together (pipeline mode): one round trip instead of three.
+        mids = list(dict.fromkeys(int(m) for m in message_ids))
+        sids = [int(s) for s in summary_ids]
+        if not mids and not sids:
+            return set(), {}, {}, {}
+
+        def run(c: Any) -> tuple[list, list, list]:
+            with c.pipeline():
+                hidden = c.execute("SELECT message_id FROM message_retractions WHERE message_id = ANY(%s::bigint[])",
+                                   (mids,))
+                msgs = c.execute(f"SELECT {MSG_COLS} FROM messages WHERE id = ANY(%s::bigint[])", (mids,))
+                chains = c.execute(_CHAINS, (mids, sids))
+            return hidden.fetchall(), msgs.fetchall(), chains.fetchall()
+
+        hidden, msgs, chains = self._read(run)
+        covering, parents = _chains(chains, {m: [] for m in mids})
+        return {r[0] for r in hidden}, {r[0]: message_record(r) for r in msgs}, covering, parents
+
 
     def retract_messages(self, message_ids: Sequence[int]) -> int:
         if not message_ids:

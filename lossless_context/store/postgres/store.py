@@ -42,31 +42,19 @@ from .conn import WRITE_RETRIES, PostgresConnections
 from .costs import PostgresCosts
 from .index import PostgresIndexer
 from .records import PostgresRecords
+from .rows import MSG_COLS, message_record
 from .repair import PostgresRepairs
 from .search import PostgresSearch
 from .versions import VersionCache, cache_for, peek, take_touched, touch_scopes
 
 log = logging.getLogger("lossless_context.store")
 
-_MSG_COLS = "id, session_id, seq, uid, ident, role, raw, text, tokens, created_at, large, exploration"
 _SUM_COLS = (
     "id, session_id, kind, depth, text, tokens, source_tokens, level, summarizer, "
     "t_start, t_end, n_messages, state, pass_id, created_at"
 )
 _TABLES = ("sessions", "messages", "message_absorbed", "message_aliases", "summaries", "summary_messages",
            "summary_parents", "context_items", "staged_passes", "presummaries", "lcm_migrations")
-
-
-def _msg(row: tuple) -> MessageRecord:
-    try:
-        raw = json.loads(row[6])
-    except ValueError:
-        raw = row[6]
-    return MessageRecord(
-        id=row[0], session_id=row[1], seq=row[2], uid=row[3], ident=row[4], role=row[5],
-        raw=raw, text=row[7], tokens=row[8], created_at=row[9], large=bool(row[10]),
-        exploration=row[11],
-    )
 
 
 def _sum(row: tuple) -> SummaryRecord:
@@ -316,8 +304,8 @@ class PostgresStore(PostgresRecords, PostgresSearch, PostgresCosts, PostgresRepa
         if not ids:
             return {}
         rows = self._read(lambda c: c.execute(
-            f"SELECT {_MSG_COLS} FROM messages WHERE id = ANY(%s::bigint[])", (ids,)).fetchall())
-        return {r[0]: _msg(r) for r in rows}
+            f"SELECT {MSG_COLS} FROM messages WHERE id = ANY(%s::bigint[])", (ids,)).fetchall())
+        return {r[0]: message_record(r) for r in rows}
 
     def log_after(self, session_ids: Sequence[str], after_id: int, limit: int) -> list[tuple[int, str, str | None]]:
         if not session_ids:
@@ -381,10 +369,10 @@ class PostgresStore(PostgresRecords, PostgresSearch, PostgresCosts, PostgresRepa
 
     def session_messages(self, session_id: str, after_seq: int = -1, limit: int = 1000) -> list[MessageRecord]:
         rows = self._read(lambda c: c.execute(
-            f"SELECT {_MSG_COLS} FROM messages WHERE session_id=%s AND seq>%s ORDER BY seq LIMIT %s",
+            f"SELECT {MSG_COLS} FROM messages WHERE session_id=%s AND seq>%s ORDER BY seq LIMIT %s",
             (_t(session_id), after_seq, limit),
         ).fetchall())
-        return [_msg(r) for r in rows]
+        return [message_record(r) for r in rows]
 
     def session_messages_in(self, session_id: str, ranges: Sequence[tuple[int, int]]) -> list[MessageRecord]:
         return self.messages_in([(session_id, lo, hi) for lo, hi in ranges])
@@ -393,24 +381,24 @@ class PostgresStore(PostgresRecords, PostgresSearch, PostgresCosts, PostgresRepa
         spans = [(sid, lo, hi) for sid, lo, hi in spans if hi >= lo]
         if not spans:
             return []
-        cols = ", ".join(f"m.{c.strip()}" for c in _MSG_COLS.split(","))
+        cols = ", ".join(f"m.{c.strip()}" for c in MSG_COLS.split(","))
         rows = self._read(lambda c: c.execute(
             f"SELECT DISTINCT ON (m.session_id, m.seq) {cols} FROM unnest(%s::text[], %s::bigint[], %s::bigint[])"
             " AS r(sid, lo, n) CROSS JOIN LATERAL (SELECT * FROM messages WHERE session_id=r.sid AND seq >= r.lo"
             " ORDER BY seq LIMIT r.n) m ORDER BY m.session_id, m.seq",
             ([_t(sid) for sid, _, _ in spans], [lo for _, lo, _ in spans], [hi - lo + 1 for _, lo, hi in spans]),
         ).fetchall())
-        return [_msg(r) for r in rows]
+        return [message_record(r) for r in rows]
 
     def iter_all_messages(self, batch: int = 1000) -> Iterator[MessageRecord]:
         last = 0
         while True:
             rows = self._read(lambda c: c.execute(
-                f"SELECT {_MSG_COLS} FROM messages WHERE id>%s ORDER BY id LIMIT %s", (last, batch)).fetchall())
+                f"SELECT {MSG_COLS} FROM messages WHERE id>%s ORDER BY id LIMIT %s", (last, batch)).fetchall())
             if not rows:
                 return
             for r in rows:
-                yield _msg(r)
+                yield message_record(r)
             last = rows[-1][0]
 
     # -- active context -----------------------------------------------------------------------
