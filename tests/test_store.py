@@ -282,6 +282,17 @@ def test_aliases(store):
     assert store.aliases_for([10 ** 9]) == {}
 
 
+def test_representations_are_set_once_and_the_first_text_wins(store):
+    store.ensure_session("s")
+    a, b, c = store.append_messages("s", [nm("a"), nm("b"), nm("c")])
+    assert store.set_representations([(a, "stub a"), (b, "stub b"), (a, "later a")]) == {a, b}
+    assert store.set_representations([(b, "again b"), (c, "stub c")]) == {c}  # b keeps its own
+    got = store.get_messages([a, b, c])
+    assert [(got[i].large, got[i].exploration) for i in (a, b, c)] == [
+        (True, "stub a"), (True, "stub b"), (True, "stub c")]
+    assert store.set_representations([]) == set()
+
+
 def test_presummaries(store):
     store.ensure_session("s")
     store.ensure_session("t")

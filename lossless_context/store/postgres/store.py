@@ -345,16 +345,15 @@ class PostgresStore(PostgresRecords, PostgresSearch, PostgresCosts, PostgresRepa
     def set_representations(self, pairs: Sequence[tuple[int, str]]) -> set[int]:
         if not pairs:
             return set()
-        rows = [(_t(text), int(mid)) for mid, text in pairs]
+        first: dict[int, str] = {}
+        for mid, text in pairs:  # a message given twice keeps its first text, as one by one would
+            first.setdefault(int(mid), _t(text))
 
         def tx(c: Any) -> set[int]:
-            done: set[int] = set()
-            with c.cursor() as cur:
-                for text, mid in rows:
-                    cur.execute("UPDATE messages SET large=TRUE, exploration=%s WHERE id=%s AND NOT large", (text, mid))
-                    if cur.rowcount:
-                        done.add(mid)
-            return done
+            # one statement for the pass (was one UPDATE per message, ~8 per compaction pass)
+            return {r[0] for r in c.execute(
+                "UPDATE messages m SET large=TRUE, exploration=u.t FROM unnest(%s::bigint[], %s::text[]) AS u(id, t)"
+                " WHERE m.id = u.id AND NOT m.large RETURNING m.id", (list(first), list(first.values())))}
 
         return self._write(tx)
 
