@@ -548,3 +548,36 @@ def test_a_large_append_goes_in_chunks_and_keeps_seq_order(pg_fresh_dsn, monkeyp
             assert c.execute("SELECT count(*) FROM message_index_pending").fetchone()[0] == 11
     finally:
         st.close()
+
+
+def test_an_append_finds_the_sessions_last_seq_in_one_index_step(pg_fresh_dsn):
+    """The statistics of a session that was new stay behind while it grows: MAX(seq) was then
+    planned through the (session_id, id) index and read the whole session on every append."""
+    from lossless_context.store.postgres.store import LAST_SEQ
+
+    st = PostgresStore(pg_fresh_dsn, background_index=False)
+    try:
+        for k in range(5):
+            st.ensure_session(f"old{k}")
+            st.append_messages(f"old{k}", [nm(f"old {i}") for i in range(600)])
+        with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:
+            c.execute("ANALYZE messages")  # every session known to the statistics is one of these
+        st.ensure_session("s")  # so any other is estimated at one row
+        st.append_messages("s", [nm("first")] + [nm(f"row {i}") for i in range(2000)])
+
+        def rows_read(sql: str) -> int:
+            with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:
+                plan = c.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, ("s",)).fetchone()[0][0]["Plan"]
+
+            def walk(node: dict) -> int:
+                own = node.get("Actual Rows", 0) * node.get("Actual Loops", 1) if "Scan" in node["Node Type"] else 0
+                return own + sum(walk(k) for k in node.get("Plans", []))
+
+            return walk(plan)
+
+        control = "SELECT COALESCE(MAX(seq), -1) FROM messages WHERE session_id=%s"
+        assert rows_read(control) > 1000  # the old statement reads the session
+        assert rows_read(LAST_SEQ) <= 1
+        assert st.append_messages("s", [nm("next")]) and st.session_messages("s", 2000)[0].seq == 2001
+    finally:
+        st.close()
