@@ -32,6 +32,7 @@ from .contract.passbudget import pass_budget, plausible_overhead
 from .store import Store, open_store
 from .summarizers.costs import SpendLedger
 from .pipeline.stubs import stub_policy
+from .search.semantic import SemanticArm, SemanticUnavailable, load_embedder
 from .store.guard import GuardedStore, StoreUnavailable, trim_without_store
 from .summarizers.summarize import Escalator, HostSummarizer, ModelSummarizer, OpenAISummarizer, guard_for
 from .tokens import estimate_messages_tokens, estimate_message_tokens
@@ -132,6 +133,28 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
                                                                         self.config.store_retry_seconds)
                     self._store = shared
         return self._store  # type: ignore[return-value]
+
+    def semantic_arm(self) -> SemanticArm | None:
+        """The semantic arm of lcm_grep (search/semantic.py) when ``semantic`` is on and its
+        model loads, else None. One per store location and process, shared by every copy of
+        the engine; it embeds new messages in its own thread from its first use."""
+        if not self.config.semantic:
+            return None
+        store = self.store
+        location = self.config.store_location()
+        fam = self._family
+        with fam["store_lock"]:
+            arms = fam.setdefault("semantic", {})
+            if location not in arms:
+                try:
+                    arm: SemanticArm | None = SemanticArm(store, load_embedder(self.config.semantic_model))
+                except (SemanticUnavailable, ImportError) as exc:
+                    log.warning("lcm: semantic search is off: %s", exc)  # once per location
+                    arm = None
+                else:
+                    arm.start()
+                arms[location] = arm
+            return arms[location]
 
     # -- copies: each agent gets a fresh engine sharing the durable store --------------
 
@@ -330,6 +353,10 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
         if not for_pass:
             # The host's full list: what it rolled back (undo, retry) leaves search (forget.py).
             forget.retract_rolled_back(self.store, ctx, entries, res.new_ids)
+        if res.new_ids:
+            arm = self.semantic_arm()
+            if arm is not None:
+                arm.notify()  # new messages to embed (in the arm's thread, off this path)
         if not for_pass and res.resume is not None:
             res.resume.version = version
             with self._aligned_lock:

@@ -348,7 +348,7 @@ class _Ctx:
         filters = dict(role=role, since=since, until=until, under_summary=under)
         if mode == "text":
             page, more = textsearch.ranked_page(self.store, self.scope, plan, targets, offset=offset,
-                                                limit=limit, **filters)
+                                                limit=limit, semantic=self.engine.semantic_arm(), **filters)
         else:
             cands: list[dict[str, Any]] = []
             want = min(500, offset + limit + 1)

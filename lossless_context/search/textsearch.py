@@ -42,8 +42,10 @@ PAIR_SECONDS = 0.02  # and at most this long: a safety net for terms that never 
 
 
 def ranked_page(store: Any, scope: Any, plan: QueryPlan, targets: list[str], *, offset: int, limit: int,
-                **filters: Any) -> tuple[list[dict[str, Any]], bool]:
+                semantic: Any = None, **filters: Any) -> tuple[list[dict[str, Any]], bool]:
     """One page of ranked hits over ``targets`` ("messages", "summaries"), and whether more follow.
+    ``semantic``: the optional semantic arm (``semantic.SemanticArm``), fused into the ranking of
+    messages for natural-language questions.
 
     Candidates are gathered in a fixed order (substring hits, then the steps above) and ranked
     in blocks of ``BLOCK``: a block's members never depend on the page asked for, so pages
@@ -80,6 +82,8 @@ def ranked_page(store: Any, scope: Any, plan: QueryPlan, targets: list[str], *, 
                 return extra
 
             rows = ranking.rerank(store, tplan, rows, idf, more=more, speakers=speakers, **filters)
+            if semantic is not None:
+                rows = semantic.fuse(store, scope, plan.query, rows, **filters)
         rows = rows[:end]
         exhausted = exhausted and len(rows) < end
         seqs.append(rows)

@@ -293,6 +293,25 @@ class Store(abc.ABC):
         covering, parents = self.summary_chains(mids, summary_ids)
         return hidden, msgs, covering, parents
 
+    # -- message vectors (the optional semantic arm: search/semantic.py) ----------------------
+    @abc.abstractmethod
+    def put_vectors(self, model: str, rows: Sequence[tuple[int, bytes]]) -> int:
+        """Keep each message's vector from ``model`` (raw bytes; the arm decides the format).
+        A message that already has one keeps it; a message that no longer exists gets none.
+        Returns how many were kept."""
+
+    @abc.abstractmethod
+    def vectors_after(self, model: str, session_ids: Sequence[str] | None, after: int,
+                      limit: int) -> list[tuple[int, int, bytes]]:
+        """(seq, message id, vector) of ``model``'s vectors kept after ``after`` (``seq`` is
+        the order they were kept in), of these sessions' messages (every session's when
+        None), at most ``limit``, oldest first."""
+
+    @abc.abstractmethod
+    def messages_to_embed(self, model: str, after_id: int, limit: int) -> list[tuple[int, str]]:
+        """(id, text) of messages with ids above ``after_id`` that have no vector from
+        ``model`` yet, in id order, at most ``limit``."""
+
     @abc.abstractmethod
     def update_summary_text(self, summary_id: int, text: str, tokens: int, level: str, summarizer: str) -> None: ...
 

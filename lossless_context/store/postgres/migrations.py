@@ -612,6 +612,22 @@ MIGRATIONS: list[tuple[str, str]] = [
         $fn$;
         """,
     ),
+    (
+        # Message vectors of the optional semantic arm (search/semantic.py), as in SQLite's
+        # 014: derived data, one row per message and model, `seq` the order they were kept in.
+        "019_message_vectors",
+        """
+        CREATE TABLE message_vectors (
+            seq BIGSERIAL PRIMARY KEY,
+            model TEXT NOT NULL,
+            message_id BIGINT NOT NULL REFERENCES messages(id),
+            session_id TEXT NOT NULL,
+            vec BYTEA NOT NULL,
+            UNIQUE (model, message_id)
+        );
+        CREATE INDEX message_vectors_session ON message_vectors(model, session_id, seq);
+        """,
+    ),
 ]
 
 # Migrations the store can live without (run in a savepoint; retried at the next start).

@@ -215,6 +215,7 @@ class PostgresRecords:
             c.execute("DELETE FROM message_aliases WHERE message_id = ANY(%s)", (m,))
             c.execute("DELETE FROM message_absorbed WHERE message_id = ANY(%s)", (m,))
             c.execute("DELETE FROM message_retractions WHERE message_id = ANY(%s)", (m,))
+            c.execute("DELETE FROM message_vectors WHERE message_id = ANY(%s) OR session_id = ANY(%s)", (m, x))
             c.execute("UPDATE messages SET supersedes=NULL WHERE supersedes = ANY(%s)", (m,))
             n_m = c.execute("DELETE FROM messages WHERE id = ANY(%s)", (m,)).rowcount
             for _ in range(len(x) + 1):

@@ -45,6 +45,7 @@ from .records import PostgresRecords
 from .rows import MSG_COLS, message_record
 from .repair import PostgresRepairs
 from .search import PostgresSearch
+from .vectors import PostgresVectors
 from .versions import VersionCache, cache_for, peek, take_touched, touch_scopes
 
 log = logging.getLogger("lossless_context.store")
@@ -75,7 +76,8 @@ def _touched() -> list[str]:
     return t
 
 
-class PostgresStore(PostgresRecords, PostgresSearch, PostgresCosts, PostgresRepairs, PostgresConnections, Store):
+class PostgresStore(PostgresRecords, PostgresSearch, PostgresCosts, PostgresVectors, PostgresRepairs,
+                    PostgresConnections, Store):
     kind = "postgresql"
 
     def __init__(self, location: str, *, background_index: bool = True, **kwargs: Any) -> None:

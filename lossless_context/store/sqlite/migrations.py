@@ -309,4 +309,21 @@ MIGRATIONS: list[tuple[str, str]] = [
         );
         """,
     ),
+    (
+        # Message vectors of the optional semantic arm (search/semantic.py): derived data,
+        # one row per message and model; `seq` is the order they were kept in (a search's
+        # in-memory copy reads only what is newer), `session_id` lets a lineage read its own.
+        "014_message_vectors",
+        """
+        CREATE TABLE message_vectors (
+            seq INTEGER PRIMARY KEY,
+            model TEXT NOT NULL,
+            message_id INTEGER NOT NULL REFERENCES messages(id),
+            session_id TEXT NOT NULL,
+            vec BLOB NOT NULL,
+            UNIQUE (model, message_id)
+        );
+        CREATE INDEX message_vectors_session ON message_vectors(model, session_id, seq);
+        """,
+    ),
 ]

@@ -110,6 +110,7 @@ class SQLiteRecords:
             c.execute(f"DELETE FROM message_aliases WHERE message_id IN ({m})")
             c.execute(f"DELETE FROM message_absorbed WHERE message_id IN ({m})")
             c.execute(f"DELETE FROM message_retractions WHERE message_id IN ({m})")
+            c.execute(f"DELETE FROM message_vectors WHERE message_id IN ({m}) OR session_id IN ({x})")
             c.execute(f"UPDATE messages SET supersedes=NULL WHERE supersedes IN ({m})")
             n_m = c.execute(f"DELETE FROM messages WHERE id IN ({m})").rowcount
             # A forgotten session's children keep their own history: they hang from its parent.

@@ -28,6 +28,7 @@ from . import append as sqlite_append, index as sqlite_index, wal as sqlite_wal
 from .migrations import MIGRATIONS
 from .wal import AUTOCHECKPOINT_PAGES, PAGE_SIZE
 from .costs import SQLiteCosts
+from .vectors import SQLiteVectors
 from .records import SQLiteRecords
 from .search import SQLiteSearch
 
@@ -71,7 +72,7 @@ def _private_dir(path: Path, ours: bool) -> None:
             pass
 
 
-class SQLiteStore(SQLiteRecords, SQLiteSearch, SQLiteCosts, Store):
+class SQLiteStore(SQLiteRecords, SQLiteSearch, SQLiteCosts, SQLiteVectors, Store):
     kind = "sqlite"
 
     def __init__(self, location: str) -> None:
