@@ -163,9 +163,10 @@ def id_map(store: Any, chat: Chat) -> dict[int, str]:
 
 # -- retrieval arms ----------------------------------------------------------------------
 
-def grep_arm(store_path: str, chat: Chat, *, context_length: int) -> Callable[[str, int], list[str]]:
-    """``lcm_grep`` from an engine bound to the chat's session: question, k → dia_ids in hit order."""
-    eng = common.make_engine(store_path, context_length=context_length)
+def grep_arm(store_path: str, chat: Chat, *, context_length: int, **overrides: Any) -> Callable[[str, int], list[str]]:
+    """``lcm_grep`` from an engine bound to the chat's session: question, k → dia_ids in hit order
+    (``overrides``: configuration, e.g. ``semantic=True``)."""
+    eng = common.make_engine(store_path, context_length=context_length, **overrides)
     eng.bind_session_state(session_db=None, session_id=session_id(chat))
     eng.on_session_start(session_id(chat), platform="cli")
     ids = id_map(eng.store, chat)
@@ -258,5 +259,30 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     fts = evaluate(chats, fts5_arm)
     for r in (grep, roles, before, fts):
         r.pop("per_question", None)
-    return {"context_length": context_length, "chats": len(chats), "ingest": ing,
-            "lcm_grep": grep, "lcm_grep_roles": roles, "lcm_grep_previous": before, "fts5_or": fts}
+    out = {"context_length": context_length, "chats": len(chats), "ingest": ing,
+           "lcm_grep": grep, "lcm_grep_roles": roles, "lcm_grep_previous": before, "fts5_or": fts}
+    out["lcm_grep_semantic"] = _semantic(store, chats, context_length)
+    return out
+
+
+def _semantic(store: str, chats: Sequence[Chat], context_length: int) -> dict[str, Any]:
+    """The same store with the optional semantic arm on (the `semantic` extra): its vectors
+    embedded first (timed: what the background thread costs per message), then asked."""
+    from lossless_context.search.semantic import SemanticUnavailable
+
+    eng = common.make_engine(store, context_length=context_length, semantic=True)
+    try:
+        arm = eng.semantic_arm()
+    except SemanticUnavailable as exc:  # pragma: no cover - the engine logs and returns None
+        return {"skipped": str(exc)}
+    if arm is None:
+        return {"skipped": "the semantic extra is not installed (pip install 'lossless-context[semantic]')"}
+    arm.close()  # embedded here, timed, rather than by its thread
+    t0 = time.perf_counter()
+    kept = arm.catch_up()
+    embed_ms = (time.perf_counter() - t0) * 1000 / max(1, kept)
+    res = evaluate(chats, lambda c: grep_arm(store, c, context_length=context_length, semantic=True))
+    res.pop("per_question", None)
+    res["embed_ms_per_message"] = round(embed_ms, 2)
+    res["model"] = arm.model
+    return res

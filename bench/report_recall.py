@@ -18,12 +18,13 @@ def realtalk(r: dict[str, Any]) -> list[str]:
     if r.get("skipped") or r.get("error"):
         return L + [f"Not run: {r.get('skipped') or r.get('error')}"]
     arms = [("lcm_grep", "lcm_grep (this release)"), ("lcm_grep_roles", "lcm_grep (this release, roles only: no names)"),
+            ("lcm_grep_semantic", "lcm_grep with `semantic: true` (the extra's model)"),
             ("lcm_grep_previous", "lcm_grep (previous ranking)"),
              ("fts5_or", "plain FTS5 OR query")]
     cats = list(next(iter(r["lcm_grep"]["table"].values())).keys())
     L += ["| arm | chats | " + " | ".join(cats) + " |", "|---|---|" + "---|" * len(cats)]
     for key, label in arms:
-        if key in r:
+        if key in r and "table" in r[key]:
             L += _rows(r[key]["table"], label)
     ing = r.get("ingest", {})
     L += ["", f"{r.get('chats')} chats, each one session through the engine at a {r.get('context_length')} window "
@@ -32,6 +33,13 @@ def realtalk(r: dict[str, Any]) -> list[str]:
           f"lcm_grep per call p50 {r['lcm_grep']['ask_ms'].get('p50')} ms (previous ranking "
           f"{r.get('lcm_grep_previous', {}).get('ask_ms', {}).get('p50')} ms). Constants were chosen on chats 1-5 (dev); "
           "6-10 (test) were held out."]
+    sem = r.get("lcm_grep_semantic") or {}
+    if "table" in sem:
+        L += ["", f"Semantic arm: {sem.get('model')}, embedding {sem.get('embed_ms_per_message')} ms per message "
+              f"(the background thread's cost), lcm_grep per call p50 {sem.get('ask_ms', {}).get('p50')} ms; its "
+              "fusion weight was chosen on chats 1-5."]
+    elif sem.get("skipped"):
+        L += ["", f"Semantic arm not measured: {sem['skipped']}."]
     return L
 
 

@@ -297,6 +297,8 @@ def status(app: App, as_json: bool) -> None:
     st["last_compaction_session"] = last["id"] if last else None
     st["summaries_by_depth"] = {str(k): v for k, v in sorted(st["summaries_by_depth"].items())}
     st["summariser_spend"] = store.summary_cost_totals()
+    st["semantic"] = {"enabled": app.config().semantic, "model": app.config().semantic_model,
+                      "vectors": store.vector_counts()}
     st["config_warnings"] = list(app.config().warnings)
     if as_json:
         click.echo(json.dumps(st, indent=2, default=str))

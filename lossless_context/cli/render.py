@@ -44,6 +44,10 @@ def status_table(console: Any, st: dict[str, Any]) -> None:
     if st.get("unindexed_messages"):
         t.add_row("not yet full-text indexed", f"{st['unindexed_messages']:,} (indexed by the next search)")
     t.add_row("compactions", f"{st['compactions']:,}")
+    sem = st.get("semantic") or {}
+    if sem.get("enabled") or sem.get("vectors"):
+        kept = ", ".join(f"{n:,} ({m})" for m, n in sem.get("vectors", {}).items()) or "none yet"
+        t.add_row("semantic search", f"{'on' if sem.get('enabled') else 'off'}; message vectors kept: {kept}")
     sp = st.get("summariser_spend") or {}
     if sp.get("calls"):
         t.add_row("summariser spend", f"{sp['calls']:,} calls for {sp['nodes']:,} nodes, {sp['input_tokens']:,} tokens "

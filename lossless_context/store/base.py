@@ -308,6 +308,10 @@ class Store(abc.ABC):
         None), at most ``limit``, oldest first."""
 
     @abc.abstractmethod
+    def vector_counts(self) -> dict[str, int]:
+        """Messages with a vector, per model (`lcm status`)."""
+
+    @abc.abstractmethod
     def messages_to_embed(self, model: str, after_id: int, limit: int) -> list[tuple[int, str]]:
         """(id, text) of messages with ids above ``after_id`` that have no vector from
         ``model`` yet, in id order, at most ``limit``."""

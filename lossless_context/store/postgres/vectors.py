@@ -35,6 +35,10 @@ class PostgresVectors:
             (*args, int(after), int(limit))).fetchall())
         return [(r[0], r[1], bytes(r[2])) for r in rows]
 
+    def vector_counts(self) -> dict[str, int]:
+        return {r[0]: r[1] for r in self._read(lambda c: c.execute(
+            "SELECT model, COUNT(*) FROM message_vectors GROUP BY model ORDER BY model").fetchall())}
+
     def messages_to_embed(self, model: str, after_id: int, limit: int) -> list[tuple[int, str]]:
         rows = self._read(lambda c: c.execute(
             "SELECT m.id, m.text FROM messages m WHERE m.id > %s AND NOT EXISTS"

@@ -36,6 +36,10 @@ class SQLiteVectors:
             f"SELECT seq, message_id, vec FROM message_vectors WHERE model=? AND session_id IN ({marks})"
             " AND seq>? ORDER BY seq LIMIT ?", (model, *sids, int(after), int(limit)))]
 
+    def vector_counts(self) -> dict[str, int]:
+        return {r[0]: r[1] for r in self.conn().execute(
+            "SELECT model, COUNT(*) FROM message_vectors GROUP BY model ORDER BY model")}
+
     def messages_to_embed(self, model: str, after_id: int, limit: int) -> list[tuple[int, str]]:
         return [tuple(r) for r in self.conn().execute(
             "SELECT m.id, m.text FROM messages m WHERE m.id > ? AND NOT EXISTS"
