@@ -137,7 +137,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
     def semantic_arm(self) -> SemanticArm | None:
         """The semantic arm of lcm_grep (search/semantic.py) when ``semantic`` is on and its
         model loads, else None. One per store location and process, shared by every copy of
-        the engine; it embeds new messages in its own thread from its first use."""
+        the engine; it embeds new messages in its own thread, and stops when the store closes."""
         if not self.config.semantic:
             return None
         store = self.store
@@ -152,7 +152,16 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
                     log.warning("lcm: semantic search is off: %s", exc)  # once per location
                     arm = None
                 else:
-                    arm.start()
+                    arm.notify()  # what is stored without vectors yet (e.g. history from before)
+
+                    def closing(arm: SemanticArm = arm) -> None:
+                        arm.close()
+                        with fam["store_lock"]:
+                            if arms.get(location) is arm:
+                                arms.pop(location)
+
+                    if hasattr(store, "add_close_hook"):
+                        store.add_close_hook(closing)
                 arms[location] = arm
             return arms[location]
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -81,12 +83,43 @@ def test_new_messages_are_embedded_by_the_arms_thread(loc):
     e = _engine(loc, "t", semantic=True)
     arm = e.semantic_arm()
     e.ingest(_chat(), session_id="t")  # the ingest wakes the thread; nothing waits for it here
-    deadline = 300  # ~0.1 s rounds: only a stuck thread takes this long
-    while len(e.store.vectors_after(arm.model, ["t"], 0, 100)) < len(FILLER) + 1 and deadline:
-        arm._wake.wait(0.1)  # noqa: SLF001  (a pause, not a signal: the thread clears it)
-        deadline -= 1
+    deadline = time.monotonic() + 60  # only a stuck thread takes this long
+    while len(e.store.vectors_after(arm.model, ["t"], 0, 100)) < len(FILLER) + 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert len(e.store.vectors_after(arm.model, ["t"], 0, 100)) == len(FILLER) + 1
     assert ANSWER in _hits(e, QUESTION)
+    e.store.close()  # stops the thread (a close hook) before the store closes
+    assert e.semantic_arm() is not arm  # a store used again gets a new arm
+    e.store.close()
+
+
+def test_the_embedding_thread_ends_when_idle_and_a_new_message_starts_another(tmp_path, monkeypatch):
+    monkeypatch.setattr(semantic, "IDLE_SECONDS", 0.05)
+    e = _engine(str(tmp_path / "i.db"), "i", semantic=True)
+    arm = e.semantic_arm()
+    threads = []
+    real = arm.catch_up
+
+    def counting(max_batches=None):
+        threads.append(threading.current_thread())
+        return real(max_batches)
+
+    arm.catch_up = counting
+    deadline = time.monotonic() + 60
+    while arm.running() and time.monotonic() < deadline:  # the first one (nothing to embed) ends
+        time.sleep(0.02)
+    assert not arm.running()
+    threads.clear()
+    for n, text in enumerate(FILLER[:3]):
+        e.ingest([{"role": "user", "content": t} for t in FILLER[:n + 1]], session_id="i")
+        deadline = time.monotonic() + 60
+        while len(e.store.vectors_after(arm.model, ["i"], 0, 100)) < n + 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(e.store.vectors_after(arm.model, ["i"], 0, 100)) == n + 1
+        while arm.running() and time.monotonic() < deadline:  # idle: it ends by itself
+            time.sleep(0.02)
+        assert not arm.running()
+    assert len({id(t) for t in threads}) == 3 and all(t.name == "lcm-embedder" for t in threads)
     e.store.close()
 
 

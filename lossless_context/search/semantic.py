@@ -6,8 +6,9 @@ Off by default. ``semantic: true`` in the ``lcm:`` block turns it on and
 quantised to 4 bits, with its C engine, inside the wheel (numpy is its only dependency; nothing
 is downloaded at run time). Without the package the engine logs once why and searches as before.
 
-* **Vectors** are derived data: a background thread per store location embeds the messages
-  that have none yet, in id order, a batch at a time (~15-25 ms per message on two cores, so
+* **Vectors** are derived data: a background thread per store location (started when new
+  messages are stored, ended when idle) embeds the messages that have none yet, in id order, a
+  batch at a time (~15-25 ms per message on two cores, so
   the host's commit path never waits for it), and keeps them as float16 bytes (768 per message)
   (``Store.put_vectors``, one row per message and model, both backends). A message's first
   ``EMBED_CHARS`` characters are embedded (the model reads 512 tokens; a long tool output is
@@ -20,8 +21,9 @@ is downloaded at run time). Without the package the engine logs once why and sea
   fusion (``WEIGHT``, ``RRF_K0``). Scope, filters, branch bounds and retractions apply to its
   hits as to the lexical ones: it never crosses lineages.
 
-Measured on REALTALK (``bench/semantic_probe.py``): R@10 51.6 lexical, 41.7 the model alone,
-54.4 fused at ``WEIGHT`` 0.3 (chosen on chats 1-5: 59.6 there; held-out chats 6-10: 46.4 → 49.2).
+Measured on REALTALK (``bench/semantic_probe.py``): R@10 51.6 lexical, 41.7 the model alone, 53.8
+with this arm through the engine (``WEIGHT`` chosen on chats 1-5: 56.9 → 58.5 there; held-out
+chats 6-10: 46.4 → 49.1); embedding ~20 ms per message, a question ~12 ms (two cores).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ WEIGHT = 0.3  # the semantic ranking's weight in the fusion (the lexical one's i
 RRF_K0 = 60
 MAX_VECTORS = 100_000  # newest vectors a lineage's in-memory copy holds (~150 MB as float32)
 MAX_SCOPES = 4  # lineages whose copies are kept per store location
-IDLE_SECONDS = 2.0  # how often the embedding thread looks for new messages when not told
+IDLE_SECONDS = 5.0  # the embedding thread ends after this long without new messages
 
 
 class SemanticUnavailable(RuntimeError):
@@ -107,6 +109,7 @@ class SemanticArm:
         self._copies_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._thread_lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
     # -- embedding ---------------------------------------------------------------------------
@@ -131,32 +134,45 @@ class SemanticArm:
                 batches += 1
         return kept
 
-    def start(self) -> None:
-        """Embed in a background thread from now on (woken by :meth:`notify`)."""
-        with self._embed_lock:
-            if self._thread is not None:
-                return
-            self._thread = threading.Thread(target=self._run, name="lcm-embedder", daemon=True)
-            self._thread.start()
-
     def notify(self) -> None:
-        """New messages were stored: the background thread looks now, not at its next round."""
-        self._wake.set()
+        """New messages were stored: embed them in the background. One thread at a time; it
+        ends once nothing new came for ``IDLE_SECONDS`` (the next notice starts another)."""
+        with self._thread_lock:
+            self._wake.set()
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(target=self._run, name="lcm-embedder", daemon=True)
+                self._thread.start()
+
+    def running(self) -> bool:
+        """Whether the embedding thread is alive (it ends when idle)."""
+        with self._thread_lock:
+            return self._thread is not None
 
     def close(self) -> None:
+        """Stop embedding (the store is closing); a running batch finishes first."""
         self._stop.set()
         self._wake.set()
+        with self._thread_lock:
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(IDLE_SECONDS)
+        while True:
             self._wake.clear()
             try:
                 while not self._stop.is_set() and self.catch_up(max_batches=1):
                     pass
-            except Exception as exc:  # the store or the model failed: try again later
-                log.warning("lcm semantic: embedding failed (retrying later): %s", exc)
-                self._stop.wait(30.0)
+            except Exception as exc:  # the store or the model failed: the next notice retries
+                log.warning("lcm semantic: embedding failed (retried at the next new message): %s", exc)
+                with self._thread_lock:
+                    self._thread = None
+                return
+            self._wake.wait(IDLE_SECONDS)
+            with self._thread_lock:  # decided under the lock: a notice now starts a new thread
+                if self._stop.is_set() or not self._wake.is_set():
+                    self._thread = None
+                    return
 
     # -- search ------------------------------------------------------------------------------
 

@@ -171,6 +171,23 @@ class GuardedStore:
         self._inner: Store | None = None
         self._open_lock = threading.Lock()
         self.breaker = breaker_for(location, cooldown)
+        self._close_hooks: list[Callable[[], None]] = []
+
+    def add_close_hook(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` when the store is closed, before it closes (a thread that uses the store
+        in the background stops, rather than open it again)."""
+        self._close_hooks.append(fn)
+
+    def close(self) -> None:
+        hooks, self._close_hooks = self._close_hooks, []
+        for fn in hooks:
+            try:
+                fn()
+            except Exception as exc:  # a hook must not keep the store open
+                log.debug("lcm: a close hook failed: %s", exc)
+        inner = self._inner
+        if inner is not None:  # (never opened: nothing to close)
+            inner.close()
 
     @property
     def location(self) -> str:
