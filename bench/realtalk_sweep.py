@@ -23,20 +23,27 @@ from typing import Any
 from . import common, realtalk
 
 
-def sweep(data: str, store: str, half: str, context: int, variants: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """R@k tables (for ``half``) of each variant, in order; constants are restored afterwards."""
-    from lossless_context.search import ranking, textsearch
+def sweep(data: str, store: str, half: str, context: int, variants: list[dict[str, Any]],
+          semantic: bool = False) -> list[dict[str, Any]]:
+    """R@k tables (for ``half``) of each variant, in order; constants are restored afterwards.
+    With ``semantic`` the engine's semantic arm is on (its vectors are embedded into the store
+    first) and ``semantic``'s constants (WEIGHT, POOL, RRF_K0) can be varied too."""
+    from lossless_context.search import ranking, semantic as sem, textsearch
 
     chats = realtalk.load(data)
     if not os.path.exists(store):
         realtalk.ingest(store, chats, context_length=context)
     pick = [c for c in chats if (c.number in realtalk.DEV_CHATS) == (half == "dev")]
-    asks = {c.number: realtalk.grep_arm(store, c, context_length=context) for c in pick}
+    if semantic:
+        arm = common.make_engine(store, context_length=context, semantic=True).semantic_arm()
+        arm.close()
+        arm.catch_up()
+    asks = {c.number: realtalk.grep_arm(store, c, context_length=context, semantic=semantic) for c in pick}
     out = []
     for v in variants:
         saved = {}
         for name, value in v.items():
-            mod = textsearch if name == "CONTEXT_POOL" else ranking
+            mod = textsearch if name == "CONTEXT_POOL" else sem if name in ("WEIGHT", "POOL", "RRF_K0") else ranking
             saved[name] = (mod, getattr(mod, name))  # an unknown name fails here, loudly
             setattr(mod, name, value)
         try:
@@ -61,11 +68,12 @@ def main() -> None:
     ap.add_argument("--store", required=True, help="SQLite store to ingest into (reused when it exists)")
     ap.add_argument("--half", choices=("dev", "test"), default="dev")
     ap.add_argument("--context", type=int, default=64_000, help="the host's context window (16000 makes summaries)")
+    ap.add_argument("--semantic", action="store_true", help="with the semantic arm (the extra's model)")
     ap.add_argument("variants", nargs="*", default=["{}"], help="JSON objects of constant overrides")
     a = ap.parse_args()
     common.isolate_env()
     common.quiet_logs()
-    for r in sweep(a.data, a.store, a.half, a.context, [json.loads(v) for v in a.variants]):
+    for r in sweep(a.data, a.store, a.half, a.context, [json.loads(v) for v in a.variants], a.semantic):
         cells = {c: (x.get("R@5"), x.get("R@10"), x.get("R@25")) for c, x in r["table"].items()}
         print(json.dumps(r["variant"]), cells, flush=True)
 
