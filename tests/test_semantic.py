@@ -177,7 +177,7 @@ def test_fusion_keeps_the_lexical_score_scale_and_order_rule():
         def __init__(self) -> None:  # no model: the nearest messages are given
             pass
 
-        def nearest(self, session_ids, question, k=semantic.POOL):
+        def nearest(self, session_ids, question, k=None):
             return [3, 9]
 
     class Store:

@@ -176,9 +176,11 @@ class SemanticArm:
 
     # -- search ------------------------------------------------------------------------------
 
-    def nearest(self, session_ids: Sequence[str] | None, question: str, k: int = POOL) -> list[int]:
-        """Ids of the ``k`` messages of these sessions whose vectors are nearest the question's."""
+    def nearest(self, session_ids: Sequence[str] | None, question: str, k: int | None = None) -> list[int]:
+        """Ids of the ``k`` (``POOL``) messages of these sessions whose vectors are nearest the question's."""
         import numpy as np
+
+        k = POOL if k is None else k
 
         ids, mat = self._copy(session_ids).read(self.store, self.model, session_ids)
         if not len(ids):
