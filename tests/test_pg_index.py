@@ -309,6 +309,18 @@ def test_term_counts_use_the_indexes_and_count_what_plain_sql_counts(pg_fresh_ds
             from types import SimpleNamespace  # an operand the server refuses: counted as common,
             refused = SimpleNamespace(pg_tsquery="'alpha' & (")  # the others still exactly
             assert st.term_counts("summaries", [plans[0], refused, plans[1]], 1_000) == [20, 1_001, 20]
+            # both targets in one call (one statement): what one call per target answers
+            reads = []
+            real = st._read
+            st._read = lambda fn: reads.append(fn) or real(fn)
+            try:
+                assert st.term_counts_many([("messages", plans), ("summaries", plans)], 1_000) == [want_m, want_s]
+            finally:
+                del st._read
+            assert len(reads) == 1
+            assert st.term_counts_many([("messages", plans), ("summaries", [plans[0], refused])], 10) == [
+                [11, 11, 0, 11], [11, 11]]  # a refusal: each target alone, as term_counts copes
+            assert st.term_counts_many([("messages", []), ("summaries", plans[2:3])], 5) == [[], [0]]
             top = st.max_row_id("summaries")
             assert st.term_counts("summaries", plans, 1_000, newest=10) == [
                 plain("summaries", p.pg_tsquery, top - 10) for p in plans]

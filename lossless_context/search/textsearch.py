@@ -53,6 +53,10 @@ def ranked_page(store: Any, scope: Any, plan: QueryPlan, targets: list[str], *, 
     end = min(MAX_POOL, -(-(offset + limit) // BLOCK) * BLOCK)
     seqs: list[list[dict[str, Any]]] = []
     exhausted = True
+    counted = [plan.subset([i], "AND") for i in range(min(len(plan.fts_items), MAX_COUNTED))]
+    pre: dict[str, list[int]] = {}
+    if counted and len(targets) > 1:  # every target's term counts in one store call
+        pre = dict(zip(targets, store.term_counts_many([(t, counted) for t in targets], RANK_BUDGET)))
     for t in targets:
         rows: list[dict[str, Any]] = []
         if plan.needs_substring:  # what the full-text index cannot hold (CJK, symbols) goes first
@@ -60,7 +64,7 @@ def ranked_page(store: Any, scope: Any, plan: QueryPlan, targets: list[str], *, 
         contextual = t == "messages" and ranking.wants_context(plan)
         pool = max(end, CONTEXT_POOL) if contextual else end  # a fixed pool: pages stay stable
         tplan = plan
-        found, idf = candidates(store, t, scope, plan, need=pool, want=pool, **filters)
+        found, idf = candidates(store, t, scope, plan, need=pool, want=pool, counts=pre.get(t), **filters)
         speakers: list[str] = []
         if contextual and found:
             # a speaker's name is who said it, not what was said: search without it
@@ -99,16 +103,18 @@ def ranked_page(store: Any, scope: Any, plan: QueryPlan, targets: list[str], *, 
 
 
 def candidates(store: Any, target: str, scope: Any, plan: QueryPlan, *, need: int, want: int,
-               **filters: Any) -> tuple[list[dict[str, Any]], dict[str, float]]:
+               counts: list[int] | None = None, **filters: Any) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Up to about ``want`` rows of ``target`` per step for ``plan`` (steps stop once ``need``
-    rows are found), and the BM25 weight (idf) of each item, for ranking them."""
+    rows are found), and the BM25 weight (idf) of each item, for ranking them. ``counts``: the
+    capped counts of the first ``MAX_COUNTED`` items, when already read."""
     n = len(plan.fts_items)
     if not n:
         return [], {}
     rows: list[dict[str, Any]] = []
     have: set[int] = set()
     counted = list(range(min(n, MAX_COUNTED)))
-    counts = store.term_counts(target, [plan.subset([i], "AND") for i in counted], RANK_BUDGET)
+    if counts is None:
+        counts = store.term_counts(target, [plan.subset([i], "AND") for i in counted], RANK_BUDGET)
     cost = {i: RANK_BUDGET + 1 for i in range(n)}
     cost.update(zip(counted, counts))
     idf = _idf(store, target, plan, cost)

@@ -363,6 +363,11 @@ class Store(abc.ABC):
         when given) match each plan's full-text query (as :meth:`search` reads it), counted up
         to ``cap + 1``: the cost and rarity estimates of a ranked search."""
 
+    def term_counts_many(self, asks: Sequence[tuple[str, Sequence[Any]]], cap: int) -> list[list[int]]:
+        """:meth:`term_counts` of several (target, plans) at once, in order. This default asks
+        one target at a time; a store with costly round trips asks them together."""
+        return [self.term_counts(target, plans, cap) for target, plans in asks]
+
     def any_match(self, target: str, plans: Sequence[Any], seconds: float) -> list[bool | None]:
         """Whether each plan's full-text query matches at least one row of ``target`` (whole
         store), tested in the given order until ``seconds`` have passed; None for the plans

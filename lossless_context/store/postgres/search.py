@@ -81,6 +81,41 @@ class PostgresSearch:
         self._read(run)
         return out
 
+    def term_counts_many(self, asks: Sequence[tuple[str, Sequence[Any]]], cap: int) -> list[list[int]]:
+        # every target's counts in one statement (one lcm_term_counts call each); the
+        # statistics shortcut first, as term_counts does; a refusal falls back to it
+        outs: list[list[int]] = []
+        calls: list[tuple[str, list[tuple[int, str]]]] = []
+        for target, plans in asks:
+            items = [getattr(p, "pg_tsquery", None) for p in plans]
+            todo = [(k, _t(s)) for k, s in enumerate(items) if s]
+            out = [0] * len(items)
+            if todo and target == "messages":
+                todo = self._counts_from_stats(todo, out, cap, self.max_row_id(target), None)
+            outs.append(out)
+            calls.append((target, todo))
+        asked = [(n, target, todo) for n, (target, todo) in enumerate(calls) if todo]
+        if not asked:
+            return outs
+        one = ("lcm_term_counts(%s, ARRAY(SELECT to_tsquery('english', s) FROM unnest(%s::text[])"
+               " WITH ORDINALITY AS u(s, i) ORDER BY i), %s, NULL)")
+        sql = "SELECT " + ", ".join([one] * len(asked))
+        args = [a for _, target, todo in asked for a in (target, [s for _, s in todo], cap)]
+
+        def run(c: Any) -> tuple | None:
+            try:
+                return c.execute(sql, args).fetchone()
+            except (psycopg.DataError, psycopg.ProgrammingError):
+                return None  # an operand the server refuses: term_counts copes with it
+
+        got = self._read(run)
+        if got is None:
+            return [self.term_counts(target, plans, cap) for target, plans in asks]
+        for (n, _, todo), counts in zip(asked, got):
+            for (k, _), c in zip(todo, counts):
+                outs[n][k] = c
+        return outs
+
     def any_match(self, target: str, plans: Sequence[Any], seconds: float) -> list[bool | None]:
         out: list[bool | None] = [False] * len(plans)
         todo = [(k, _t(s)) for k, s in enumerate(getattr(p, "pg_tsquery", None) for p in plans) if s]
