@@ -684,6 +684,39 @@ def test_search_substring_cjk_in_summaries(store):
     assert store.search("summaries", ["other"], plan_query("重试次数上限"), mode="substring") == []
 
 
+def test_substring_searches_of_several_targets_at_once_answer_as_one_by_one(store):
+    from lossless_context.search.query import QueryPlan
+    from lossless_context.store.base import Store
+
+    store.ensure_session("s")
+    ids = store.append_messages("s", [nm("我们把重试次数上限改成了五次"), nm("RETRY LIMIT raised"), nm("role check", "assistant"),
+                                      nm("重试次数上限 again", "assistant")])
+    keymap, _ = store.stage_pass("s", "p1", [leaf("a", [ids[0]], "摘要：重试次数上限是五次; retry limit")],
+                                 [("s", "a")], 1, 4)
+    assert store.publish_pass("p1")
+    asks = [("messages", {"session_ids": ["s"], "plan": plan_query("重试次数上限"), "limit": 10, "offset": 0}),
+            ("summaries", {"session_ids": ["s"], "plan": plan_query("重试次数上限"), "limit": 10, "offset": 0}),
+            ("messages", {"session_ids": None, "plan": QueryPlan(query="x", substrings=("retry limit",)),
+                          "role": "user", "limit": 1, "offset": 0}),
+            ("messages", {"session_ids": ["s"], "plan": plan_query("重试次数上限"), "role": "assistant", "limit": 10,
+                          "offset": 0}),
+            ("summaries", {"session_ids": ["other"], "plan": plan_query("重试次数上限"), "limit": 10, "offset": 0}),
+            ("messages", {"session_ids": ["s"], "plan": plan_query("UPLOADER"), "limit": 10, "offset": 0})]
+    got = store.search_substrings(asks)
+    inner = getattr(store, "inner", store)
+    assert got == Store.search_substrings(inner, asks)  # the default: one search per target
+    assert [ids_of(g) for g in got] == [[ids[3], ids[0]], [keymap["a"]], [ids[1]], [ids[3]], [], []]
+    if inner.kind == "postgresql":  # sent together: one connection use, one round trip
+        reads = []
+        real = inner._read
+        inner._read = lambda fn: reads.append(fn) or real(fn)
+        try:
+            assert inner.search_substrings(asks) == got
+        finally:
+            del inner._read
+        assert len(reads) == 1
+
+
 def test_search_regex(store):
     ids = _corpus(store)
     rx, err = compile_regex(r"retry\s+(limit|scheduled)")

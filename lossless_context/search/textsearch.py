@@ -57,10 +57,12 @@ def ranked_page(store: Any, scope: Any, plan: QueryPlan, targets: list[str], *, 
     pre: dict[str, list[int]] = {}
     if counted and len(targets) > 1:  # every target's term counts in one store call
         pre = dict(zip(targets, store.term_counts_many([(t, counted) for t in targets], RANK_BUDGET)))
+    subs: dict[str, list[dict[str, Any]]] = {}
+    if plan.needs_substring:  # what the full-text index cannot hold (CJK, symbols) goes first
+        subs = dict(zip(targets, store.search_substrings(
+            [(t, {"session_ids": scope, "plan": plan, "limit": end, "offset": 0, **filters}) for t in targets])))
     for t in targets:
-        rows: list[dict[str, Any]] = []
-        if plan.needs_substring:  # what the full-text index cannot hold (CJK, symbols) goes first
-            rows = store.search(t, scope, plan, mode="substring", limit=end, offset=0, **filters)
+        rows: list[dict[str, Any]] = subs.get(t, [])
         contextual = t == "messages" and ranking.wants_context(plan)
         pool = max(end, CONTEXT_POOL) if contextual else end  # a fixed pool: pages stay stable
         tplan = plan

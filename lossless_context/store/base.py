@@ -363,6 +363,17 @@ class Store(abc.ABC):
         when given) match each plan's full-text query (as :meth:`search` reads it), counted up
         to ``cap + 1``: the cost and rarity estimates of a ranked search."""
 
+    def search_substrings(self, asks: Sequence[tuple[str, dict[str, Any]]]) -> list[list[dict[str, Any]]]:
+        """:meth:`search` with ``mode="substring"`` for several (target, arguments) at once, in
+        order (the arguments: ``session_ids``, ``plan`` and the filters, ``limit``, ``offset``).
+        This default searches one target at a time; a store with costly round trips sends the
+        searches together."""
+        out = []
+        for target, kw in asks:
+            kw = dict(kw)
+            out.append(self.search(target, kw.pop("session_ids", None), kw.pop("plan"), mode="substring", **kw))
+        return out
+
     def term_counts_many(self, asks: Sequence[tuple[str, Sequence[Any]]], cap: int) -> list[list[int]]:
         """:meth:`term_counts` of several (target, plans) at once, in order. This default asks
         one target at a time; a store with costly round trips asks them together."""

@@ -116,6 +116,27 @@ class PostgresSearch:
                 outs[n][k] = c
         return outs
 
+    def search_substrings(self, asks: Sequence[tuple[str, dict[str, Any]]]) -> list[list[dict[str, Any]]]:
+        # every target's substring search sent together (pipeline mode): one round trip
+        sqls: list[str | None] = []
+        argss: list[tuple] = []
+        for target, kw in asks:
+            subs = _substrings(kw["plan"])
+            where, with_sql, cols = _filter_sql(
+                target, kw.get("session_ids") is not None, bool(kw.get("role")), kw.get("since") is not None,
+                kw.get("until") is not None, kw.get("under_summary") is not None)
+            params, with_params = _filter_args(target, kw.get("session_ids"), kw.get("role"), kw.get("since"),
+                                               kw.get("until"), kw.get("under_summary"))
+            sqls.append(_substring_sql(target, len(subs), _cjk_only(subs), where, with_sql, cols) if subs else None)
+            argss.append(_substring_args(target, subs, params, with_params, kw.get("limit", 10), kw.get("offset", 0)))
+
+        def run(c: Any) -> list[list[tuple]]:
+            with c.pipeline():
+                curs = [c.execute(sql, argss[k]) if sql is not None else None for k, sql in enumerate(sqls)]
+            return [cur.fetchall() if cur is not None else [] for cur in curs]
+
+        return [[dict(zip(_KEYS, r)) for r in rows] for rows in self._read(run)]
+
     def any_match(self, target: str, plans: Sequence[Any], seconds: float) -> list[bool | None]:
         out: list[bool | None] = [False] * len(plans)
         todo = [(k, _t(s)) for k, s in enumerate(getattr(p, "pg_tsquery", None) for p in plans) if s]
@@ -234,38 +255,11 @@ class PostgresSearch:
     ) -> list[dict[str, Any]]:
         is_msg = target == "messages"
         table = "messages" if is_msg else "summaries"
-        where: list[str] = []
-        params: list[Any] = []
-        with_sql = ""
-        with_params: list[Any] = []
-        if session_ids is not None:
-            where.append("t.session_id = ANY(%s::text[])")
-            params.append([_t(s) for s in session_ids])
-        if not is_msg:
-            where.append("t.state='published'")
-        if role and is_msg:
-            where.append("t.role=%s")
-            params.append(_t(role))
-        tcol = "created_at" if is_msg else "t_end"
-        if since is not None:
-            where.append(f"t.{tcol} >= %s")
-            params.append(since)
-        if until is not None:
-            where.append(f"t.{tcol} <= %s")
-            params.append(until)
-        if under_summary is not None:
-            with_sql = (
-                "WITH RECURSIVE sub(id) AS (SELECT %s::bigint UNION SELECT sp.child_id FROM summary_parents sp"
-                " JOIN sub ON sp.parent_id = sub.id) "
-            )
-            with_params.append(int(under_summary))
-            if is_msg:
-                where.append("t.id IN (SELECT message_id FROM summary_messages WHERE summary_id IN (SELECT id FROM sub))")
-            else:
-                where.append("t.id IN (SELECT id FROM sub)")
-        cols = f"t.id, t.session_id, {'t.role' if is_msg else chr(39) + 'summary' + chr(39)}, t.{tcol}, t.text"
+        where, with_sql, cols = _filter_sql(target, session_ids is not None, bool(role), since is not None,
+                                            until is not None, under_summary is not None)
+        params, with_params = _filter_args(target, session_ids, role, since, until, under_summary)
         and_where = "".join(f" AND {w}" for w in where)
-        keys = ("id", "session_id", "role", "created_at", "text", "rank")
+        keys = _KEYS
         top = int(limit) + int(offset)
 
         if mode == "fts":
@@ -334,49 +328,12 @@ class PostgresSearch:
             except (psycopg.DataError, psycopg.ProgrammingError) as exc:  # a tsquery the server refuses
                 raise StoreError(f"search failed: {exc}") from exc
         elif mode == "substring":
-            subs = [_t(s) for s in (getattr(plan, "substrings", ()) or ()) if _t(s)]
+            subs = _substrings(plan)
             if not subs:
                 return []
-            from ...search.query import like_pattern
-
-            cjk_only = all(len(x) >= 2 and _CJK_RE.fullmatch(x) for x in subs)
-            # A run of CJK characters has no case and no LIKE wildcard: strpos() is the same
-            # test, and the planner does not estimate it from messages.text's statistics (the
-            # LIKE estimate was ~0.1 ms of each statement's planning, the search itself 0.02).
-            cjk_args = [a for s in subs for a in (cjk_bigrams(s), s)] if cjk_only else []
-            if is_msg and cjk_only:
-                # CJK runs: the bigram index of messages holding CJK text (message_index.cjk)
-                # narrows the rows the substring test checks; still-listed rows are checked directly.
-                ors = " OR ".join("(x.cjk @> %s::text[] AND strpos(t.text, %s) > 0)" for _ in subs)
-                pors = " OR ".join("strpos(t.text, %s) > 0" for _ in subs)
-                sql = (
-                    f"{with_sql}SELECT * FROM (("
-                    f"SELECT {cols}, 0.0::float8 AS rank FROM message_index x JOIN messages t ON t.id = x.id"
-                    f" WHERE x.cjk IS NOT NULL AND ({ors}){and_where} ORDER BY x.id DESC LIMIT %s"
-                    f") UNION ALL ("
-                    f"SELECT {cols}, 0.0::float8 AS rank FROM message_index_pending p"
-                    f" CROSS JOIN LATERAL {_PENDING_ROW} WHERE ({pors}){and_where} ORDER BY t.id DESC LIMIT %s"
-                    ")) u ORDER BY id DESC LIMIT %s OFFSET %s"
-                )
-                rows = self._read(lambda c: c.execute(sql, (
-                    *with_params, *cjk_args, *params, top, *subs, *params, top,
-                    limit, offset)).fetchall())
-                return [dict(zip(keys, r)) for r in rows]
-            if not is_msg and cjk_only:
-                # CJK runs in summaries: their bigrams' expression index (migration 016)
-                ors = " OR ".join("(lcm_cjk_grams(t.text) @> %s::text[] AND strpos(t.text, %s) > 0)"
-                                  for _ in subs)
-                sql = (f"{with_sql}SELECT {cols}, 0.0::float8 FROM summaries t WHERE ({ors}){and_where}"
-                       " ORDER BY t.id DESC LIMIT %s OFFSET %s")
-                rows = self._read(lambda c: c.execute(sql, (*with_params, *cjk_args, *params, limit, offset)).fetchall())
-                return [dict(zip(keys, r)) for r in rows]
-            ors = " OR ".join("t.text ILIKE %s ESCAPE '\\'" for _ in subs)
-            sql = (
-                f"{with_sql}SELECT {cols}, 0.0::float8 FROM {table} t WHERE ({ors}){and_where}"
-                " ORDER BY t.id DESC LIMIT %s OFFSET %s"
-            )
-            rows = self._read(lambda c: c.execute(
-                sql, (*with_params, *[like_pattern(s) for s in subs], *params, limit, offset)).fetchall())
+            sql = _substring_sql(target, len(subs), _cjk_only(subs), where, with_sql, cols)
+            args = _substring_args(target, subs, params, with_params, limit, offset)
+            rows = self._read(lambda c: c.execute(sql, args).fetchall())
         elif mode == "regex" and regex is not None:
             from ...search.query import regex_search_bounded
 
@@ -409,3 +366,99 @@ class PostgresSearch:
         else:
             rows = []
         return [dict(zip(keys, r)) for r in rows]
+
+
+_KEYS = ("id", "session_id", "role", "created_at", "text", "rank")
+
+
+def _filter_sql(target: str, scoped: bool, role: bool, since: bool, until: bool,
+                under: bool) -> tuple[list[str], str, str]:
+    """A search's WHERE terms, its WITH clause (rows under a summary) and the columns it
+    selects, for ``target`` and the filters given (their values: :func:`_filter_args`)."""
+    is_msg = target == "messages"
+    tcol = "created_at" if is_msg else "t_end"
+    where: list[str] = []
+    if scoped:
+        where.append("t.session_id = ANY(%s::text[])")
+    if not is_msg:
+        where.append("t.state='published'")
+    if role and is_msg:
+        where.append("t.role=%s")
+    if since:
+        where.append(f"t.{tcol} >= %s")
+    if until:
+        where.append(f"t.{tcol} <= %s")
+    with_sql = ""
+    if under:
+        with_sql = ("WITH RECURSIVE sub(id) AS (SELECT %s::bigint UNION SELECT sp.child_id FROM summary_parents sp"
+                    " JOIN sub ON sp.parent_id = sub.id) ")
+        where.append("t.id IN (SELECT message_id FROM summary_messages WHERE summary_id IN (SELECT id FROM sub))"
+                     if is_msg else "t.id IN (SELECT id FROM sub)")
+    cols = f"t.id, t.session_id, {'t.role' if is_msg else chr(39) + 'summary' + chr(39)}, t.{tcol}, t.text"
+    return where, with_sql, cols
+
+
+def _filter_args(target: str, session_ids: Sequence[str] | None, role: str | None, since: float | None,
+                 until: float | None, under_summary: int | None) -> tuple[list[Any], list[Any]]:
+    """The parameters of :func:`_filter_sql`'s WHERE terms and of its WITH clause."""
+    params: list[Any] = []
+    if session_ids is not None:
+        params.append([_t(s) for s in session_ids])
+    if role and target == "messages":
+        params.append(_t(role))
+    if since is not None:
+        params.append(since)
+    if until is not None:
+        params.append(until)
+    return params, ([int(under_summary)] if under_summary is not None else [])
+
+
+def _substrings(plan: Any) -> list[str]:
+    return [_t(s) for s in (getattr(plan, "substrings", ()) or ()) if _t(s)]
+
+
+def _cjk_only(subs: Sequence[str]) -> bool:
+    return all(len(x) >= 2 and _CJK_RE.fullmatch(x) for x in subs)
+
+
+def _substring_sql(target: str, n: int, cjk_only: bool, where: list[str], with_sql: str, cols: str) -> str:
+    """A substring search of ``target`` for ``n`` substrings (parameters: :func:`_substring_args`).
+    A run of CJK characters has no case and no LIKE wildcard: strpos() is the same test, and
+    the planner does not estimate it from messages.text's statistics (the LIKE estimate was
+    ~0.1 ms of each statement's planning, the search itself 0.02)."""
+    and_where = "".join(f" AND {w}" for w in where)
+    if target == "messages" and cjk_only:
+        # CJK runs: the bigram index of messages holding CJK text (message_index.cjk) narrows
+        # the rows the substring test checks; still-listed rows are checked directly.
+        ors = " OR ".join(["(x.cjk @> %s::text[] AND strpos(t.text, %s) > 0)"] * n)
+        pors = " OR ".join(["strpos(t.text, %s) > 0"] * n)
+        return (f"{with_sql}SELECT * FROM (("
+                f"SELECT {cols}, 0.0::float8 AS rank FROM message_index x JOIN messages t ON t.id = x.id"
+                f" WHERE x.cjk IS NOT NULL AND ({ors}){and_where} ORDER BY x.id DESC LIMIT %s"
+                f") UNION ALL ("
+                f"SELECT {cols}, 0.0::float8 AS rank FROM message_index_pending p"
+                f" CROSS JOIN LATERAL {_PENDING_ROW} WHERE ({pors}){and_where} ORDER BY t.id DESC LIMIT %s"
+                ")) u ORDER BY id DESC LIMIT %s OFFSET %s")
+    if cjk_only:
+        # CJK runs in summaries: their bigrams' expression index (migration 016)
+        ors = " OR ".join(["(lcm_cjk_grams(t.text) @> %s::text[] AND strpos(t.text, %s) > 0)"] * n)
+        return (f"{with_sql}SELECT {cols}, 0.0::float8 FROM summaries t WHERE ({ors}){and_where}"
+                " ORDER BY t.id DESC LIMIT %s OFFSET %s")
+    table = "messages" if target == "messages" else "summaries"
+    ors = " OR ".join(["t.text ILIKE %s ESCAPE '\\'"] * n)
+    return (f"{with_sql}SELECT {cols}, 0.0::float8 FROM {table} t WHERE ({ors}){and_where}"
+            " ORDER BY t.id DESC LIMIT %s OFFSET %s")
+
+
+def _substring_args(target: str, subs: list[str], params: list[Any], with_params: list[Any], limit: int,
+                    offset: int) -> tuple:
+    """The parameters of :func:`_substring_sql`'s statement."""
+    from ...search.query import like_pattern
+
+    top = int(limit) + int(offset)
+    if _cjk_only(subs):
+        grams = [a for s in subs for a in (cjk_bigrams(s), s)]
+        if target == "messages":
+            return (*with_params, *grams, *params, top, *subs, *params, top, limit, offset)
+        return (*with_params, *grams, *params, limit, offset)
+    return (*with_params, *[like_pattern(s) for s in subs], *params, limit, offset)
