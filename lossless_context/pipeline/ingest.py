@@ -125,9 +125,13 @@ class Walk:
                 # those is new, not that old row.
                 self.last_mid = max(self.last_mid, _last_covered(store, valid[-1]))
                 if _is_merged(msg):
-                    log.info("lcm: our summary was merged with a neighbour by the host; the merged "
-                             "message is stored verbatim and the summary nodes kept")
-                    return slot, (ident if ident is not None else self.ident_of(msg)), None, True
+                    ident = ident if ident is not None else self.ident_of(msg)
+                    # stored verbatim once: the host re-sends the same merged message with
+                    # every later call (each used to store another copy)
+                    if store.find_ident(self.session_id, ident, 0) is None:
+                        log.info("lcm: our summary was merged with a neighbour by the host; the merged "
+                                 "message is stored verbatim and the summary nodes kept")
+                        return slot, ident, None, True
                 return slot, ident, None, False
         # 2. A large message we represented by its exploration summary (or a tier-0 stub).
         lref = _large_ref(msg)
