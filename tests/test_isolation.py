@@ -213,7 +213,7 @@ class SqlSafety:
       * fixed identifiers: names whose every assignment (in the function, an enclosing
         function, the module, or the module it is imported from) is safe — e.g. ``table =
         "messages" if is_msg else "summaries"``, ``for table in ("messages", "summaries")``,
-        a ``where`` list whose every ``append`` is safe, ``_MSG_COLS`` constants;
+        a ``where`` list whose every ``append`` is safe, the ``MSG_COLS`` constant;
       * string methods of safe text (join, format, replace, strip, split, splitlines, ...),
         ``chr(<literal>)``, numbers (``int()``/``len()``), and calls of the package's own
         functions whose returns are safe for the (safe) arguments given;

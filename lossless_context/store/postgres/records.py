@@ -7,7 +7,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from ...records import MessageRecord
-from .rows import MSG_COLS, message_record
+from ..rows import MSG_COLS, message_record
 from .text import pg_text as _t
 from .versions import touch_scopes
 

@@ -42,7 +42,7 @@ from .conn import WRITE_RETRIES, PostgresConnections
 from .costs import PostgresCosts
 from .index import PostgresIndexer
 from .records import PostgresRecords
-from .rows import MSG_COLS, message_record
+from ..rows import MSG_COLS, message_record
 from .repair import PostgresRepairs
 from .search import PostgresSearch
 from .vectors import PostgresVectors

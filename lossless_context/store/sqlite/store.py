@@ -24,6 +24,7 @@ from ...messages import clean_text
 from ..owners import pass_owner
 from ...records import ContextEntry, MessageRecord, NewMessage, NewSummary, StagedPass, SummaryRecord
 from ..base import Store, StoreError, resolve_keys, with_appended
+from ..rows import MSG_COLS, message_record
 from . import append as sqlite_append, index as sqlite_index, wal as sqlite_wal
 from .migrations import MIGRATIONS
 from .wal import AUTOCHECKPOINT_PAGES, PAGE_SIZE
@@ -34,24 +35,11 @@ from .search import SQLiteSearch
 
 log = logging.getLogger("lossless_context.store")
 
-_MSG_COLS = "id, session_id, seq, uid, ident, role, raw, text, tokens, created_at, large, exploration"
 _SUM_COLS = (
     "id, session_id, kind, depth, text, tokens, source_tokens, level, summarizer, "
     "t_start, t_end, n_messages, state, pass_id, created_at"
 )
 BUSY_TIMEOUT_MS = 30_000
-
-def _msg(row: sqlite3.Row | tuple) -> MessageRecord:
-    try:
-        raw = json.loads(row[6])
-    except ValueError:
-        raw = row[6]
-    return MessageRecord(
-        id=row[0], session_id=row[1], seq=row[2], uid=row[3], ident=row[4], role=row[5],
-        raw=raw, text=row[7], tokens=row[8], created_at=row[9], large=bool(row[10]),
-        exploration=row[11],
-    )
-
 
 def _sum(row: tuple) -> SummaryRecord:
     return SummaryRecord(*row)
@@ -353,9 +341,9 @@ class SQLiteStore(SQLiteRecords, SQLiteSearch, SQLiteCosts, SQLiteVectors, Store
         c = self.conn()
         for i in range(0, len(ids), 500):
             chunk = ids[i : i + 500]
-            q = f"SELECT {_MSG_COLS} FROM messages WHERE id IN ({','.join('?' * len(chunk))})"
+            q = f"SELECT {MSG_COLS} FROM messages WHERE id IN ({','.join('?' * len(chunk))})"
             for row in c.execute(q, chunk):
-                out[row[0]] = _msg(row)
+                out[row[0]] = message_record(row)
         return out
 
     def log_after(self, session_ids: Sequence[str], after_id: int, limit: int) -> list[tuple[int, str, str | None]]:
@@ -399,21 +387,21 @@ class SQLiteStore(SQLiteRecords, SQLiteSearch, SQLiteCosts, SQLiteVectors, Store
 
     def session_messages(self, session_id: str, after_seq: int = -1, limit: int = 1000) -> list[MessageRecord]:
         rows = self.conn().execute(
-            f"SELECT {_MSG_COLS} FROM messages WHERE session_id=? AND seq>? ORDER BY seq LIMIT ?",
+            f"SELECT {MSG_COLS} FROM messages WHERE session_id=? AND seq>? ORDER BY seq LIMIT ?",
             (session_id, after_seq, limit),
         )
-        return [_msg(r) for r in rows]
+        return [message_record(r) for r in rows]
 
     def iter_all_messages(self, batch: int = 1000) -> Iterator[MessageRecord]:
         last = 0
         while True:
             rows = self.conn().execute(
-                f"SELECT {_MSG_COLS} FROM messages WHERE id>? ORDER BY id LIMIT ?", (last, batch)
+                f"SELECT {MSG_COLS} FROM messages WHERE id>? ORDER BY id LIMIT ?", (last, batch)
             ).fetchall()
             if not rows:
                 return
             for r in rows:
-                yield _msg(r)
+                yield message_record(r)
             last = rows[-1][0]
 
     # -- active context ---------------------------------------------------------

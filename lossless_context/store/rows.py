@@ -1,10 +1,10 @@
-"""Message rows of the PostgreSQL store: the columns read and the record made of them."""
+"""Message rows as both stores read them: the columns, in order, and the record made of them."""
 
 from __future__ import annotations
 
 import json
 
-from ...records import MessageRecord
+from ..records import MessageRecord
 
 MSG_COLS = "id, session_id, seq, uid, ident, role, raw, text, tokens, created_at, large, exploration"
 
