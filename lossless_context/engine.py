@@ -160,8 +160,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
                             if arms.get(location) is arm:
                                 arms.pop(location)
 
-                    if hasattr(store, "add_close_hook"):
-                        store.add_close_hook(closing)
+                    store.add_close_hook(closing)
                 arms[location] = arm
             return arms[location]
 

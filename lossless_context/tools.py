@@ -287,19 +287,6 @@ class _Ctx:
             frontier = self._parents_of(nxt)
         return out
 
-    def prefetch_chains(self, items: Sequence[tuple[str, int]]) -> None:
-        """Read the chains of many items at once (a store with costly round trips would
-        otherwise answer one query per hit and per level)."""
-        mids = [r for k, r in items if k == "m" and r not in self._covering_cache]
-        sids = [r for k, r in items if k == "s" and r not in self._parents_cache]
-        sids += [c[0] for k, r in items if k == "m" and r not in mids
-                 for c in [self._covering_cache.get(r)] if c and c[0] not in self._parents_cache]
-        if not mids and not sids:
-            return
-        covering, parents = self.store.summary_chains(mids, sids)
-        self._covering_cache.update(covering)
-        self._parents_cache.update(parents)
-
     def _covering(self, mid: int) -> list[int]:
         if mid not in self._covering_cache:
             self._covering_cache[mid] = self.store.message_summaries(mid)
@@ -370,7 +357,6 @@ class _Ctx:
         page = self._visible(page, hidden)
         groups: dict[str, dict[str, Any]] = {}
         order: list[str] = []
-        self.prefetch_chains([(r["kind"], r["id"]) for r in page])  # reads only what is still missing
         for r in page:
             chain = self.chain(r["kind"], r["id"])
             top = chain[-1] if chain else (r["id"] if r["kind"] == "s" else None)

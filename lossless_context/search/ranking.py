@@ -173,15 +173,10 @@ def rerank(store: Any, plan: QueryPlan, rows: list[dict[str, Any]], idf: dict[st
             own[(rec.session_id, rec.seq)] = r["score"]
     # neighbours become candidates when the filters let them
     for key, rec in info.items():
-        if rec.id in have or under_summary is not None:
-            continue
-        if (role and rec.role != role) or (since is not None and rec.created_at < since) or (
-                until is not None and rec.created_at > until):
+        if rec.id in have or under_summary is not None or not admits(rec, role, since, until):
             continue
         have.add(rec.id)
-        rows.append({"id": rec.id, "session_id": rec.session_id, "role": rec.role,
-                     "created_at": rec.created_at, "text": rec.text, "rank": 0.0, "score": own[key],
-                     "kind": "m"})
+        rows.append(message_row(rec, own[key]))
     leaf = _leaf_scores(store, plan, idf, [r["id"] for r in seeds])
     for r in rows:
         key = by_id.get(r["id"])
@@ -202,6 +197,19 @@ def rerank(store: Any, plan: QueryPlan, rows: list[dict[str, Any]], idf: dict[st
         r["score"] = score
     rows.sort(key=lambda r: (-r["score"], -(r.get("created_at") or 0), -r["id"]))
     return rows
+
+
+def admits(rec: Any, role: str | None, since: float | None, until: float | None) -> bool:
+    """Whether a message found by other means than the search (a neighbour, a vector) passes
+    the search's role and time filters."""
+    return not ((role and rec.role != role) or (since is not None and rec.created_at < since)
+                or (until is not None and rec.created_at > until))
+
+
+def message_row(rec: Any, score: float) -> dict[str, Any]:
+    """A candidate row, as the store's searches return them, for a message record."""
+    return {"id": rec.id, "session_id": rec.session_id, "role": rec.role, "created_at": rec.created_at,
+            "text": rec.text, "rank": 0.0, "score": score, "kind": "m"}
 
 
 def _leaf_scores(store: Any, plan: QueryPlan, idf: dict[str, float], ids: Sequence[int]) -> dict[int, float]:

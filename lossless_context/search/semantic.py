@@ -8,9 +8,9 @@ is downloaded at run time). Without the package the engine logs once why and sea
 
 * **Vectors** are derived data: a background thread per store location (started when new
   messages are stored, ended when idle) embeds the messages that have none yet, in id order, a
-  batch at a time (~15-25 ms per message on two cores, so
-  the host's commit path never waits for it), and keeps them as float16 bytes (768 per message)
-  (``Store.put_vectors``, one row per message and model, both backends). A message's first
+  batch at a time (~15-25 ms per message on two cores: the host's commit path never waits for
+  it), and keeps them as float16 bytes, 768 per message (``Store.put_vectors``, one row per
+  message and model, both backends). A message's first
   ``EMBED_CHARS`` characters are embedded (the model reads 512 tokens; a long tool output is
   represented by its start). A search uses the vectors kept so far; anything not embedded yet
   is still found by the lexical arm.
@@ -32,6 +32,8 @@ import logging
 import threading
 from collections import OrderedDict
 from typing import Any, Callable, Protocol, Sequence
+
+from . import ranking
 
 log = logging.getLogger("lossless_context.semantic")
 
@@ -181,7 +183,6 @@ class SemanticArm:
         import numpy as np
 
         k = POOL if k is None else k
-
         ids, mat = self._copy(session_ids).read(self.store, self.model, session_ids)
         if not len(ids):
             return []
@@ -215,14 +216,8 @@ class SemanticArm:
             return rows
         have = {r["id"] for r in rows}
         recs = store.get_messages([m for m in near if m not in have])
-        extra: list[dict[str, Any]] = []
-        for mid in near:
-            rec = recs.get(mid)
-            if rec is None or (role and rec.role != role) or (since is not None and rec.created_at < since) or (
-                    until is not None and rec.created_at > until):
-                continue
-            extra.append({"id": rec.id, "session_id": rec.session_id, "role": rec.role, "created_at": rec.created_at,
-                          "text": rec.text, "rank": 0.0, "score": 0.0, "kind": "m"})
+        extra = [ranking.message_row(recs[m], 0.0) for m in near
+                 if m in recs and ranking.admits(recs[m], role, since, until)]
         sem = {mid: i for i, mid in enumerate(near)}
         scale = sorted((r["score"] for r in rows), reverse=True)
         fused = rows + extra

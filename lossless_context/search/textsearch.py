@@ -53,9 +53,9 @@ def ranked_page(store: Any, scope: Any, plan: QueryPlan, targets: list[str], *, 
     end = min(MAX_POOL, -(-(offset + limit) // BLOCK) * BLOCK)
     seqs: list[list[dict[str, Any]]] = []
     exhausted = True
-    counted = [plan.subset([i], "AND") for i in range(min(len(plan.fts_items), MAX_COUNTED))]
     pre: dict[str, list[int]] = {}
-    if counted and len(targets) > 1:  # every target's term counts in one store call
+    if plan.fts_items and len(targets) > 1:  # every target's term counts in one store call
+        counted = [plan.subset([i], "AND") for i in range(min(len(plan.fts_items), MAX_COUNTED))]
         pre = dict(zip(targets, store.term_counts_many([(t, counted) for t in targets], RANK_BUDGET)))
     subs: dict[str, list[dict[str, Any]]] = {}
     if plan.needs_substring:  # what the full-text index cannot hold (CJK, symbols) goes first
