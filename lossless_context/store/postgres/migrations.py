@@ -628,6 +628,42 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX message_vectors_session ON message_vectors(model, session_id, seq);
         """,
     ),
+    (
+        # A CJK substring search of messages whose bigrams are rare (search.py decides from
+        # the statistics of message_index.cjk), as a function whose plan is made once per
+        # connection: planning the statement cost ~0.2 ms of every call, the search ~0.04.
+        # The plan is fixed by the statement's shape, not by estimates: the bigram index
+        # gives the candidates (a MATERIALIZED CTE) and each is read by primary key (the
+        # OFFSET 0 lateral), so a rare needle never becomes a walk of the whole table, which
+        # a generic plan of the plain statement chose (35 ms at 50,000 CJK messages). A
+        # common needle keeps the planned statement: its plan walks ids backwards and stops.
+        "020_cjk_messages",
+        """
+        CREATE OR REPLACE FUNCTION lcm_cjk_messages(scope text[], grams text[], needle text, top int,
+                                                    lim int, skip int)
+        RETURNS TABLE(id bigint, session_id text, role text, created_at float8, text text, rank float8)
+        LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan AS $fn$
+        BEGIN
+            RETURN QUERY
+            WITH hit AS MATERIALIZED (
+                SELECT x.id FROM message_index x WHERE x.cjk IS NOT NULL AND x.cjk @> grams
+                  AND (scope IS NULL OR x.session_id IS NULL OR x.session_id = ANY(scope)))
+            SELECT * FROM ((
+                SELECT t.id, t.session_id, t.role, t.created_at, t.text, 0.0::float8
+                FROM hit h CROSS JOIN LATERAL (SELECT * FROM messages m WHERE m.id = h.id OFFSET 0) t
+                WHERE strpos(t.text, needle) > 0 AND (scope IS NULL OR t.session_id = ANY(scope))
+                ORDER BY t.id DESC LIMIT top
+            ) UNION ALL (
+                SELECT t.id, t.session_id, t.role, t.created_at, t.text, 0.0::float8
+                FROM message_index_pending p
+                CROSS JOIN LATERAL (SELECT * FROM messages m WHERE m.id = p.message_id OFFSET 0) t
+                WHERE strpos(t.text, needle) > 0 AND (scope IS NULL OR t.session_id = ANY(scope))
+                ORDER BY t.id DESC LIMIT top
+            )) u ORDER BY 1 DESC LIMIT lim OFFSET skip;
+        END
+        $fn$;
+        """,
+    ),
 ]
 
 # Migrations the store can live without (run in a savepoint; retried at the next start).

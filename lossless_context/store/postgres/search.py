@@ -34,6 +34,11 @@ _PENDING_ROW = "(SELECT * FROM messages m WHERE m.id = p.message_id OFFSET 0) t"
 STATS_FLOOR = 1000  # a term estimated above this many matches is counted from the statistics
 STATS_SECONDS = 60.0  # how long the statistics read are reused
 MAX_ID_SECONDS = 2.0  # how long max_row_id's answer is reused
+# A CJK needle expected in at most this many messages takes lcm_cjk_messages (migration 020):
+# its kept plan reads each candidate by primary key, ~2 us a row; above it the statement is
+# planned per call and its plan walks ids backwards until the page is full.
+CJK_RARE_ROWS = 1000
+_CJK_DEFAULT_FREQ = 0.005  # PostgreSQL's DEFAULT_CONTAIN_SEL: an element the statistics omit
 
 
 def cjk_bigrams(s: str) -> list[str]:
@@ -127,8 +132,11 @@ class PostgresSearch:
                 kw.get("until") is not None, kw.get("under_summary") is not None)
             params, with_params = _filter_args(target, kw.get("session_ids"), kw.get("role"), kw.get("since"),
                                                kw.get("until"), kw.get("under_summary"))
-            sqls.append(_substring_sql(target, len(subs), _cjk_only(subs), where, with_sql, cols) if subs else None)
-            argss.append(_substring_args(target, subs, params, with_params, kw.get("limit", 10), kw.get("offset", 0)))
+            kept = self._cjk_kept_plan(target, subs, where, with_sql)
+            sqls.append(_substring_sql(target, len(subs), _cjk_only(subs), where, with_sql, cols, kept)
+                        if subs else None)
+            argss.append(_substring_args(target, subs, params, with_params, kw.get("limit", 10),
+                                         kw.get("offset", 0), kept))
 
         def run(c: Any) -> list[list[tuple]]:
             with c.pipeline():
@@ -196,6 +204,46 @@ class PostgresSearch:
             freqs = dict(zip(row[0], row[1]))  # (the frequencies carry 3 trailing summary values)
         self.__dict__["_freqs"] = (now, freqs)
         return freqs
+
+    def _cjk_kept_plan(self, target: str, subs: list[str], where: list[str], with_sql: str) -> bool:
+        """Whether this substring search is lcm_cjk_messages' (migration 020): one CJK run in
+        messages, filtered by scope alone, whose bigrams the statistics say are rare."""
+        if target != "messages" or len(subs) != 1 or not _cjk_only(subs) or with_sql:
+            return False
+        if any(not w.startswith("t.session_id") for w in where):
+            return False
+        stats = self._cjk_stats()
+        if stats is None:  # never analysed: the planner, which knows the table's size, decides
+            return False
+        rows, freqs, absent = stats
+        est = rows
+        for g in cjk_bigrams(subs[0]):  # independent bigrams, as the planner assumes
+            est *= freqs.get(g, absent)
+        return est <= CJK_RARE_ROWS
+
+    def _cjk_stats(self) -> tuple[float, dict[str, float], float] | None:
+        """(messages holding CJK text, bigram -> fraction of them, the fraction assumed for a
+        bigram the statistics omit) from ANALYZE's statistics of message_index.cjk; None
+        before any. Refreshed once a minute."""
+        cached = self.__dict__.get("_cjk_freqs")
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < STATS_SECONDS:
+            return cached[1]
+        row = self._read(lambda c: c.execute(
+            "SELECT c.reltuples, s.null_frac, s.most_common_elems::text::text[], s.most_common_elem_freqs"
+            " FROM pg_catalog.pg_class c JOIN pg_catalog.pg_stats s ON s.schemaname = current_schema()"
+            " AND s.tablename = 'message_index' AND s.attname = 'cjk'"
+            " WHERE c.oid = to_regclass('message_index')").fetchone())
+        stats = None
+        if row is not None and row[0] is not None and row[0] >= 0:
+            elems, nums = row[2] or [], row[3] or []
+            freqs = dict(zip(elems, nums))
+            # as the planner: an omitted element is taken as half the rarest one kept (the
+            # frequencies carry the minimum after the elements), at most the default
+            least = nums[len(elems)] if len(nums) > len(elems) else 2 * _CJK_DEFAULT_FREQ
+            stats = (float(row[0]) * (1.0 - float(row[1] or 0.0)), freqs, min(_CJK_DEFAULT_FREQ, least / 2))
+        self.__dict__["_cjk_freqs"] = (now, stats)
+        return stats
 
     def _single_lexeme(self, tsq: str) -> str | None:
         """The lexeme a one-operand tsquery input parses to (None for anything else); cached."""
@@ -331,8 +379,9 @@ class PostgresSearch:
             subs = _substrings(plan)
             if not subs:
                 return []
-            sql = _substring_sql(target, len(subs), _cjk_only(subs), where, with_sql, cols)
-            args = _substring_args(target, subs, params, with_params, limit, offset)
+            kept = self._cjk_kept_plan(target, subs, where, with_sql)
+            sql = _substring_sql(target, len(subs), _cjk_only(subs), where, with_sql, cols, kept)
+            args = _substring_args(target, subs, params, with_params, limit, offset, kept)
             rows = self._read(lambda c: c.execute(sql, args).fetchall())
         elif mode == "regex" and regex is not None:
             from ...search.query import regex_search_bounded
@@ -421,11 +470,15 @@ def _cjk_only(subs: Sequence[str]) -> bool:
     return all(len(x) >= 2 and _CJK_RE.fullmatch(x) for x in subs)
 
 
-def _substring_sql(target: str, n: int, cjk_only: bool, where: list[str], with_sql: str, cols: str) -> str:
-    """A substring search of ``target`` for ``n`` substrings (parameters: :func:`_substring_args`).
+def _substring_sql(target: str, n: int, cjk_only: bool, where: list[str], with_sql: str, cols: str,
+                   kept: bool = False) -> str:
+    """A substring search of ``target`` for ``n`` substrings (parameters: :func:`_substring_args`);
+    ``kept``: the search is lcm_cjk_messages' (:meth:`PostgresSearch._cjk_kept_plan`).
     A run of CJK characters has no case and no LIKE wildcard: strpos() is the same test, and
     the planner does not estimate it from messages.text's statistics (the LIKE estimate was
     ~0.1 ms of each statement's planning, the search itself 0.02)."""
+    if kept:
+        return "SELECT * FROM lcm_cjk_messages(%s::text[], %s::text[], %s, %s, %s, %s)"
     and_where = "".join(f" AND {w}" for w in where)
     if target == "messages" and cjk_only:
         # CJK runs: the bigram index of messages holding CJK text (message_index.cjk) narrows
@@ -451,11 +504,13 @@ def _substring_sql(target: str, n: int, cjk_only: bool, where: list[str], with_s
 
 
 def _substring_args(target: str, subs: list[str], params: list[Any], with_params: list[Any], limit: int,
-                    offset: int) -> tuple:
+                    offset: int, kept: bool = False) -> tuple:
     """The parameters of :func:`_substring_sql`'s statement."""
     from ...search.query import like_pattern
 
     top = int(limit) + int(offset)
+    if kept:  # (the scope is the only filter there: params holds it, if any)
+        return (params[0] if params else None, cjk_bigrams(subs[0]), subs[0], top, int(limit), int(offset))
     if _cjk_only(subs):
         grams = [a for s in subs for a in (cjk_bigrams(s), s)]
         if target == "messages":

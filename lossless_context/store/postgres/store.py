@@ -309,8 +309,14 @@ class PostgresStore(PostgresRecords, PostgresSearch, PostgresCosts, PostgresVect
         ids = list(dict.fromkeys(int(i) for i in ids))
         if not ids:
             return {}
-        rows = self._read(lambda c: c.execute(
-            f"SELECT {MSG_COLS} FROM messages WHERE id = ANY(%s::bigint[])", (ids,)).fetchall())
+        # One id (an expand, a describe) is a primary-key equality, not ANY(array): the array's
+        # adaptation and the ANY plan cost more than reading the row (0.23 vs 0.16 ms). Rows
+        # come back in binary: no text parsing of the numbers and timestamps.
+        if len(ids) == 1:
+            sql, args = f"SELECT {MSG_COLS} FROM messages WHERE id = %s", (ids[0],)
+        else:
+            sql, args = f"SELECT {MSG_COLS} FROM messages WHERE id = ANY(%s::bigint[])", (ids,)
+        rows = self._read(lambda c: c.cursor(binary=True).execute(sql, args).fetchall())
         return {r[0]: message_record(r) for r in rows}
 
     def log_after(self, session_ids: Sequence[str], after_id: int, limit: int) -> list[tuple[int, str, str | None]]:

@@ -1,0 +1,177 @@
+"""CJK substring search of messages on PostgreSQL (search.py, migration 020).
+
+A needle whose bigrams the statistics call rare goes to ``lcm_cjk_messages``, whose plan is
+kept per connection and fixed by its shape (bigram index, then each candidate by key); a
+common one keeps the statement planned per call. Both must answer exactly what a scan of the
+texts answers, in scope, with still-unindexed rows. Every test runs on a real throw-away server.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+
+import pytest
+
+from lossless_context.records import NewMessage
+from lossless_context.search.query import plan_query
+from lossless_context.store.postgres.search import cjk_bigrams
+from lossless_context.store.postgres.store import PostgresStore
+
+psycopg = pytest.importorskip("psycopg")
+
+RARE = "青龙七号暗号"
+COMMON = "我们已经"
+N = 3000
+
+
+def nm(text: str, t: float) -> NewMessage:
+    return NewMessage(raw={"role": "user", "content": text}, role="user", ident=uuid.uuid4().hex, uid=None,
+                      text=text, tokens=len(text) // 2 + 1, created_at=t)
+
+
+def _texts(rng: random.Random, n: int, rare_every: int) -> list[str]:
+    chars = [chr(x) for x in range(0x4E00, 0x4E00 + 3000)]
+    return [COMMON + "".join(rng.choice(chars) for _ in range(30)) + (RARE if i % rare_every == 7 else "")
+            for i in range(n)]
+
+
+@pytest.fixture
+def cjk_store(pg_fresh_dsn):
+    """Two lineages of CJK messages (every one holds COMMON, a few RARE), indexed and analysed,
+    then one more RARE message in each left unindexed. Yields (store, dsn, texts by id, session by id)."""
+    rng = random.Random(3)
+    st = PostgresStore(pg_fresh_dsn, background_index=False)
+    texts: dict[int, str] = {}
+    owner: dict[int, str] = {}
+    try:
+        for sid, conv in (("a", "conv-a"), ("b", "conv-b")):
+            st.ensure_session(sid, conversation_id=conv)
+            batch = _texts(rng, N // 2, 250)
+            for i, t in zip(st.append_messages(sid, [nm(t, 1e9 + k) for k, t in enumerate(batch)]), batch):
+                texts[i], owner[i] = t, sid
+        st.wait_indexed()
+        with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:
+            c.execute("ANALYZE message_index")
+        for sid in ("a", "b"):
+            t = f"刚才说的{RARE}不要外传"
+            (i,) = st.append_messages(sid, [nm(t, 2e9)])  # listed, not indexed (background_index off)
+            texts[i], owner[i] = t, sid
+        yield st, pg_fresh_dsn, texts, owner
+    finally:
+        st.close()
+
+
+def _expected(texts: dict[int, str], owner: dict[int, str], needle: str, scope: list[str] | None) -> list[int]:
+    return sorted((i for i, t in texts.items() if needle in t and (scope is None or owner[i] in scope)),
+                  reverse=True)
+
+
+def _found(st: PostgresStore, needle: str, scope: list[str] | None, limit: int, offset: int = 0) -> list[int]:
+    rows = st.search("messages", scope, plan_query(needle), mode="substring", limit=limit, offset=offset)
+    return [r["id"] for r in rows]
+
+
+def _spy(dsn: str) -> None:
+    """Count calls of lcm_cjk_messages on the server: the real function renamed, a wrapper that
+    bumps a sequence and returns its rows (the store's own connections call it)."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE SEQUENCE cjk_calls")
+        c.execute("ALTER FUNCTION lcm_cjk_messages(text[], text[], text, int, int, int) RENAME TO lcm_cjk_real")
+        c.execute(
+            "CREATE FUNCTION lcm_cjk_messages(scope text[], grams text[], needle text, top int, lim int, skip int)"
+            " RETURNS TABLE(id bigint, session_id text, role text, created_at float8, text text, rank float8)"
+            " LANGUAGE plpgsql AS $f$ BEGIN PERFORM nextval('cjk_calls');"
+            " RETURN QUERY SELECT * FROM lcm_cjk_real(scope, grams, needle, top, lim, skip); END $f$")
+
+
+def _calls(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        last, called = c.execute("SELECT last_value, is_called FROM cjk_calls").fetchone()
+        return last if called else 0
+
+
+def test_rare_and_common_needles_find_what_a_scan_of_the_texts_finds(cjk_store):
+    st, dsn, texts, owner = cjk_store
+    for needle in (RARE, COMMON, RARE[:3], "不要外传"):
+        for scope in (["a"], ["b"], ["a", "b"], None):
+            want = _expected(texts, owner, needle, scope)
+            assert want, (needle, scope)
+            assert _found(st, needle, scope, 10) == want[:10], (needle, scope)
+            assert _found(st, needle, scope, 5, offset=3) == want[3:8], (needle, scope)
+    # the unindexed rows are seen, and one lineage never sees the other's
+    assert _found(st, RARE, ["a"], 50)[0] == max(i for i, s in owner.items() if s == "a")
+    assert not set(_found(st, RARE, ["a"], 50)) & {i for i, s in owner.items() if s == "b"}
+
+
+def test_only_rare_needles_take_the_kept_plan(cjk_store):
+    st, dsn, texts, owner = cjk_store
+    _spy(dsn)
+    assert _found(st, RARE, ["a"], 10) == _expected(texts, owner, RARE, ["a"])[:10]
+    assert _calls(dsn) == 1
+    assert _found(st, COMMON, ["a"], 10) == _expected(texts, owner, COMMON, ["a"])[:10]
+    assert _calls(dsn) == 1  # every message holds its bigrams: planned per call
+    # a role filter is not the function's: planned per call too, and still right
+    rows = st.search("messages", ["a"], plan_query(RARE), mode="substring", role="user", limit=10)
+    assert [r["id"] for r in rows] == _expected(texts, owner, RARE, ["a"])[:10]
+    assert _calls(dsn) == 1
+    # several targets at once (lcm_grep's path) route the same way
+    (msgs, _sums) = st.search_substrings([
+        ("messages", {"session_ids": ["b"], "plan": plan_query(RARE), "limit": 10}),
+        ("summaries", {"session_ids": ["b"], "plan": plan_query(RARE), "limit": 10})])
+    assert [r["id"] for r in msgs] == _expected(texts, owner, RARE, ["b"])[:10]
+    assert _calls(dsn) == 2
+
+
+def _tuples_read(c) -> int:
+    c.execute("SELECT pg_stat_force_next_flush()")
+    return c.execute("SELECT COALESCE(idx_tup_fetch, 0) + COALESCE(seq_tup_read, 0) FROM pg_stat_user_tables"
+                     " WHERE relname = 'messages'").fetchone()[0]
+
+
+def test_the_kept_plan_reads_only_the_candidates(cjk_store):
+    """A rare needle reads a handful of messages through the function (its plan is fixed by its
+    shape: at 50,000 CJK messages a generic plan of the plain statement walked every id)."""
+    st, dsn, texts, owner = cjk_store
+    with psycopg.connect(dsn, autocommit=True) as c:
+        if c.info.server_version < 150000:
+            pytest.skip("pg_stat_force_next_flush needs PostgreSQL 15")
+        grams = cjk_bigrams(RARE)
+        before = _tuples_read(c)
+        got = c.execute("SELECT id FROM lcm_cjk_messages(%s::text[], %s::text[], %s, 10, 10, 0)",
+                        (["a"], grams, RARE)).fetchall()
+        after = _tuples_read(c)
+        assert [r[0] for r in got] == _expected(texts, owner, RARE, ["a"])[:10]
+        assert after - before <= 4 * len(_expected(texts, owner, RARE, None))
+        # control: the counter sees a search that reads every message
+        before = _tuples_read(c)
+        c.execute("SELECT count(*) FROM messages WHERE strpos(text, %s) > 0", (RARE,)).fetchone()
+        assert _tuples_read(c) - before >= N
+
+
+def test_without_statistics_the_planner_decides(pg_fresh_dsn):
+    """Before message_index was ever analysed nothing is called rare (the statement is planned
+    per call, as before migration 020); once it is, a store that reads them routes rare needles."""
+    st = PostgresStore(pg_fresh_dsn, background_index=False)
+    try:
+        st.ensure_session("a", conversation_id="conv-a")
+        with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:
+            c.execute("ALTER TABLE message_index SET (autovacuum_enabled = false)")
+        texts = _texts(random.Random(5), 400, 50)
+        ids = st.append_messages("a", [nm(t, 1e9 + k) for k, t in enumerate(texts)])
+        st.wait_indexed()
+        want = sorted((i for i, t in zip(ids, texts) if RARE in t), reverse=True)
+        _spy(pg_fresh_dsn)
+        assert _found(st, RARE, ["a"], 10) == want[:10]
+        assert _calls(pg_fresh_dsn) == 0
+        with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:
+            c.execute("ANALYZE message_index")
+    finally:
+        st.close()
+    again = PostgresStore(pg_fresh_dsn, background_index=False)
+    try:
+        assert _found(again, RARE, ["a"], 10) == want[:10]
+        assert _calls(pg_fresh_dsn) == 1
+    finally:
+        again.close()
