@@ -443,54 +443,45 @@ class _Ctx:
         cur = _dec_cursor(self.args.get("cursor"))
         if kind == "m":
             return self._expand_message(self._message(ref), budget, cur)
-        rec = self._summary(ref)
-        kids, mids = self.store.summary_children(ref)
-        children = [("s", k) for k in kids] + [("m", m) for m in mids]
+        rec, children = self.store.summary_outline(ref)
+        if rec is None or not self._in_scope(rec.session_id, "s", ref):
+            raise ToolError(f"unknown id s{ref}")
         start = int(cur.get("i", 0)) if isinstance(cur.get("i", 0), int) else 0
-        out_children: list[dict[str, Any]] = []
+        # The page is laid out from the children's sizes, then only what it shows is read (one
+        # read per kind: on PostgreSQL a round trip each, where reading ahead cost several).
+        page: list[tuple[str, int]] = []
         used = 0
         i = start
-        sums = self.store.get_summaries([r for k, r in children if k == "s"])
-        # Messages are read a chunk ahead, the chunk doubling (one read per message cost a
-        # round trip each on PostgreSQL: 27 statements for a 20-message leaf); how many fit
-        # the page is only known once their sizes are, so at most twice what is shown is read.
-        msgs: dict[int, Any] = {}
-        asked: set[int] = set()
-        ahead = 8
         while i < len(children):
-            k, r = children[i]
-            if k == "s":
-                s = sums.get(r)
-                if s is None:
-                    i += 1
-                    continue
-                item = {"id": f"s{r}", "kind": s.kind, "depth": s.depth, "messages_covered": s.n_messages,
-                        "time_start": _iso(s.t_start), "time_end": _iso(s.t_end), "text": s.text}
-                cost = s.tokens + 30
-            else:
-                if r not in asked:
-                    want = [x for kk, x in children[i:] if kk == "m"][:ahead]
-                    msgs.update(self.store.get_messages(want))
-                    asked.update(want)
-                    ahead = min(ahead * 2, 128)
-                m = msgs.get(r)
-                if m is None:
-                    i += 1
-                    continue
-                cost = m.tokens + 20
-                if cost > budget:
-                    item = {"id": f"m{r}", "role": m.role, "time": _iso(m.created_at), "tokens": m.tokens,
-                            "truncated": True,
-                            "note": f"too large for this page; lcm_expand(id=\"m{r}\") pages through it",
-                            "preview": m.text[:400]}
-                    cost = 150
-                else:
-                    item = {"id": f"m{r}", "role": m.role, "time": _iso(m.created_at), "message": _shown(m.raw)}
-            if out_children and used + cost > budget:
+            k, r, tokens = children[i]
+            cost = tokens + 30 if k == "s" else (tokens + 20 if tokens + 20 <= budget else 150)
+            if page and used + cost > budget:
                 break
-            out_children.append(item)
+            page.append((k, r))
             used += cost
             i += 1
+        sums = self.store.get_summaries([r for k, r in page if k == "s"])
+        msgs = self.store.get_messages([r for k, r in page if k == "m"])
+        out_children: list[dict[str, Any]] = []
+        for k, r in page:
+            if k == "s":
+                s = sums.get(r)
+                if s is not None:
+                    out_children.append({
+                        "id": f"s{r}", "kind": s.kind, "depth": s.depth, "messages_covered": s.n_messages,
+                        "time_start": _iso(s.t_start), "time_end": _iso(s.t_end), "text": s.text})
+                continue
+            m = msgs.get(r)
+            if m is None:  # forgotten since the outline was read
+                continue
+            if m.tokens + 20 > budget:
+                out_children.append({
+                    "id": f"m{r}", "role": m.role, "time": _iso(m.created_at), "tokens": m.tokens,
+                    "truncated": True, "note": f"too large for this page; lcm_expand(id=\"m{r}\") pages through it",
+                    "preview": m.text[:400]})
+            else:
+                out_children.append({"id": f"m{r}", "role": m.role, "time": _iso(m.created_at),
+                                     "message": _shown(m.raw)})
         more = i < len(children)
         return {
             "id": f"s{rec.id}", "kind": rec.kind, "depth": rec.depth, "children_total": len(children),

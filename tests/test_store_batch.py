@@ -99,21 +99,37 @@ def test_ancestry_in_one_read_equals_the_walk(tmp_path, backend, request):
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
-def test_expanding_a_summary_reads_its_messages_in_chunks(tmp_path, backend, request, monkeypatch):
+def test_expanding_a_summary_reads_exactly_the_messages_each_page_shows(tmp_path, backend, request, monkeypatch):
     import json
 
     e = _compacted(tmp_path, backend, request, "exp", 6)
     st = e.store
+    inner = st.inner if hasattr(st, "inner") else st
     leaves = {s for m in st.iter_all_messages() for s in st.message_summaries(m.id)}
     leaf = max(leaves, key=lambda s: len(st.summary_children(s)[1]))
     _, mids = st.summary_children(leaf)
     assert len(mids) >= 16, "a leaf over enough messages"
+    # the outline: the summary and its children's sizes, what the default reads from the records
+    rec, outline = st.summary_outline(leaf)
+    assert (rec, outline) == Store.summary_outline(inner, leaf)
+    assert [r for _, r, _ in outline] == mids and all(k == "m" for k, _, _ in outline)
+    top = max(st.session_summary_ids("exp"), key=lambda s: st.get_summaries([s])[s].depth)
+    assert st.summary_outline(top) == Store.summary_outline(inner, top)
+    assert st.summary_outline(top)[1][0][0] == "s"
+    assert st.summary_outline(10**9) == (None, [])
+    if backend == "postgres":  # the summary and the outline in one connection use (pipelined)
+        uses = []
+        real_read = inner._read
+        monkeypatch.setattr(inner, "_read", lambda fn: uses.append(fn) or real_read(fn))
+        st.summary_outline(leaf)
+        assert len(uses) == 1
+        monkeypatch.undo()
     reads: list[list[int]] = []
     real = st.get_messages
     monkeypatch.setattr(st, "get_messages", lambda ids: reads.append(list(ids)) or real(ids))
     pages, cursor = [], None
     while True:
-        args = {"id": f"s{leaf}", "max_tokens": 200_000}
+        args = {"id": f"s{leaf}", "max_tokens": 2_000}
         if cursor:
             args["cursor"] = cursor
         out = json.loads(e.handle_tool_call("lcm_expand", args))
@@ -121,18 +137,19 @@ def test_expanding_a_summary_reads_its_messages_in_chunks(tmp_path, backend, req
         cursor = out.get("next_cursor")
         if not cursor:
             break
+    assert len(pages) > 1, "the leaf takes several pages"
     shown = [c["id"] for p in pages for c in p["children"]]
     assert shown == [f"m{m}" for m in mids]  # every message, in order, once
+    # one read per page, of exactly the messages it shows
+    assert reads == [[int(c["id"][1:]) for c in p["children"]] for p in pages]
     stored = real(mids)
     for c in (c for p in pages for c in p["children"]):
         rec = stored[int(c["id"][1:])]
         if "message" in c and isinstance(rec.raw.get("content"), str):
             assert c["message"]["content"] == rec.raw["content"]  # the original, as stored
-    assert len(reads) <= 1 + len(mids).bit_length(), reads  # 8, 16, 32, ... ahead: not one per message
-    # a small page reads at most twice what it shows
-    reads.clear()
-    out = json.loads(e.handle_tool_call("lcm_expand", {"id": f"s{leaf}", "max_tokens": 200}))
-    assert sum(len(r) for r in reads) <= max(8, 2 * len(out["children"]))
+    for p in pages:  # each page within its budget, the first child always shown
+        assert sum(min(stored[int(c["id"][1:])].tokens + 20, 150 if c.get("truncated") else 10**9)
+                   for c in p["children"][1:]) <= 2_000
     e.store.close()
 
 

@@ -250,6 +250,19 @@ class Store(abc.ABC):
     def summary_children(self, summary_id: int) -> tuple[list[int], list[int]]:
         """(child summary ids, message ids) in order."""
 
+    def summary_outline(self, summary_id: int) -> tuple[SummaryRecord | None, list[tuple[str, int, int]]]:
+        """A published summary and its children in order (child summaries, then messages), each
+        as (``"s"`` or ``"m"``, id, tokens): what lays out a page of ``lcm_expand`` before any
+        child's text is read. (None, []) for an unknown or unpublished summary; children that no
+        longer exist or are not published are left out. This default reads the records."""
+        rec = self.get_summaries([summary_id]).get(summary_id)
+        if rec is None:
+            return None, []
+        kids, mids = self.summary_children(summary_id)
+        sums, msgs = self.get_summaries(kids), self.get_messages(mids)
+        return rec, ([("s", k, sums[k].tokens) for k in kids if k in sums]
+                     + [("m", m, msgs[m].tokens) for m in mids if m in msgs])
+
     @abc.abstractmethod
     def summary_parents(self, summary_id: int) -> list[int]: ...
 

@@ -1,4 +1,4 @@
-"""Retracted messages, fork points, forgetting and batched DAG reads, for the PostgreSQL store (a mixin of
+"""Retracted messages, fork points, forgetting, batched DAG reads and summary outlines, for the PostgreSQL store (a mixin of
 :class:`~.postgres.PostgresStore`; the interface is documented on :class:`~.base.Store`)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence
 
-from ...records import MessageRecord
-from ..rows import MSG_COLS, message_record
+from ...records import MessageRecord, SummaryRecord
+from ..rows import MSG_COLS, OUTLINE, SUM_COLS, message_record, outline_items, summary_record
 from .text import pg_text as _t
 from .versions import touch_scopes
 
@@ -88,6 +88,18 @@ class PostgresRecords:
         covering, parents = _chains(chains, {m: [] for m in mids})
         return {r[0] for r in hidden}, {r[0]: message_record(r) for r in msgs}, covering, parents
 
+
+    def summary_outline(self, summary_id: int) -> tuple[SummaryRecord | None, list[tuple[str, int, int]]]:
+        # the summary and its children's sizes sent together (pipeline mode): one round trip
+        def run(c: Any) -> tuple[Any, list]:
+            with c.pipeline():
+                rec = c.execute(f"SELECT {SUM_COLS} FROM summaries WHERE id = %s AND state = 'published'",
+                                (summary_id,))
+                kids = c.execute(OUTLINE.format(p="%s"), (summary_id, summary_id))
+            return rec.fetchone(), kids.fetchall()
+
+        row, kids = self._read(run)
+        return (summary_record(row), outline_items(kids)) if row is not None else (None, [])
 
     def retract_messages(self, message_ids: Sequence[int]) -> int:
         if not message_ids:

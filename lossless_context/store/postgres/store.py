@@ -42,7 +42,7 @@ from .conn import WRITE_RETRIES, PostgresConnections
 from .costs import PostgresCosts
 from .index import PostgresIndexer
 from .records import PostgresRecords
-from ..rows import MSG_COLS, message_record
+from ..rows import MSG_COLS, SUM_COLS, message_record, summary_record
 from .repair import PostgresRepairs
 from .search import PostgresSearch
 from .vectors import PostgresVectors
@@ -54,16 +54,9 @@ log = logging.getLogger("lossless_context.store")
 # session that was new, MAX went through the (session_id, id) index and read every row of the
 # session (1 ms at 1,000 messages, growing with it) on every append; this is one index step.
 LAST_SEQ = "SELECT COALESCE((SELECT seq FROM messages WHERE session_id=%s ORDER BY seq DESC LIMIT 1), -1)"
-_SUM_COLS = (
-    "id, session_id, kind, depth, text, tokens, source_tokens, level, summarizer, "
-    "t_start, t_end, n_messages, state, pass_id, created_at"
-)
 _TABLES = ("sessions", "messages", "message_absorbed", "message_aliases", "summaries", "summary_messages",
            "summary_parents", "context_items", "staged_passes", "presummaries", "lcm_migrations")
 
-
-def _sum(row: tuple) -> SummaryRecord:
-    return SummaryRecord(*row)
 
 
 _TOUCHED = threading.local()  # sessions whose context version this thread's transaction bumped
@@ -635,8 +628,8 @@ class PostgresStore(PostgresRecords, PostgresSearch, PostgresCosts, PostgresVect
             return {}
         state = "" if include_staged else " AND state='published'"
         rows = self._read(lambda c: c.execute(
-            f"SELECT {_SUM_COLS} FROM summaries WHERE id = ANY(%s::bigint[]){state}", (ids,)).fetchall())
-        return {r[0]: _sum(r) for r in rows}
+            f"SELECT {SUM_COLS} FROM summaries WHERE id = ANY(%s::bigint[]){state}", (ids,)).fetchall())
+        return {r[0]: summary_record(r) for r in rows}
 
     def summary_children(self, summary_id: int) -> tuple[list[int], list[int]]:
         rows = self._read(lambda c: c.execute(  # both lists in one round trip

@@ -1,4 +1,4 @@
-"""Retracted messages, fork points and forgetting, for the SQLite store (a mixin of
+"""Retracted messages, fork points, forgetting and summary outlines, for the SQLite store (a mixin of
 :class:`~.sqlite.SQLiteStore`; the interface is documented on :class:`~.base.Store`)."""
 
 from __future__ import annotations
@@ -6,6 +6,9 @@ from __future__ import annotations
 import sqlite3
 import time
 from typing import Any, Callable, Iterator, Sequence
+
+from ...records import SummaryRecord
+from ..rows import OUTLINE, SUM_COLS, outline_items, summary_record
 
 _CHUNK = 500
 
@@ -20,6 +23,14 @@ class SQLiteRecords:
     conn: Callable[[], sqlite3.Connection]
     tx: Callable[[], Any]
     _write_context: Callable[..., None]
+
+    def summary_outline(self, summary_id: int) -> tuple[SummaryRecord | None, list[tuple[str, int, int]]]:
+        c = self.conn()
+        row = c.execute(f"SELECT {SUM_COLS} FROM summaries WHERE id=? AND state='published'",
+                        (summary_id,)).fetchone()
+        if row is None:
+            return None, []
+        return summary_record(row), outline_items(c.execute(OUTLINE.format(p="?"), (summary_id, summary_id)).fetchall())
 
     def retract_messages(self, message_ids: Sequence[int]) -> int:
         if not message_ids:

@@ -24,7 +24,7 @@ from ...messages import clean_text
 from ..owners import pass_owner
 from ...records import ContextEntry, MessageRecord, NewMessage, NewSummary, StagedPass, SummaryRecord
 from ..base import Store, StoreError, resolve_keys, with_appended
-from ..rows import MSG_COLS, message_record
+from ..rows import MSG_COLS, SUM_COLS, message_record, summary_record
 from . import append as sqlite_append, index as sqlite_index, wal as sqlite_wal
 from .migrations import MIGRATIONS
 from .wal import AUTOCHECKPOINT_PAGES, PAGE_SIZE
@@ -35,14 +35,7 @@ from .search import SQLiteSearch
 
 log = logging.getLogger("lossless_context.store")
 
-_SUM_COLS = (
-    "id, session_id, kind, depth, text, tokens, source_tokens, level, summarizer, "
-    "t_start, t_end, n_messages, state, pass_id, created_at"
-)
 BUSY_TIMEOUT_MS = 30_000
-
-def _sum(row: tuple) -> SummaryRecord:
-    return SummaryRecord(*row)
 
 
 def _private_dir(path: Path, ours: bool) -> None:
@@ -588,9 +581,9 @@ class SQLiteStore(SQLiteRecords, SQLiteSearch, SQLiteCosts, SQLiteVectors, Store
         state = "" if include_staged else " AND state='published'"
         for i in range(0, len(ids), 500):
             chunk = ids[i : i + 500]
-            q = f"SELECT {_SUM_COLS} FROM summaries WHERE id IN ({','.join('?' * len(chunk))}){state}"
+            q = f"SELECT {SUM_COLS} FROM summaries WHERE id IN ({','.join('?' * len(chunk))}){state}"
             for row in self.conn().execute(q, chunk):
-                out[row[0]] = _sum(row)
+                out[row[0]] = summary_record(row)
         return out
 
     def summary_children(self, summary_id: int) -> tuple[list[int], list[int]]:
