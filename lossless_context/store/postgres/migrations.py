@@ -664,6 +664,40 @@ MIGRATIONS: list[tuple[str, str]] = [
         $fn$;
         """,
     ),
+    (
+        # A ranked full-text search of messages filtered by scope alone (what an identifier or
+        # the rare terms of a question ask), as a function whose plan is kept per connection:
+        # planning the statement was most of a call's server time. A ranked search scores
+        # every match (search.py asks for one only when the capped counts say they are few),
+        # so the plan that reads the matches from the GIN index is right for any query; the
+        # shape keeps it (the matches ranked first, then each returned row read by key).
+        "021_fts_messages_ranked",
+        """
+        CREATE OR REPLACE FUNCTION lcm_fts_messages_ranked(scope text[], q tsquery, top int, lim int, skip int)
+        RETURNS TABLE(id bigint, session_id text, role text, created_at float8, text text, rank float8)
+        LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan AS $fn$
+        BEGIN
+            RETURN QUERY
+            SELECT * FROM ((
+                SELECT t.id, t.session_id, t.role, t.created_at, t.text, k.rank
+                FROM (SELECT x.id, -ts_rank_cd(x.tsv, q, 1)::float8 AS rank FROM message_index x
+                      WHERE x.tsv @@ q AND (scope IS NULL OR x.session_id = ANY(scope)
+                            OR (x.session_id IS NULL AND EXISTS
+                                (SELECT 1 FROM messages m WHERE m.id = x.id AND m.session_id = ANY(scope))))
+                      ORDER BY 2, 1 DESC LIMIT top) k
+                CROSS JOIN LATERAL (SELECT * FROM messages m WHERE m.id = k.id OFFSET 0) t
+            ) UNION ALL (
+                SELECT t.id, t.session_id, t.role, t.created_at, t.text, -ts_rank_cd(v.tsv, q, 1)::float8
+                FROM message_index_pending p
+                CROSS JOIN LATERAL (SELECT * FROM messages m WHERE m.id = p.message_id OFFSET 0) t
+                CROSS JOIN LATERAL (SELECT COALESCE(t.tsv, lcm_tsvector(t.text)) AS tsv OFFSET 0) v
+                WHERE v.tsv @@ q AND (scope IS NULL OR t.session_id = ANY(scope))
+                ORDER BY 6, 1 DESC LIMIT top
+            )) u ORDER BY 6, 1 DESC LIMIT lim OFFSET skip;
+        END
+        $fn$;
+        """,
+    ),
 ]
 
 # Migrations the store can live without (run in a savepoint; retried at the next start).

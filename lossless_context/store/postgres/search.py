@@ -344,6 +344,12 @@ class PostgresSearch:
                 main_score = "-ts_rank_cd(x.tsv, q.q, 1)::float8" if ranked else "0.0::float8"
                 pend_score = "-ts_rank_cd(v.tsv, q.q, 1)::float8" if ranked else "0.0::float8"
                 main_order = " ORDER BY rank, x.id DESC" if ranked else " ORDER BY x.id DESC"
+                if ranked and len(where) == (session_ids is not None) and not with_sql:
+                    # scope only, ranked: lcm_fts_messages_ranked (migration 021), planned once
+                    # per connection (every match is scored: the GIN plan is right for any query)
+                    return c.execute(
+                        "SELECT * FROM lcm_fts_messages_ranked(%s::text[], to_tsquery('english', %s), %s, %s, %s)",
+                        (params[0] if params else None, tsq, top, limit, offset)).fetchall()
                 if len(where) == (session_ids is not None) and not with_sql:
                     # scope only: matches are filtered by the session message_index keeps
                     # (migration 013; looked up for rows indexed before it) and only the rows

@@ -1,9 +1,13 @@
-"""CJK substring search of messages on PostgreSQL (search.py, migration 020).
+"""Searches of messages on PostgreSQL whose plans are kept per connection (search.py).
 
-A needle whose bigrams the statistics call rare goes to ``lcm_cjk_messages``, whose plan is
-kept per connection and fixed by its shape (bigram index, then each candidate by key); a
-common one keeps the statement planned per call. Both must answer exactly what a scan of the
-texts answers, in scope, with still-unindexed rows. Every test runs on a real throw-away server.
+* CJK substrings (migration 020): a needle whose bigrams the statistics call rare goes to
+  ``lcm_cjk_messages``, whose plan is fixed by its shape (bigram index, then each candidate by
+  key); a common one keeps the statement planned per call.
+* Ranked full-text searches filtered by scope alone (migration 021): ``lcm_fts_messages_ranked``.
+
+Each must answer exactly what a scan of the texts answers, in scope, with still-unindexed rows;
+which searches take a function is seen by a spy on the server. Every test runs on a real
+throw-away server.
 """
 
 from __future__ import annotations
@@ -73,22 +77,29 @@ def _found(st: PostgresStore, needle: str, scope: list[str] | None, limit: int, 
     return [r["id"] for r in rows]
 
 
-def _spy(dsn: str) -> None:
-    """Count calls of lcm_cjk_messages on the server: the real function renamed, a wrapper that
-    bumps a sequence and returns its rows (the store's own connections call it)."""
-    with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute("CREATE SEQUENCE cjk_calls")
-        c.execute("ALTER FUNCTION lcm_cjk_messages(text[], text[], text, int, int, int) RENAME TO lcm_cjk_real")
-        c.execute(
-            "CREATE FUNCTION lcm_cjk_messages(scope text[], grams text[], needle text, top int, lim int, skip int)"
-            " RETURNS TABLE(id bigint, session_id text, role text, created_at float8, text text, rank float8)"
-            " LANGUAGE plpgsql AS $f$ BEGIN PERFORM nextval('cjk_calls');"
-            " RETURN QUERY SELECT * FROM lcm_cjk_real(scope, grams, needle, top, lim, skip); END $f$")
+_ROWS = "RETURNS TABLE(id bigint, session_id text, role text, created_at float8, text text, rank float8)"
+_FUNCS = {
+    "lcm_cjk_messages": ("scope text[], grams text[], needle text, top int, lim int, skip int",
+                         "scope, grams, needle, top, lim, skip"),
+    "lcm_fts_messages_ranked": ("scope text[], q tsquery, top int, lim int, skip int", "scope, q, top, lim, skip"),
+}
 
 
-def _calls(dsn: str) -> int:
+def _spy(dsn: str, name: str = "lcm_cjk_messages") -> None:
+    """Count calls of one of the functions on the server: the real function renamed, a wrapper
+    that bumps a sequence and returns its rows (the store's own connections call it)."""
+    params, args = _FUNCS[name]
+    types = ", ".join(p.split()[1] for p in params.split(", "))
     with psycopg.connect(dsn, autocommit=True) as c:
-        last, called = c.execute("SELECT last_value, is_called FROM cjk_calls").fetchone()
+        c.execute(f"CREATE SEQUENCE {name}_calls")
+        c.execute(f"ALTER FUNCTION {name}({types}) RENAME TO {name}_real")
+        c.execute(f"CREATE FUNCTION {name}({params}) {_ROWS} LANGUAGE plpgsql AS $f$"
+                  f" BEGIN PERFORM nextval('{name}_calls'); RETURN QUERY SELECT * FROM {name}_real({args}); END $f$")
+
+
+def _calls(dsn: str, name: str = "lcm_cjk_messages") -> int:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        last, called = c.execute(f"SELECT last_value, is_called FROM {name}_calls").fetchone()
         return last if called else 0
 
 
@@ -175,3 +186,80 @@ def test_without_statistics_the_planner_decides(pg_fresh_dsn):
         assert _calls(pg_fresh_dsn) == 1
     finally:
         again.close()
+
+
+# -- ranked full-text search by scope (migration 021) ------------------------------------------
+
+WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet"]
+
+
+@pytest.fixture
+def fts_store(pg_fresh_dsn):
+    """Two lineages of English messages, indexed; some index rows without their session (as
+    rows indexed before migration 013 are); then a few more left unindexed."""
+    rng = random.Random(11)
+    st = PostgresStore(pg_fresh_dsn, background_index=False)
+    texts: dict[int, str] = {}
+    owner: dict[int, str] = {}
+
+    def add(sid: str, batch: list[str], t0: float) -> None:
+        for i, t in zip(st.append_messages(sid, [nm(t, t0 + k) for k, t in enumerate(batch)]), batch):
+            texts[i], owner[i] = t, sid
+
+    try:
+        for sid, conv in (("a", "conv-a"), ("b", "conv-b")):
+            st.ensure_session(sid, conversation_id=conv)
+            add(sid, [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12)))
+                      + (" ZK-4754 deploy key" if k % 97 == 5 else "") for k in range(600)], 1e9)
+        st.wait_indexed()
+        with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:
+            c.execute("UPDATE message_index SET session_id = NULL WHERE id % 3 = 0")
+            c.execute("ANALYZE message_index")
+        for sid in ("a", "b"):
+            add(sid, ["the ZK-4754 deploy key rotated again", "alpha bravo and the ZK-4754 key"], 2e9)
+        yield st, pg_fresh_dsn, texts, owner
+    finally:
+        st.close()
+
+
+def _ranked_by_sql(dsn: str, q: str, scope: list[str] | None, n: int) -> list[int]:
+    """The ranking computed from every message's own text (nothing indexed is used)."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        return [r[0] for r in c.execute(
+            "SELECT id FROM (SELECT id, -ts_rank_cd(lcm_tsvector(text), to_tsquery('english', %s), 1) AS r"
+            " FROM messages WHERE lcm_tsvector(text) @@ to_tsquery('english', %s)"
+            " AND (%s::text[] IS NULL OR session_id = ANY(%s::text[]))) s ORDER BY r, id DESC LIMIT %s",
+            (q, q, scope, scope, n)).fetchall()]
+
+
+def test_ranked_search_by_scope_answers_what_the_texts_answer(fts_store):
+    st, dsn, texts, owner = fts_store
+    _spy(dsn, "lcm_fts_messages_ranked")
+    calls = 0
+    for query in ("ZK-4754", "deploy key", "alpha"):
+        plan = plan_query(query)
+        for scope in (["a"], ["b"], ["a", "b"], None):
+            for limit, offset in ((10, 0), (5, 4)):
+                got = [r["id"] for r in st.search("messages", scope, plan, mode="fts", order="rank",
+                                                  limit=limit, offset=offset)]
+                calls += 1
+                want = _ranked_by_sql(dsn, plan.pg_tsquery, scope, limit + offset)[offset:]
+                assert got == want, (query, scope, limit, offset)
+                assert got, (query, scope)
+    assert _calls(dsn, "lcm_fts_messages_ranked") == calls
+    # unindexed rows are among the hits, and a lineage never sees the other's
+    got = st.search("messages", ["a"], plan_query("ZK-4754"), mode="fts", order="rank", limit=50)
+    assert {r["id"] for r in got} == {i for i, t in texts.items() if "ZK-4754" in t and owner[i] == "a"}
+
+
+def test_other_searches_keep_their_planned_statements(fts_store):
+    st, dsn, texts, owner = fts_store
+    _spy(dsn, "lcm_fts_messages_ranked")
+    plan = plan_query("alpha")
+    st.search("messages", ["a"], plan, mode="fts", order="recent", limit=10)  # newest first
+    st.search("messages", ["a"], plan, mode="fts", order="rank", role="user", limit=10)  # a filter
+    st.search("messages", ["a"], plan, mode="fts", order="rank", since=1.0, limit=10)
+    st.search("summaries", ["a"], plan, mode="fts", order="rank", limit=10)
+    assert _calls(dsn, "lcm_fts_messages_ranked") == 0
+    st.search("messages", ["a"], plan, mode="fts", order="rank", limit=10)
+    assert _calls(dsn, "lcm_fts_messages_ranked") == 1
