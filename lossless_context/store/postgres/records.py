@@ -7,7 +7,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from ...records import MessageRecord, SummaryRecord
-from ..rows import MSG_COLS, OUTLINE, SUM_COLS, message_record, outline_items, summary_record
+from ..rows import MSG_COLS, SUM_COLS, message_record, outline_items, summary_record
 from .text import pg_text as _t
 from .versions import touch_scopes
 
@@ -95,7 +95,7 @@ class PostgresRecords:
             with c.pipeline():
                 rec = c.execute(f"SELECT {SUM_COLS} FROM summaries WHERE id = %s AND state = 'published'",
                                 (summary_id,))
-                kids = c.execute(OUTLINE.format(p="%s"), (summary_id, summary_id))
+                kids = c.execute("SELECT * FROM lcm_summary_outline(%s)", (summary_id,))  # OUTLINE (022)
             return rec.fetchone(), kids.fetchall()
 
         row, kids = self._read(run)
