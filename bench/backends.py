@@ -79,18 +79,6 @@ def _pg_server() -> tuple[Any, str | None]:
     return srv, None
 
 
-def _settle(dsn: str) -> float | None:
-    """VACUUM (ANALYZE) the bench database; seconds taken (None without psycopg)."""
-    try:
-        import psycopg
-    except ImportError:
-        return None
-    t0 = time.perf_counter()
-    with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute("VACUUM (ANALYZE)")
-    return round(time.perf_counter() - t0, 2)
-
-
 def run(cfg: dict[str, Any], scale_result: dict[str, Any] | None = None) -> dict[str, Any]:
     quick = cfg["quick"]
     n = cfg.get("backend_messages") or (5_000 if quick else 100_000)
@@ -110,7 +98,7 @@ def run(cfg: dict[str, Any], scale_result: dict[str, Any] | None = None) -> dict
         pg_b["wall_seconds"] = round(time.perf_counter() - t0, 1)
         # Measured on a settled store, as autovacuum leaves it a while after a large import
         # (otherwise its vacuum of the new rows may run during the measurement, on the same cores).
-        pg_b["vacuum_analyze_seconds"] = _settle(dsn)
+        pg_b["vacuum_analyze_seconds"] = common.settle_postgres(dsn)
         pg_m = worker(["measure", "--store", dsn, "--n", str(pg_b["n_stored"]), "--passes", str(passes),
                        "--reps", str(reps), "--identifier", pg_b["identifier"]], 3600)
         large = cfg.get("pg_large", 2 * n if quick else 1_000_000)  # quick: the path, not the size

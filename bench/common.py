@@ -250,6 +250,20 @@ def make_engine(store: str, *, context_length: int, summarizer: str = "extractiv
     return LCMEngine(context_length=context_length, **kw)
 
 
+def settle_postgres(dsn: str) -> float | None:
+    """VACUUM (ANALYZE) a bench database, as autovacuum leaves it a while after a burst of
+    writes (and so that autovacuum does not start on it during a measurement, on the same
+    cores); seconds taken (None without psycopg)."""
+    try:
+        import psycopg
+    except ImportError:
+        return None
+    t0 = time.perf_counter()
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("VACUUM (ANALYZE)")
+    return round(time.perf_counter() - t0, 2)
+
+
 def checkpoint(path: str) -> None:
     """Fold the WAL into the main file so file sizes are comparable."""
     try:
