@@ -720,6 +720,17 @@ MIGRATIONS: list[tuple[str, str]] = [
         $fn$;
         """,
     ),
+    (
+        # The session of each message holding CJK text, in the order of ids: a CJK substring
+        # search scoped to a lineage reads that lineage's CJK rows, where it walked every
+        # lineage's newest rows until its own (the oldest of 200 users at 200,000 CJK messages:
+        # a common word in 207 ms, now 1.7). Built over message_index alone, as 013's: only
+        # the indexer writes it (it waits); commits and searches do not.
+        "023_message_index_cjk_session",
+        """
+        CREATE INDEX message_index_cjk_session ON message_index(session_id, id) WHERE cjk IS NOT NULL;
+        """,
+    ),
 ]
 
 # Migrations the store can live without (run in a savepoint; retried at the next start).

@@ -1,8 +1,9 @@
-"""Searches of messages on PostgreSQL whose plans are kept per connection (search.py).
+"""How searches of messages on PostgreSQL are planned (search.py).
 
 * CJK substrings (migration 020): a needle whose bigrams the statistics call rare goes to
-  ``lcm_cjk_messages``, whose plan is fixed by its shape (bigram index, then each candidate by
-  key); a common one keeps the statement planned per call.
+  ``lcm_cjk_messages``, whose plan is kept per connection and fixed by its shape (bigram index,
+  then each candidate by key); a common one keeps the statement planned per call, and scoped to
+  a lineage reads that lineage's CJK rows (migration 023), however many calls it has had.
 * Ranked full-text searches filtered by scope alone (migration 021): ``lcm_fts_messages_ranked``.
 
 Each must answer exactly what a scan of the texts answers, in scope, with still-unindexed rows;
@@ -263,3 +264,65 @@ def test_other_searches_keep_their_planned_statements(fts_store):
     assert _calls(dsn, "lcm_fts_messages_ranked") == 0
     st.search("messages", ["a"], plan, mode="fts", order="rank", limit=10)
     assert _calls(dsn, "lcm_fts_messages_ranked") == 1
+
+
+# -- a common CJK needle in one lineage of many (migration 023; searches never prepared) -------
+
+def _reads(c) -> int:
+    return c.execute("SELECT COALESCE(idx_tup_fetch, 0) + COALESCE(seq_tup_read, 0) FROM pg_stat_user_tables"
+                     " WHERE relname = 'message_index'").fetchone()[0]
+
+
+def test_a_common_word_reads_only_its_own_lineage_every_time(pg_fresh_dsn):
+    """120 users; the oldest searches a word in 30% of all messages. Its bigrams occur
+    together, so it is common (not routed by their product: 2.7%); the search reads the user's
+    own CJK rows, not every match in the store (7,184 here, before migration 023) nor the
+    newest rows down to its own - on its first call and on its twelfth (a statement the driver
+    prepared could be given one generic plan by the server: at 60,000 messages the scoped
+    statement before 023 turned into that walk on its 11th call, 101 -> 59,730 rows)."""
+    users, per, word = 120, 200, "已经部署"
+    st = PostgresStore(pg_fresh_dsn, background_index=False, pool_max=1)  # one connection: its stats
+    try:
+        rng = random.Random(8)
+        chars = [chr(x) for x in range(0x4E00, 0x4E00 + 3000)]
+        mine: list[int] = []
+        for u in range(users):
+            sid = f"user{u}"
+            st.ensure_session(sid, conversation_id=sid)
+            texts = ["".join(rng.choice(chars) for _ in range(30)) + (word if rng.random() < 0.3 else "")
+                     for _ in range(per)]
+            ids = st.append_messages(sid, [nm(t, 1e9 + u * per + k) for k, t in enumerate(texts)])
+            if u == 0:
+                mine = [i for i, t in zip(ids, texts) if word in t]
+        st.wait_indexed()
+        with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:
+            if c.info.server_version < 150000:
+                pytest.skip("pg_stat_force_next_flush needs PostgreSQL 15")
+            c.execute("ANALYZE message_index")
+            want = sorted(mine, reverse=True)[:10]
+
+            def flush() -> None:
+                with st.maintenance_connection() as own:  # the store's one connection: flush its stats
+                    own.execute("SELECT pg_stat_force_next_flush()")
+
+            def search_reads() -> int:
+                flush()
+                before = _reads(c)
+                assert _found(st, word, ["user0"], 10) == want
+                flush()
+                return _reads(c) - before
+
+            first = search_reads()
+            for _ in range(10):
+                _found(st, word, ["user0"], 10)
+            twelfth = search_reads()
+            assert first <= 2 * per and twelfth <= 2 * per, (first, twelfth)
+            # control: reading every match of the word, as the search did, is counted
+            c.execute("SELECT pg_stat_force_next_flush()")
+            before = _reads(c)
+            n = c.execute("SELECT count(*) FROM message_index x WHERE x.cjk @> %s::text[]",
+                          (cjk_bigrams(word),)).fetchone()[0]
+            c.execute("SELECT pg_stat_force_next_flush()")
+            assert n > 20 * per * 0.3 and _reads(c) - before >= n
+    finally:
+        st.close()
