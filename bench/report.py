@@ -464,8 +464,10 @@ def _backends(b: dict[str, Any]) -> list[str]:
     L.append("")
     rt = b.get("round_trip_ms")
     if rt:
-        L += [f"One `SELECT 1` round trip to this server (psycopg, loopback): p50 {rt['p50']} ms — the floor of "
-              "each statement a PostgreSQL request makes, against SQLite's in-process calls.", ""]
+        idle = b.get("round_trip_after_idle_ms")
+        L += [f"One `SELECT 1` round trip to this server (psycopg, loopback): p50 {rt['p50']} ms back to back"
+              + (f", {idle['p50']} ms after 2 ms idle (as between requests: waking an idle core)" if idle else "")
+              + " — the floor of each statement a PostgreSQL request makes, against SQLite's in-process calls.", ""]
     big = b.get("postgresql_large")
     if big:
         g, m = big["grow"], big["measure"]
