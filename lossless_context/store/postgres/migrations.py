@@ -699,7 +699,8 @@ MIGRATIONS: list[tuple[str, str]] = [
         """,
     ),
     (
-        # A summary's outline (store/rows.py OUTLINE: its children in order with their sizes)
+        # A summary's outline (its children in order with their sizes: SQLite's statement in
+        # store/sqlite/records.py)
         # as a function whose plan is kept per connection: planning the two joins cost about
         # as much as running them (0.13 ms each for a leaf over ~100 messages), and expanding
         # a summary is read once per summary, so a per-statement plan cache rarely warmed up.

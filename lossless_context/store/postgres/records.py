@@ -88,14 +88,13 @@ class PostgresRecords:
         covering, parents = _chains(chains, {m: [] for m in mids})
         return {r[0] for r in hidden}, {r[0]: message_record(r) for r in msgs}, covering, parents
 
-
     def summary_outline(self, summary_id: int) -> tuple[SummaryRecord | None, list[tuple[str, int, int]]]:
         # the summary and its children's sizes sent together (pipeline mode): one round trip
         def run(c: Any) -> tuple[Any, list]:
             with c.pipeline():
                 rec = c.execute(f"SELECT {SUM_COLS} FROM summaries WHERE id = %s AND state = 'published'",
                                 (summary_id,))
-                kids = c.execute("SELECT * FROM lcm_summary_outline(%s)", (summary_id,))  # OUTLINE (022)
+                kids = c.execute("SELECT * FROM lcm_summary_outline(%s)", (summary_id,))  # migration 022
             return rec.fetchone(), kids.fetchall()
 
         row, kids = self._read(run)

@@ -209,9 +209,7 @@ class PostgresSearch:
     def _cjk_kept_plan(self, target: str, subs: list[str], where: list[str], with_sql: str) -> bool:
         """Whether this substring search is lcm_cjk_messages' (migration 020): one CJK run in
         messages, filtered by scope alone, whose bigrams the statistics say are rare."""
-        if target != "messages" or len(subs) != 1 or not _cjk_only(subs) or with_sql:
-            return False
-        if any(not w.startswith("t.session_id") for w in where):
+        if target != "messages" or len(subs) != 1 or not _cjk_only(subs) or not _scope_only(where, with_sql):
             return False
         stats = self._cjk_stats()
         if stats is None:  # never analysed: the planner, which knows the table's size, decides
@@ -347,13 +345,13 @@ class PostgresSearch:
                 main_score = "-ts_rank_cd(x.tsv, q.q, 1)::float8" if ranked else "0.0::float8"
                 pend_score = "-ts_rank_cd(v.tsv, q.q, 1)::float8" if ranked else "0.0::float8"
                 main_order = " ORDER BY rank, x.id DESC" if ranked else " ORDER BY x.id DESC"
-                if ranked and len(where) == (session_ids is not None) and not with_sql:
+                if ranked and _scope_only(where, with_sql):
                     # scope only, ranked: lcm_fts_messages_ranked (migration 021), planned once
                     # per connection (every match is scored: the GIN plan is right for any query)
                     return c.execute(
                         "SELECT * FROM lcm_fts_messages_ranked(%s::text[], to_tsquery('english', %s), %s, %s, %s)",
                         (params[0] if params else None, tsq, top, limit, offset)).fetchall()
-                if len(where) == (session_ids is not None) and not with_sql:
+                if _scope_only(where, with_sql):
                     # scope only: matches are filtered by the session message_index keeps
                     # (migration 013; looked up for rows indexed before it) and only the rows
                     # returned are read from messages
@@ -535,6 +533,11 @@ def _substring_sql(target: str, n: int, cjk_only: bool, where: list[str], with_s
 def _scoped(where: list[str]) -> bool:
     """Whether :func:`_filter_sql`'s WHERE terms start with the scope's (its parameter first)."""
     return bool(where) and where[0].startswith("t.session_id")
+
+
+def _scope_only(where: list[str], with_sql: str) -> bool:
+    """Whether a search of messages is filtered by its scope alone (if by anything)."""
+    return not with_sql and all(w.startswith("t.session_id") for w in where)
 
 
 def _substring_args(target: str, subs: list[str], params: list[Any], with_params: list[Any], limit: int,

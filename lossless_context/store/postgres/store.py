@@ -58,7 +58,6 @@ _TABLES = ("sessions", "messages", "message_absorbed", "message_aliases", "summa
            "summary_parents", "context_items", "staged_passes", "presummaries", "lcm_migrations")
 
 
-
 _TOUCHED = threading.local()  # sessions whose context version this thread's transaction bumped
 
 

@@ -8,9 +8,15 @@ import time
 from typing import Any, Callable, Iterator, Sequence
 
 from ...records import SummaryRecord
-from ..rows import OUTLINE, SUM_COLS, outline_items, summary_record
+from ..rows import SUM_COLS, outline_items, summary_record
 
 _CHUNK = 500
+# A summary's children in order (published child summaries first, then messages), each with
+# its size (PostgreSQL's lcm_summary_outline, migration 022, is the same statement)
+_OUTLINE = ("SELECT 0, sp.ord, sp.child_id, s.tokens FROM summary_parents sp JOIN summaries s ON s.id = sp.child_id"
+            " WHERE sp.parent_id = ? AND s.state = 'published'"
+            " UNION ALL SELECT 1, sm.ord, sm.message_id, m.tokens FROM summary_messages sm"
+            " JOIN messages m ON m.id = sm.message_id WHERE sm.summary_id = ? ORDER BY 1, 2")
 
 
 def _chunks(ids: Sequence[int]) -> Iterator[list[int]]:
@@ -30,7 +36,7 @@ class SQLiteRecords:
                         (summary_id,)).fetchone()
         if row is None:
             return None, []
-        return summary_record(row), outline_items(c.execute(OUTLINE.format(p="?"), (summary_id, summary_id)).fetchall())
+        return summary_record(row), outline_items(c.execute(_OUTLINE, (summary_id, summary_id)).fetchall())
 
     def retract_messages(self, message_ids: Sequence[int]) -> int:
         if not message_ids:
