@@ -190,21 +190,28 @@ class PostgresSearch:
                 rest.append((k, s))
         return rest
 
-    def _lexeme_freqs(self) -> dict[str, float]:
-        """lexeme → fraction of indexed messages holding it, for the most common lexemes
-        (ANALYZE's statistics of message_index.tsv; refreshed once a minute)."""
-        cached = self.__dict__.get("_freqs")
+    def _planner_stats(self, key: str, read: Callable[[], Any]) -> Any:
+        """``read()``'s answer (from the planner's statistics), read again once a minute."""
+        cached = self.__dict__.get(key)
         now = time.monotonic()
         if cached is not None and now - cached[0] < STATS_SECONDS:
             return cached[1]
-        row = self._read(lambda c: c.execute(
-            "SELECT most_common_elems::text::text[], most_common_elem_freqs FROM pg_catalog.pg_stats"
-            " WHERE schemaname = current_schema() AND tablename = 'message_index' AND attname = 'tsv'").fetchone())
-        freqs: dict[str, float] = {}
-        if row and row[0] and row[1]:
-            freqs = dict(zip(row[0], row[1]))  # (the frequencies carry 3 trailing summary values)
-        self.__dict__["_freqs"] = (now, freqs)
-        return freqs
+        value = read()
+        self.__dict__[key] = (now, value)
+        return value
+
+    def _lexeme_freqs(self) -> dict[str, float]:
+        """lexeme → fraction of indexed messages holding it, for the most common lexemes
+        (ANALYZE's statistics of message_index.tsv; refreshed once a minute)."""
+        def read() -> dict[str, float]:
+            row = self._read(lambda c: c.execute(
+                "SELECT most_common_elems::text::text[], most_common_elem_freqs FROM pg_catalog.pg_stats"
+                " WHERE schemaname = current_schema() AND tablename = 'message_index' AND attname = 'tsv'").fetchone())
+            if row and row[0] and row[1]:
+                return dict(zip(row[0], row[1]))  # (the frequencies carry 3 trailing summary values)
+            return {}
+
+        return self._planner_stats("_freqs", read)
 
     def _cjk_kept_plan(self, target: str, subs: list[str], where: list[str], with_sql: str) -> bool:
         """Whether this substring search is lcm_cjk_messages' (migration 020): one CJK run in
@@ -226,25 +233,22 @@ class PostgresSearch:
         """(messages holding CJK text, bigram -> fraction of them, the fraction assumed for a
         bigram the statistics omit) from ANALYZE's statistics of message_index.cjk; None
         before any. Refreshed once a minute."""
-        cached = self.__dict__.get("_cjk_freqs")
-        now = time.monotonic()
-        if cached is not None and now - cached[0] < STATS_SECONDS:
-            return cached[1]
-        row = self._read(lambda c: c.execute(
-            "SELECT c.reltuples, s.null_frac, s.most_common_elems::text::text[], s.most_common_elem_freqs"
-            " FROM pg_catalog.pg_class c JOIN pg_catalog.pg_stats s ON s.schemaname = current_schema()"
-            " AND s.tablename = 'message_index' AND s.attname = 'cjk'"
-            " WHERE c.oid = to_regclass('message_index')").fetchone())
-        stats = None
-        if row is not None and row[0] is not None and row[0] >= 0:
+        def read() -> tuple[float, dict[str, float], float] | None:
+            row = self._read(lambda c: c.execute(
+                "SELECT c.reltuples, s.null_frac, s.most_common_elems::text::text[], s.most_common_elem_freqs"
+                " FROM pg_catalog.pg_class c JOIN pg_catalog.pg_stats s ON s.schemaname = current_schema()"
+                " AND s.tablename = 'message_index' AND s.attname = 'cjk'"
+                " WHERE c.oid = to_regclass('message_index')").fetchone())
+            if row is None or row[0] is None or row[0] < 0:
+                return None
             elems, nums = row[2] or [], row[3] or []
-            freqs = dict(zip(elems, nums))
             # as the planner: an omitted element is taken as half the rarest one kept (the
             # frequencies carry the minimum after the elements), at most the default
             least = nums[len(elems)] if len(nums) > len(elems) else 2 * _CJK_DEFAULT_FREQ
-            stats = (float(row[0]) * (1.0 - float(row[1] or 0.0)), freqs, min(_CJK_DEFAULT_FREQ, least / 2))
-        self.__dict__["_cjk_freqs"] = (now, stats)
-        return stats
+            return (float(row[0]) * (1.0 - float(row[1] or 0.0)), dict(zip(elems, nums)),
+                    min(_CJK_DEFAULT_FREQ, least / 2))
+
+        return self._planner_stats("_cjk_freqs", read)
 
     def _single_lexeme(self, tsq: str) -> str | None:
         """The lexeme a one-operand tsquery input parses to (None for anything else); cached."""
