@@ -449,21 +449,22 @@ class _Ctx:
         start = int(cur.get("i", 0)) if isinstance(cur.get("i", 0), int) else 0
         # The page is laid out from the children's sizes, then only what it shows is read (one
         # read per kind: on PostgreSQL a round trip each, where reading ahead cost several).
-        page: list[tuple[str, int]] = []
+        page: list[tuple[str, int, bool]] = []  # (kind, id, too large to show here)
         used = 0
         i = start
         while i < len(children):
             k, r, tokens = children[i]
-            cost = tokens + 30 if k == "s" else (tokens + 20 if tokens + 20 <= budget else 150)
+            large = k == "m" and tokens + 20 > budget
+            cost = tokens + 30 if k == "s" else (150 if large else tokens + 20)
             if page and used + cost > budget:
                 break
-            page.append((k, r))
+            page.append((k, r, large))
             used += cost
             i += 1
-        sums = self.store.get_summaries([r for k, r in page if k == "s"])
-        msgs = self.store.get_messages([r for k, r in page if k == "m"])
+        sums = self.store.get_summaries([r for k, r, _ in page if k == "s"])
+        msgs = self.store.get_messages([r for k, r, _ in page if k == "m"])
         out_children: list[dict[str, Any]] = []
-        for k, r in page:
+        for k, r, large in page:
             if k == "s":
                 s = sums.get(r)
                 if s is not None:
@@ -474,7 +475,7 @@ class _Ctx:
             m = msgs.get(r)
             if m is None:  # forgotten since the outline was read
                 continue
-            if m.tokens + 20 > budget:
+            if large:
                 out_children.append({
                     "id": f"m{r}", "role": m.role, "time": _iso(m.created_at), "tokens": m.tokens,
                     "truncated": True, "note": f"too large for this page; lcm_expand(id=\"m{r}\") pages through it",

@@ -150,6 +150,17 @@ def test_expanding_a_summary_reads_exactly_the_messages_each_page_shows(tmp_path
     for p in pages:  # each page within its budget, the first child always shown
         assert sum(min(stored[int(c["id"][1:])].tokens + 20, 150 if c.get("truncated") else 10**9)
                    for c in p["children"][1:]) <= 2_000
+    # a message larger than the page is shown as a preview that points at its own pages
+    big = next(m for m in mids if stored[m].tokens + 20 > 200)
+    cursor, seen = None, None
+    while seen is None:
+        args = {"id": f"s{leaf}", "max_tokens": 200, **({"cursor": cursor} if cursor else {})}
+        out = json.loads(e.handle_tool_call("lcm_expand", args))
+        seen = next((c for c in out["children"] if c["id"] == f"m{big}"), None)
+        cursor = out["next_cursor"]
+        assert seen is not None or cursor
+    assert seen["truncated"] and seen["preview"] == stored[big].text[:400] and "message" not in seen
+    assert f'lcm_expand(id="m{big}")' in seen["note"]
     e.store.close()
 
 
