@@ -5,6 +5,7 @@
   then each candidate by key); a common one keeps the statement planned per call, and scoped to
   a lineage reads that lineage's CJK rows (migration 023), however many calls it has had.
 * Ranked full-text searches filtered by scope alone (migration 021): ``lcm_fts_messages_ranked``.
+* Full-text searches of the messages under one summary (migration 024): ``lcm_fts_under``.
 
 Each must answer exactly what a scan of the texts answers, in scope, with still-unindexed rows;
 which searches take a function is seen by a spy on the server. Every test runs on a real
@@ -326,3 +327,122 @@ def test_a_common_word_reads_only_its_own_lineage_every_time(pg_fresh_dsn):
             assert n > 20 * per * 0.3 and _reads(c) - before >= n
     finally:
         st.close()
+
+
+# -- the messages under one summary (migration 024) ---------------------------------------------
+
+UNDER_WORDS = ["deploy", "window", "rollback", "plan", "ledger", "invoice", "retry", "budget", "cache", "queue"]
+
+
+@pytest.fixture
+def under_store(pg_fresh_dsn):
+    """1,500 messages of one session (plus a second lineage's) under three leaves and a
+    condensed summary over the first two; the last 200 are still unindexed when summarised.
+    Yields (store, dsn, {summary id: ids of the messages under it}, leaf over the oldest 100)."""
+    from lossless_context.records import NewSummary
+
+    rng = random.Random(11)
+    st = PostgresStore(pg_fresh_dsn, background_index=False, pool_max=1)  # one connection: its stats
+
+    def text(i: int) -> str:
+        words = " ".join(rng.choice(UNDER_WORDS) for _ in range(8))
+        return words + (" ERR_DEPLOY_WINDOW_7 happened" if i % 9 == 0 else "") + (" rollback plan" if i % 4 == 0 else "")
+
+    def msgs(n: int, t0: float) -> list[NewMessage]:
+        out = [nm(text(i), t0 + i) for i in range(n)]
+        for k, m in enumerate(out):
+            if k % 2:
+                m.raw, m.role = {"role": "assistant", "content": m.text}, "assistant"
+        return out
+
+    try:
+        st.ensure_session("s", conversation_id="conv-s")
+        st.ensure_session("t", conversation_id="conv-t")
+        st.append_messages("t", msgs(300, 1e9))
+        ids = st.append_messages("s", msgs(1300, 1e9 + 1000))
+        st.wait_indexed()
+        ids += st.append_messages("s", msgs(200, 1e9 + 5000))  # listed, not indexed
+        v, e = st.get_context("s")
+
+        def leaf(key: str, mids: list[int]) -> NewSummary:
+            return NewSummary(key=key, kind="leaf", depth=0, text=f"{key} deploy rollback", tokens=10,
+                              source_tokens=100, level="normal", summarizer="test", t_start=1e9, t_end=2e9,
+                              n_messages=len(mids), message_ids=mids)
+
+        km, _ = st.stage_pass("s", "p", [
+            leaf("A", ids[:100]), leaf("B", ids[100:250]), leaf("D", ids[250:]),
+            NewSummary(key="C", kind="condensed", depth=1, text="C deploy", tokens=10, source_tokens=100,
+                       level="normal", summarizer="test", t_start=1e9, t_end=2e9, n_messages=250,
+                       child_keys=["A", "B"]),
+        ], [("s", "C"), ("s", "D")], v, len(e))
+        assert st.publish_pass("p")
+        under = {km["A"]: set(ids[:100]), km["B"]: set(ids[100:250]), km["D"]: set(ids[250:]),
+                 km["C"]: set(ids[:250])}
+        yield st, pg_fresh_dsn, under, km["A"]
+    finally:
+        st.close()
+
+
+@pytest.mark.parametrize("probe_rows", [2000, 120])
+def test_a_search_under_a_summary_is_the_search_of_its_messages(under_store, monkeypatch, probe_rows):
+    """Every route of lcm_fts_under (each message read by key: probe_rows 2000; the index's
+    matches kept when under the summary: 120, taken by the larger summaries) answers what the
+    same search of the whole lineage answers, restricted to the summary's messages - ranked or
+    newest first, paged, with role and time filters, unindexed messages included, and never a
+    message of another lineage."""
+    from lossless_context.store.postgres import search as pg_search
+
+    monkeypatch.setattr(pg_search, "UNDER_PROBE_ROWS", probe_rows)
+    st, dsn, under, _ = under_store
+    for query in ("ERR_DEPLOY_WINDOW_7", '"rollback plan"', "ledger invoice", "budget"):
+        plan = plan_query(query)
+        for order in ("rank", "recent"):
+            for filters in ({}, {"role": "assistant"}, {"since": 1e9 + 1100, "until": 1e9 + 5100}):
+                for scope in (["s"], ["t"], None):
+                    whole = st.search("messages", scope, plan, mode="fts", order=order, limit=5000, **filters)
+                    for sid, mids in under.items():
+                        want = [r for r in whole if r["id"] in mids]
+                        got = st.search("messages", scope, plan, mode="fts", order=order, under_summary=sid,
+                                        limit=7, offset=2, **filters)
+                        assert [r["id"] for r in got] == [r["id"] for r in want[2:9]], (query, order, filters, scope)
+                        assert [r["rank"] for r in got] == pytest.approx([r["rank"] for r in want[2:9]])
+                        if scope == ["t"]:
+                            assert got == []
+    # the unindexed messages (the last 200, all under D) are found
+    unindexed = sorted(max(under.values(), key=len))[-200:]
+    got = st.search("messages", ["s"], plan_query("ERR_DEPLOY_WINDOW_7"), mode="fts", order="recent",
+                    under_summary=max(under, key=lambda k: len(under[k])), limit=3)
+    assert got and all(r["id"] in unindexed for r in got)
+
+
+def test_a_search_under_an_old_leaf_reads_only_its_messages(under_store):
+    """The leaf over the oldest 100 of 1,800 messages, searched for a word most messages hold:
+    the search reads about its 100 rows of message_index, not the word's matches in the whole
+    store (nor, as the statement before migration 024 did at 100k messages, the index from the
+    newest id down to the leaf, testing each row)."""
+    st, dsn, under, oldest = under_store
+    with psycopg.connect(dsn, autocommit=True) as c:
+        if c.info.server_version < 150000:
+            pytest.skip("pg_stat_force_next_flush needs PostgreSQL 15")
+
+        def flush() -> None:
+            with st.maintenance_connection() as own:
+                own.execute("SELECT pg_stat_force_next_flush()")
+
+        plan = plan_query("budget")
+        want = [r["id"] for r in st.search("messages", ["s"], plan, mode="fts", order="recent", limit=5000)
+                if r["id"] in under[oldest]][:12]
+        assert want
+        flush()
+        before = _reads(c)
+        got = st.search("messages", ["s"], plan, mode="fts", order="recent", under_summary=oldest, limit=12)
+        flush()
+        assert [r["id"] for r in got] == want
+        assert _reads(c) - before <= 2 * len(under[oldest])
+        # control: the counter sees a walk of the index
+        flush()
+        before = _reads(c)
+        with st.maintenance_connection() as own:
+            own.execute("SELECT count(*) FROM message_index x WHERE x.id > 0 AND x.tsv IS NOT NULL").fetchone()
+        flush()
+        assert _reads(c) - before >= 1000

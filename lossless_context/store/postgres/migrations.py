@@ -18,6 +18,8 @@ tables; ``staged_passes.rid`` orders stages created in the same instant (SQLite:
 
 from __future__ import annotations
 
+from .kept_plans import KEPT_PLANS
+
 # A fixed 64-bit key for pg_advisory_xact_lock while migrating ("lcm-migr" in ASCII).
 MIGRATION_LOCK_KEY = 0x6C636D2D6D696772
 
@@ -628,111 +630,8 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX message_vectors_session ON message_vectors(model, session_id, seq);
         """,
     ),
-    (
-        # A CJK substring search of messages whose bigrams are rare (search.py decides from
-        # the statistics of message_index.cjk), as a function whose plan is made once per
-        # connection: planning the statement cost ~0.2 ms of every call, the search ~0.04.
-        # The plan is fixed by the statement's shape, not by estimates: the bigram index
-        # gives the candidates (a MATERIALIZED CTE) and each is read by primary key (the
-        # OFFSET 0 lateral), so a rare needle never becomes a walk of the whole table, which
-        # a generic plan of the plain statement chose (35 ms at 50,000 CJK messages). A
-        # common needle keeps the planned statement: its plan walks ids backwards and stops.
-        "020_cjk_messages",
-        """
-        CREATE OR REPLACE FUNCTION lcm_cjk_messages(scope text[], grams text[], needle text, top int,
-                                                    lim int, skip int)
-        RETURNS TABLE(id bigint, session_id text, role text, created_at float8, text text, rank float8)
-        LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan AS $fn$
-        BEGIN
-            RETURN QUERY
-            WITH hit AS MATERIALIZED (
-                SELECT x.id FROM message_index x WHERE x.cjk IS NOT NULL AND x.cjk @> grams
-                  AND (scope IS NULL OR x.session_id IS NULL OR x.session_id = ANY(scope)))
-            SELECT * FROM ((
-                SELECT t.id, t.session_id, t.role, t.created_at, t.text, 0.0::float8
-                FROM hit h CROSS JOIN LATERAL (SELECT * FROM messages m WHERE m.id = h.id OFFSET 0) t
-                WHERE strpos(t.text, needle) > 0 AND (scope IS NULL OR t.session_id = ANY(scope))
-                ORDER BY t.id DESC LIMIT top
-            ) UNION ALL (
-                SELECT t.id, t.session_id, t.role, t.created_at, t.text, 0.0::float8
-                FROM message_index_pending p
-                CROSS JOIN LATERAL (SELECT * FROM messages m WHERE m.id = p.message_id OFFSET 0) t
-                WHERE strpos(t.text, needle) > 0 AND (scope IS NULL OR t.session_id = ANY(scope))
-                ORDER BY t.id DESC LIMIT top
-            )) u ORDER BY 1 DESC LIMIT lim OFFSET skip;
-        END
-        $fn$;
-        """,
-    ),
-    (
-        # A ranked full-text search of messages filtered by scope alone (what an identifier or
-        # the rare terms of a question ask), as a function whose plan is kept per connection:
-        # planning the statement was most of a call's server time. A ranked search scores
-        # every match (search.py asks for one only when the capped counts say they are few),
-        # so the plan that reads the matches from the GIN index is right for any query; the
-        # shape keeps it (the matches ranked first, then each returned row read by key).
-        "021_fts_messages_ranked",
-        """
-        CREATE OR REPLACE FUNCTION lcm_fts_messages_ranked(scope text[], q tsquery, top int, lim int, skip int)
-        RETURNS TABLE(id bigint, session_id text, role text, created_at float8, text text, rank float8)
-        LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan AS $fn$
-        BEGIN
-            RETURN QUERY
-            SELECT * FROM ((
-                SELECT t.id, t.session_id, t.role, t.created_at, t.text, k.rank
-                FROM (SELECT x.id, -ts_rank_cd(x.tsv, q, 1)::float8 AS rank FROM message_index x
-                      WHERE x.tsv @@ q AND (scope IS NULL OR x.session_id = ANY(scope)
-                            OR (x.session_id IS NULL AND EXISTS
-                                (SELECT 1 FROM messages m WHERE m.id = x.id AND m.session_id = ANY(scope))))
-                      ORDER BY 2, 1 DESC LIMIT top) k
-                CROSS JOIN LATERAL (SELECT * FROM messages m WHERE m.id = k.id OFFSET 0) t
-            ) UNION ALL (
-                SELECT t.id, t.session_id, t.role, t.created_at, t.text, -ts_rank_cd(v.tsv, q, 1)::float8
-                FROM message_index_pending p
-                CROSS JOIN LATERAL (SELECT * FROM messages m WHERE m.id = p.message_id OFFSET 0) t
-                CROSS JOIN LATERAL (SELECT COALESCE(t.tsv, lcm_tsvector(t.text)) AS tsv OFFSET 0) v
-                WHERE v.tsv @@ q AND (scope IS NULL OR t.session_id = ANY(scope))
-                ORDER BY 6, 1 DESC LIMIT top
-            )) u ORDER BY 6, 1 DESC LIMIT lim OFFSET skip;
-        END
-        $fn$;
-        """,
-    ),
-    (
-        # A summary's outline (its children in order with their sizes: SQLite's statement in
-        # store/sqlite/records.py)
-        # as a function whose plan is kept per connection: planning the two joins cost about
-        # as much as running them (0.13 ms each for a leaf over ~100 messages), and expanding
-        # a summary is read once per summary, so a per-statement plan cache rarely warmed up.
-        "022_summary_outline",
-        """
-        CREATE OR REPLACE FUNCTION lcm_summary_outline(sid bigint)
-        RETURNS TABLE(kind int, ord int, child bigint, tokens bigint)
-        LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan AS $fn$
-        BEGIN
-            RETURN QUERY
-            SELECT 0, sp.ord, sp.child_id, s.tokens FROM summary_parents sp
-                JOIN summaries s ON s.id = sp.child_id WHERE sp.parent_id = sid AND s.state = 'published'
-            UNION ALL
-            SELECT 1, sm.ord, sm.message_id, m.tokens FROM summary_messages sm
-                JOIN messages m ON m.id = sm.message_id WHERE sm.summary_id = sid
-            ORDER BY 1, 2;
-        END
-        $fn$;
-        """,
-    ),
-    (
-        # The session of each message holding CJK text, in the order of ids: a CJK substring
-        # search scoped to a lineage reads that lineage's CJK rows, where it walked every
-        # lineage's newest rows until its own (the oldest of 200 users at 200,000 CJK messages:
-        # a common word in 207 ms, now 1.7). Built over message_index alone, as 013's: only
-        # the indexer writes it (it waits); commits and searches do not.
-        "023_message_index_cjk_session",
-        """
-        CREATE INDEX message_index_cjk_session ON message_index(session_id, id) WHERE cjk IS NOT NULL;
-        """,
-    ),
 ]
+MIGRATIONS += KEPT_PLANS  # 020 on: kept_plans.py
 
 # Migrations the store can live without (run in a savepoint; retried at the next start).
 OPTIONAL: frozenset[str] = frozenset({"002_trigram", "015_lz4_toast"})

@@ -346,6 +346,13 @@ class PostgresSearch:
                     )
                     return c.execute(sql, (*with_params, tsq, *params, limit, offset), prepare=False).fetchall()
                 ranked = order == "rank"
+                if under_summary is not None:  # the messages under one summary: lcm_fts_under (024)
+                    return c.execute(
+                        "SELECT * FROM lcm_fts_under(%s, to_tsquery('english', %s), %s::text[], %s, %s, %s,"
+                        " %s, %s, %s, %s, %s)",
+                        (int(under_summary), tsq, None if session_ids is None else [_t(s) for s in session_ids],
+                         _t(role) if role else None, since, until, ranked, top, limit, offset,
+                         UNDER_PROBE_ROWS)).fetchall()
                 main_score = "-ts_rank_cd(x.tsv, q.q, 1)::float8" if ranked else "0.0::float8"
                 pend_score = "-ts_rank_cd(v.tsv, q.q, 1)::float8" if ranked else "0.0::float8"
                 main_order = " ORDER BY rank, x.id DESC" if ranked else " ORDER BY x.id DESC"
@@ -430,6 +437,10 @@ class PostgresSearch:
 
 
 _KEYS = ("id", "session_id", "role", "created_at", "text", "rank")
+
+# Messages under a summary up to this many are each read by key and tested (lcm_fts_under,
+# migration 024: ~2 us a row); a larger summary's matches come from the full-text index.
+UNDER_PROBE_ROWS = 2000
 
 
 def _prepare(sql: str, target: str = "messages") -> bool | None:

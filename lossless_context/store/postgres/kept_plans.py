@@ -1,0 +1,184 @@
+"""Migrations 020 onward of the PostgreSQL store (appended to ``migrations.MIGRATIONS``).
+
+Most are statements turned into functions whose plans are kept per connection
+(``plan_cache_mode = force_generic_plan``): a search or a read whose planning cost as much as
+running it, or whose plan chosen per call could become a walk of a whole table. Each plan
+is fixed by the statement's shape (a MATERIALIZED candidate set, rows read by key through an
+``OFFSET 0`` lateral), not by estimates. The same rules as ``migrations.py``: append only,
+never edit a released entry.
+"""
+
+from __future__ import annotations
+
+KEPT_PLANS: list[tuple[str, str]] = [
+    (
+        # A CJK substring search of messages whose bigrams are rare (search.py decides from
+        # the statistics of message_index.cjk), as a function whose plan is made once per
+        # connection: planning the statement cost ~0.2 ms of every call, the search ~0.04.
+        # The plan is fixed by the statement's shape, not by estimates: the bigram index
+        # gives the candidates (a MATERIALIZED CTE) and each is read by primary key (the
+        # OFFSET 0 lateral), so a rare needle never becomes a walk of the whole table, which
+        # a generic plan of the plain statement chose (35 ms at 50,000 CJK messages). A
+        # common needle keeps the planned statement: its plan walks ids backwards and stops.
+        "020_cjk_messages",
+        """
+        CREATE OR REPLACE FUNCTION lcm_cjk_messages(scope text[], grams text[], needle text, top int,
+                                                    lim int, skip int)
+        RETURNS TABLE(id bigint, session_id text, role text, created_at float8, text text, rank float8)
+        LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan AS $fn$
+        BEGIN
+            RETURN QUERY
+            WITH hit AS MATERIALIZED (
+                SELECT x.id FROM message_index x WHERE x.cjk IS NOT NULL AND x.cjk @> grams
+                  AND (scope IS NULL OR x.session_id IS NULL OR x.session_id = ANY(scope)))
+            SELECT * FROM ((
+                SELECT t.id, t.session_id, t.role, t.created_at, t.text, 0.0::float8
+                FROM hit h CROSS JOIN LATERAL (SELECT * FROM messages m WHERE m.id = h.id OFFSET 0) t
+                WHERE strpos(t.text, needle) > 0 AND (scope IS NULL OR t.session_id = ANY(scope))
+                ORDER BY t.id DESC LIMIT top
+            ) UNION ALL (
+                SELECT t.id, t.session_id, t.role, t.created_at, t.text, 0.0::float8
+                FROM message_index_pending p
+                CROSS JOIN LATERAL (SELECT * FROM messages m WHERE m.id = p.message_id OFFSET 0) t
+                WHERE strpos(t.text, needle) > 0 AND (scope IS NULL OR t.session_id = ANY(scope))
+                ORDER BY t.id DESC LIMIT top
+            )) u ORDER BY 1 DESC LIMIT lim OFFSET skip;
+        END
+        $fn$;
+        """,
+    ),
+    (
+        # A ranked full-text search of messages filtered by scope alone (what an identifier or
+        # the rare terms of a question ask), as a function whose plan is kept per connection:
+        # planning the statement was most of a call's server time. A ranked search scores
+        # every match (search.py asks for one only when the capped counts say they are few),
+        # so the plan that reads the matches from the GIN index is right for any query; the
+        # shape keeps it (the matches ranked first, then each returned row read by key).
+        "021_fts_messages_ranked",
+        """
+        CREATE OR REPLACE FUNCTION lcm_fts_messages_ranked(scope text[], q tsquery, top int, lim int, skip int)
+        RETURNS TABLE(id bigint, session_id text, role text, created_at float8, text text, rank float8)
+        LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan AS $fn$
+        BEGIN
+            RETURN QUERY
+            SELECT * FROM ((
+                SELECT t.id, t.session_id, t.role, t.created_at, t.text, k.rank
+                FROM (SELECT x.id, -ts_rank_cd(x.tsv, q, 1)::float8 AS rank FROM message_index x
+                      WHERE x.tsv @@ q AND (scope IS NULL OR x.session_id = ANY(scope)
+                            OR (x.session_id IS NULL AND EXISTS
+                                (SELECT 1 FROM messages m WHERE m.id = x.id AND m.session_id = ANY(scope))))
+                      ORDER BY 2, 1 DESC LIMIT top) k
+                CROSS JOIN LATERAL (SELECT * FROM messages m WHERE m.id = k.id OFFSET 0) t
+            ) UNION ALL (
+                SELECT t.id, t.session_id, t.role, t.created_at, t.text, -ts_rank_cd(v.tsv, q, 1)::float8
+                FROM message_index_pending p
+                CROSS JOIN LATERAL (SELECT * FROM messages m WHERE m.id = p.message_id OFFSET 0) t
+                CROSS JOIN LATERAL (SELECT COALESCE(t.tsv, lcm_tsvector(t.text)) AS tsv OFFSET 0) v
+                WHERE v.tsv @@ q AND (scope IS NULL OR t.session_id = ANY(scope))
+                ORDER BY 6, 1 DESC LIMIT top
+            )) u ORDER BY 6, 1 DESC LIMIT lim OFFSET skip;
+        END
+        $fn$;
+        """,
+    ),
+    (
+        # A summary's outline (its children in order with their sizes: SQLite's statement in
+        # store/sqlite/records.py)
+        # as a function whose plan is kept per connection: planning the two joins cost about
+        # as much as running them (0.13 ms each for a leaf over ~100 messages), and expanding
+        # a summary is read once per summary, so a per-statement plan cache rarely warmed up.
+        "022_summary_outline",
+        """
+        CREATE OR REPLACE FUNCTION lcm_summary_outline(sid bigint)
+        RETURNS TABLE(kind int, ord int, child bigint, tokens bigint)
+        LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan AS $fn$
+        BEGIN
+            RETURN QUERY
+            SELECT 0, sp.ord, sp.child_id, s.tokens FROM summary_parents sp
+                JOIN summaries s ON s.id = sp.child_id WHERE sp.parent_id = sid AND s.state = 'published'
+            UNION ALL
+            SELECT 1, sm.ord, sm.message_id, m.tokens FROM summary_messages sm
+                JOIN messages m ON m.id = sm.message_id WHERE sm.summary_id = sid
+            ORDER BY 1, 2;
+        END
+        $fn$;
+        """,
+    ),
+    (
+        # The session of each message holding CJK text, in the order of ids: a CJK substring
+        # search scoped to a lineage reads that lineage's CJK rows, where it walked every
+        # lineage's newest rows until its own (the oldest of 200 users at 200,000 CJK messages:
+        # a common word in 207 ms, now 1.7). Built over message_index alone, as 013's: only
+        # the indexer writes it (it waits); commits and searches do not.
+        "023_message_index_cjk_session",
+        """
+        CREATE INDEX message_index_cjk_session ON message_index(session_id, id) WHERE cjk IS NOT NULL;
+        """,
+    ),
+    (
+        # A full-text search of the messages under one summary (lcm_grep's summary_id, and the
+        # originals a grep folds a summary hit into: up to 30 a grep). The statement filtering
+        # the index by "under this summary" was planned as a walk of message_index from the
+        # newest id down, testing each row (2-4 ms a call at 100k messages, more for an older
+        # summary): the planner cannot see how few messages a summary covers. The function
+        # lists them first; up to probe_max are read by key and tested (an unindexed one on its
+        # own text), a larger summary's matches come from the index as a set.
+        "024_fts_under_summary",
+        """
+        CREATE OR REPLACE FUNCTION lcm_fts_under(root bigint, q tsquery, scope text[], want_role text,
+                                                 t0 float8, t1 float8, ranked boolean, top int, lim int,
+                                                 skip int, probe_max int)
+        RETURNS TABLE(id bigint, session_id text, role text, created_at float8, text text, rank float8)
+        LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan AS $fn$
+        DECLARE
+            ids bigint[];
+        BEGIN
+            ids := ARRAY(
+                WITH RECURSIVE sub(id) AS (
+                    SELECT root UNION SELECT c.child_id FROM sub
+                    CROSS JOIN LATERAL (SELECT sp.child_id FROM summary_parents sp WHERE sp.parent_id = sub.id
+                                        OFFSET 0) c)
+                SELECT DISTINCT s.message_id FROM sub
+                CROSS JOIN LATERAL (SELECT sm.message_id FROM summary_messages sm WHERE sm.summary_id = sub.id
+                                    OFFSET 0) s);
+            IF cardinality(ids) <= probe_max THEN
+                RETURN QUERY
+                SELECT t.id, t.session_id, t.role, t.created_at, t.text,
+                       CASE WHEN ranked THEN -ts_rank_cd(v.tsv, q, 1)::float8 ELSE 0.0::float8 END
+                FROM unnest(ids) AS u(id)
+                CROSS JOIN LATERAL (SELECT * FROM messages m WHERE m.id = u.id OFFSET 0) t
+                CROSS JOIN LATERAL (SELECT COALESCE((SELECT x.tsv FROM message_index x WHERE x.id = u.id),
+                                                    t.tsv, lcm_tsvector(t.text)) AS tsv OFFSET 0) v
+                WHERE v.tsv @@ q AND (scope IS NULL OR t.session_id = ANY(scope))
+                  AND (want_role IS NULL OR t.role = want_role)
+                  AND (t0 IS NULL OR t.created_at >= t0) AND (t1 IS NULL OR t.created_at <= t1)
+                ORDER BY 6, 1 DESC LIMIT lim OFFSET skip;
+            ELSE
+                RETURN QUERY
+                WITH u AS MATERIALIZED (SELECT unnest(ids) AS id)
+                SELECT * FROM ((
+                    SELECT t.id, t.session_id, t.role, t.created_at, t.text,
+                           CASE WHEN ranked THEN -ts_rank_cd(x.tsv, q, 1)::float8 ELSE 0.0::float8 END
+                    FROM (SELECT x.id, x.tsv FROM message_index x WHERE x.tsv @@ q OFFSET 0) x
+                    JOIN u ON u.id = x.id
+                    CROSS JOIN LATERAL (SELECT * FROM messages m WHERE m.id = x.id OFFSET 0) t
+                    WHERE (scope IS NULL OR t.session_id = ANY(scope)) AND (want_role IS NULL OR t.role = want_role)
+                      AND (t0 IS NULL OR t.created_at >= t0) AND (t1 IS NULL OR t.created_at <= t1)
+                    ORDER BY 6, 1 DESC LIMIT top
+                ) UNION ALL (
+                    SELECT t.id, t.session_id, t.role, t.created_at, t.text,
+                           CASE WHEN ranked THEN -ts_rank_cd(v.tsv, q, 1)::float8 ELSE 0.0::float8 END
+                    FROM message_index_pending p JOIN u ON u.id = p.message_id
+                    CROSS JOIN LATERAL (SELECT * FROM messages m WHERE m.id = p.message_id OFFSET 0) t
+                    CROSS JOIN LATERAL (SELECT COALESCE(t.tsv, lcm_tsvector(t.text)) AS tsv OFFSET 0) v
+                    WHERE v.tsv @@ q AND (scope IS NULL OR t.session_id = ANY(scope))
+                      AND (want_role IS NULL OR t.role = want_role)
+                      AND (t0 IS NULL OR t.created_at >= t0) AND (t1 IS NULL OR t.created_at <= t1)
+                    ORDER BY 6, 1 DESC LIMIT top
+                )) w ORDER BY 6, 1 DESC LIMIT lim OFFSET skip;
+            END IF;
+        END
+        $fn$;
+        """,
+    ),
+]
