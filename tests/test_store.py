@@ -777,6 +777,40 @@ def test_search_under_summary(store):
     assert ids_of(got) == [ids[0]]
 
 
+def test_search_under_summaries_at_once(store):
+    """Several summaries' searches in one call equal one search each (the base default), with
+    filters, a query of stop words only and an empty one; on PostgreSQL one round trip."""
+    from lossless_context.store.base import Store
+
+    ids = _corpus(store, "s")
+    v, n = _vlen(store, "s")
+    km, _ = store.stage_pass("s", "p", [
+        leaf("A", [ids[0], ids[1]], "alpha retry summary", t_end=T0 + 1),
+        leaf("B", [ids[3]], "beta retry summary", t_end=T0 + 3),
+        condensed("C", ["A"], "gamma retry condensed"),
+    ], [("s", "C"), ("s", "B")], v, n)
+    store.publish_pass("p")
+    asks = [(km["A"], plan_query("retry")), (km["C"], plan_query("retry")), (km["B"], plan_query("retry")),
+            (km["C"], plan_query("the of")), (km["A"], plan_query("")), (km["B"], plan_query("absent_word"))]
+    inner = getattr(store, "inner", store)
+    for kw in ({}, {"role": "tool"}, {"since": T0 + 1}, {"limit": 1}):
+        got = store.search_under_summaries(["s"], asks, **kw)
+        assert got == Store.search_under_summaries(inner, ["s"], asks, **kw), kw
+        assert store.search_under_summaries(["other"], asks, **kw) == [[]] * len(asks)
+    got = store.search_under_summaries(["s"], asks)
+    assert [ids_of(g) for g in got[:3]] == [[ids[0]], [ids[0]], [ids[3]]] and got[4:] == [[], []]
+    assert ids_of(got[3]) == [ids[1], ids[0]]  # "the": word for word, not dropped as a stop word
+    if inner.kind == "postgresql":  # sent together: one connection use (the stop words alone after it)
+        reads = []
+        real = inner._read
+        inner._read = lambda fn: reads.append(fn) or real(fn)
+        try:
+            assert inner.search_under_summaries(["s"], asks[:3] + asks[4:]) == got[:3] + got[4:]
+        finally:
+            del inner._read
+        assert len(reads) == 1
+
+
 # -- maintenance -------------------------------------------------------------------------------------------
 
 STATS_KEYS = {"backend", "location", "bytes", "sessions", "messages", "message_tokens", "summaries_by_depth",

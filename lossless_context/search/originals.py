@@ -10,8 +10,8 @@ the list did not reach them) and its id is kept on them (``folded``), so the too
 show the chain. A summary whose matching text no message below it holds (it names the thing
 in its own words, or the messages are filtered out) keeps its slot.
 
-Backend-neutral: one ``Store.search(..., under_summary=...)`` per summary hit looked at (at
-most ``MAX_FOLDS``), which both stores answer from their indexes.
+Backend-neutral: one ``Store.search_under_summaries`` for the summary hits looked at (at most
+``MAX_FOLDS``), which both stores answer from their indexes (PostgreSQL in one round trip).
 """
 
 from __future__ import annotations
@@ -36,20 +36,28 @@ def fold(store: Any, scope: Any, plan: QueryPlan, ordered: list[dict[str, Any]],
     idx = [i for i, it in enumerate(plan.items) if _flat(it) in exact]
     if not idx or not any(r["kind"] == "s" for r in ordered):
         return ordered
+    # The summaries looked at (at most MAX_FOLDS) are searched together: one store call.
+    looked = [r for r in ordered if r["kind"] == "s"][:MAX_FOLDS]
+    asks = [(r, _matched(plan, r, idx)) for r in looked]
+    todo = [(r, m, plan.subset(m, "AND")) for r, m in asks if m]
+    todo = [(r, m, sub) for r, m, sub in todo if sub.fts_match or sub.pg_tsquery]
+    found = store.search_under_summaries(scope, [(r["id"], sub) for r, _, sub in todo], role=role, since=since,
+                                         until=until, limit=PER_SUMMARY * 4) if todo else []
+    originals_of: dict[int, list[dict[str, Any]]] = {}
+    for (r, m, _), rows in zip(todo, found):
+        want = [_flat(plan.items[i]) for i in m]
+        originals_of[r["id"]] = [row for row in rows if all(w in _flat(row.get("text") or "") for w in want)][
+            :PER_SUMMARY]
     out: list[dict[str, Any]] = []
     placed: dict[int, dict[str, Any]] = {}  # message id → its row in `out`
     later = {r["id"]: r for r in ordered if r["kind"] == "m"}
-    checked = 0
     for r in ordered:
         if r["kind"] == "m":
             if r["id"] not in placed:
                 placed[r["id"]] = r
                 out.append(r)
             continue
-        originals = []
-        if checked < MAX_FOLDS:
-            checked += 1
-            originals = _originals(store, scope, plan, r, idx, role=role, since=since, until=until)
+        originals = originals_of.get(r["id"], [])
         if not originals:
             out.append(r)
             continue
@@ -63,17 +71,7 @@ def fold(store: Any, scope: Any, plan: QueryPlan, ordered: list[dict[str, Any]],
     return out
 
 
-def _originals(store: Any, scope: Any, plan: QueryPlan, summary: dict[str, Any], idx: list[int], *,
-               role: str | None, since: float | None, until: float | None) -> list[dict[str, Any]]:
-    """Messages under ``summary`` holding every exact item the summary matches, newest first."""
+def _matched(plan: QueryPlan, summary: dict[str, Any], idx: list[int]) -> list[int]:
+    """The exact items (of ``idx``) the summary's own text holds."""
     text = _flat(summary.get("text") or "")
-    matched = [i for i in idx if _flat(plan.items[i]) in text]
-    if not matched:
-        return []
-    sub = plan.subset(matched, "AND")
-    if not sub.fts_match and not sub.pg_tsquery:
-        return []
-    rows = store.search("messages", scope, sub, mode="fts", order="recent", role=role, since=since,
-                        until=until, under_summary=summary["id"], limit=PER_SUMMARY * 4, offset=0)
-    want = [_flat(plan.items[i]) for i in matched]
-    return [m for m in rows if all(w in _flat(m.get("text") or "") for w in want)][:PER_SUMMARY]
+    return [i for i in idx if _flat(plan.items[i]) in text]

@@ -387,6 +387,16 @@ class Store(abc.ABC):
             out.append(self.search(target, kw.pop("session_ids", None), kw.pop("plan"), mode="substring", **kw))
         return out
 
+    def search_under_summaries(self, session_ids: Sequence[str] | None, asks: Sequence[tuple[int, Any]], *,
+                               role: str | None = None, since: float | None = None, until: float | None = None,
+                               limit: int = 10) -> list[list[dict[str, Any]]]:
+        """The newest messages under each summary that match its plan (a :meth:`search` of
+        ``"messages"`` with ``mode="fts"``, ``order="recent"`` and ``under_summary``), for
+        several (summary id, plan) at once, in order. This default searches one at a time; a
+        store with costly round trips sends them together."""
+        return [self.search("messages", session_ids, plan, mode="fts", order="recent", role=role, since=since,
+                            until=until, under_summary=sid, limit=limit, offset=0) for sid, plan in asks]
+
     def term_counts_many(self, asks: Sequence[tuple[str, Sequence[Any]]], cap: int) -> list[list[int]]:
         """:meth:`term_counts` of several (target, plans) at once, in order. This default asks
         one target at a time; a store with costly round trips asks them together."""

@@ -146,6 +146,36 @@ class PostgresSearch:
 
         return [[dict(zip(_KEYS, r)) for r in rows] for rows in self._read(run)]
 
+    def search_under_summaries(self, session_ids: Sequence[str] | None, asks: Sequence[tuple[int, Any]], *,
+                               role: str | None = None, since: float | None = None, until: float | None = None,
+                               limit: int = 10) -> list[list[dict[str, Any]]]:
+        # every summary's search sent together (pipeline mode): one round trip for the up to
+        # 30 a grep folds. A query the english configuration reduces to nothing (stop words
+        # only) is searched alone, word for word, as search() does.
+        scope = None if session_ids is None else [_t(s) for s in session_ids]
+        want = [(k, int(sid), _t(getattr(plan, "pg_tsquery", None) or "")) for k, (sid, plan) in enumerate(asks)]
+        out: list[list[dict[str, Any]]] = [[] for _ in asks]
+
+        def run(c: Any) -> list[tuple[int, list[tuple]]]:
+            todo = [(k, sid, tsq) for k, sid, tsq in want if tsq and self._useful(c, tsq)]
+            with c.pipeline():
+                curs = [(k, c.execute(_UNDER_SQL, (sid, tsq, scope, _t(role) if role else None, since, until,
+                                                   False, limit, limit, 0, UNDER_PROBE_ROWS)))
+                        for k, sid, tsq in todo]
+            return [(k, cur.fetchall()) for k, cur in curs]
+
+        try:
+            for k, rows in self._read(run):
+                out[k] = [dict(zip(_KEYS, r)) for r in rows]
+                want[k] = (k, 0, "")
+        except (psycopg.DataError, psycopg.ProgrammingError) as exc:  # a tsquery the server refuses
+            raise StoreError(f"search failed: {exc}") from exc
+        for k, sid, tsq in want:
+            if tsq:  # stop words only
+                out[k] = self.search("messages", session_ids, asks[k][1], mode="fts", order="recent", role=role,
+                                     since=since, until=until, under_summary=sid, limit=limit)
+        return out
+
     def any_match(self, target: str, plans: Sequence[Any], seconds: float) -> list[bool | None]:
         out: list[bool | None] = [False] * len(plans)
         todo = [(k, _t(s)) for k, s in enumerate(getattr(p, "pg_tsquery", None) for p in plans) if s]
@@ -347,12 +377,9 @@ class PostgresSearch:
                     return c.execute(sql, (*with_params, tsq, *params, limit, offset), prepare=False).fetchall()
                 ranked = order == "rank"
                 if under_summary is not None:  # the messages under one summary: lcm_fts_under (024)
-                    return c.execute(
-                        "SELECT * FROM lcm_fts_under(%s, to_tsquery('english', %s), %s::text[], %s, %s, %s,"
-                        " %s, %s, %s, %s, %s)",
-                        (int(under_summary), tsq, None if session_ids is None else [_t(s) for s in session_ids],
-                         _t(role) if role else None, since, until, ranked, top, limit, offset,
-                         UNDER_PROBE_ROWS)).fetchall()
+                    scope = None if session_ids is None else [_t(s) for s in session_ids]
+                    return c.execute(_UNDER_SQL, (int(under_summary), tsq, scope, _t(role) if role else None, since,
+                                                  until, ranked, top, limit, offset, UNDER_PROBE_ROWS)).fetchall()
                 main_score = "-ts_rank_cd(x.tsv, q.q, 1)::float8" if ranked else "0.0::float8"
                 pend_score = "-ts_rank_cd(v.tsv, q.q, 1)::float8" if ranked else "0.0::float8"
                 main_order = " ORDER BY rank, x.id DESC" if ranked else " ORDER BY x.id DESC"
@@ -441,6 +468,8 @@ _KEYS = ("id", "session_id", "role", "created_at", "text", "rank")
 # Messages under a summary up to this many are each read by key and tested (lcm_fts_under,
 # migration 024: ~2 us a row); a larger summary's matches come from the full-text index.
 UNDER_PROBE_ROWS = 2000
+_UNDER_SQL = ("SELECT * FROM lcm_fts_under(%s, to_tsquery('english', %s), %s::text[], %s, %s, %s, %s, %s, %s, %s,"
+              " %s)")
 
 
 def _prepare(sql: str, target: str = "messages") -> bool | None:
