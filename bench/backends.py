@@ -36,6 +36,7 @@ COMPARE = [
     ("lcm_grep text ms p50", "measure.lcm_grep.text.ms.p50", "lower"),
     ("lcm_grep identifier ms p50", "measure.lcm_grep.identifier.ms.p50", "lower"),
     ("lcm_grep CJK substring ms p50", "measure.lcm_grep.cjk_substring.ms.p50", "lower"),
+    ("lcm_grep common identifier ms p50", "measure.lcm_grep.identifier_common.ms.p50", "lower"),
     ("lcm_expand ms p50", "measure.lcm_expand.ms.p50", "lower"),
     # (the row above mixes 30 messages and ~20 summaries: its p50 is a message's)
     ("lcm_expand message ms p50", "measure.lcm_expand.message_ms.p50", "lower"),

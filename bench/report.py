@@ -472,7 +472,7 @@ def _backends(b: dict[str, Any]) -> list[str]:
     if big:
         g, m = big["grow"], big["measure"]
         cells = [["lcm_grep " + k + " ms p50", get_path(m, f"lcm_grep.{k}.ms.p50")]
-                 for k in ("text", "identifier", "cjk_substring")]
+                 for k in ("text", "identifier", "cjk_substring", "identifier_common")]
         cells += [["lcm_expand ms p50", get_path(m, "lcm_expand.ms.p50")],
                   ["compress() engine ms p50", get_path(m, "compress.engine_ms.p50")],
                   ["select_context cached ms p50", get_path(m, "select_context.cached_ms.p50")]]
