@@ -254,6 +254,36 @@ def test_ranked_search_by_scope_answers_what_the_texts_answer(fts_store):
     assert {r["id"] for r in got} == {i for i, t in texts.items() if "ZK-4754" in t and owner[i] == "a"}
 
 
+def _newest_by_sql(dsn: str, q: str, scope: list[str] | None, n: int) -> list[int]:
+    """The newest matches computed from every message's own text (nothing indexed is used)."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        return [r[0] for r in c.execute(
+            "SELECT id FROM messages WHERE lcm_tsvector(text) @@ to_tsquery('english', %s)"
+            " AND (%s::text[] IS NULL OR session_id = ANY(%s::text[])) ORDER BY id DESC LIMIT %s",
+            (q, scope, scope, n)).fetchall()]
+
+
+@pytest.mark.parametrize("walk", [4000, 300, 40, 1])
+def test_newest_matches_walk_then_the_index_answer_what_the_texts_answer(fts_store, monkeypatch, walk):
+    """The newest matches of a term (order="recent") are found by walking the newest rows, then
+    in the index below them when the walk did not fill the page: the same answer whichever
+    part finds them (a walk over the whole store: 4000; filled by the walk, or not: 300, 40, 1),
+    in scope, with index rows that lack their session and rows not indexed yet."""
+    from lossless_context.store.postgres import search as pg_search
+
+    monkeypatch.setattr(pg_search, "NEWEST_WALK_ROWS", walk)
+    st, dsn, texts, owner = fts_store
+    for query in ("alpha", "ZK-4754", "deploy key", "alpha bravo"):
+        plan = plan_query(query)
+        for scope in (["a"], ["b"], ["a", "b"], None):
+            for limit, offset in ((10, 0), (5, 4), (60, 0)):
+                got = [r["id"] for r in st.search("messages", scope, plan, mode="fts", order="recent",
+                                                  limit=limit, offset=offset)]
+                want = _newest_by_sql(dsn, plan.pg_tsquery, scope, limit + offset)[offset:]
+                assert got == want, (query, scope, limit, offset, walk)
+                assert got, (query, scope)
+
+
 def test_other_searches_keep_their_planned_statements(fts_store):
     st, dsn, texts, owner = fts_store
     _spy(dsn, "lcm_fts_messages_ranked")
@@ -446,3 +476,31 @@ def test_a_search_under_an_old_leaf_reads_only_its_messages(under_store):
             own.execute("SELECT count(*) FROM message_index x WHERE x.id > 0 AND x.tsv IS NOT NULL").fetchone()
         flush()
         assert _reads(c) - before >= 1000
+
+
+def test_the_newest_matches_of_a_common_word_read_the_newest_rows(under_store):
+    """A phrase a quarter of the messages hold, newest first, in a lineage of 100 sessions: the
+    search reads about as many index rows as it walks to fill the page - the walk stops with the
+    page (a walk kept in a CTE read every row of its bound), and the index is not read for every
+    match (what the planner chose at 1M messages: all 25,756 of ``reconcile_day`` rechecked on
+    their rows to keep the newest 50; at this size it walks by itself)."""
+    st, dsn, under, _ = under_store
+    with psycopg.connect(dsn, autocommit=True) as c:
+        if c.info.server_version < 150000:
+            pytest.skip("pg_stat_force_next_flush needs PostgreSQL 15")
+        c.execute("ANALYZE message_index")
+
+        def flush() -> None:
+            with st.maintenance_connection() as own:
+                own.execute("SELECT pg_stat_force_next_flush()")
+
+        plan = plan_query('"rollback plan"')
+        scope = ["s"] + [f"s-{k}" for k in range(99)]  # a lineage of 100 sessions
+        want = _newest_by_sql(dsn, plan.pg_tsquery, scope, 20)
+        flush()
+        before = _reads(c)
+        got = [r["id"] for r in st.search("messages", scope, plan, mode="fts", order="recent", limit=20)]
+        flush()
+        assert got == want
+        assert _reads(c) - before <= 200
+        assert len(_newest_by_sql(dsn, plan.pg_tsquery, ["s"], 5000)) > 400  # what reading every match costs
