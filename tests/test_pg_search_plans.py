@@ -263,19 +263,46 @@ def _newest_by_sql(dsn: str, q: str, scope: list[str] | None, n: int) -> list[in
             (q, scope, scope, n)).fetchall()]
 
 
+@pytest.fixture
+def interleaved_store(pg_fresh_dsn):
+    """Three sessions written in turns (their ids interleave), some index rows without their
+    session, then a few rows left unindexed. Yields (store, dsn)."""
+    rng = random.Random(5)
+    st = PostgresStore(pg_fresh_dsn, background_index=False)
+    try:
+        for sid in ("s1", "s2", "s3"):
+            st.ensure_session(sid, conversation_id=f"conv-{sid}")
+        for turn in range(30):
+            for k, sid in enumerate(("s1", "s2", "s3")):
+                n = 5 + (turn * 7 + k * 3) % 17
+                st.append_messages(sid, [nm(" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 9)))
+                                            + (" ZK-4754 deploy key" if rng.random() < 0.05 else ""),
+                                            1e9 + turn) for _ in range(n)])
+        st.wait_indexed()
+        with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:
+            c.execute("UPDATE message_index SET session_id = NULL WHERE id % 5 = 0")
+        for sid in ("s1", "s3"):
+            st.append_messages(sid, [nm("alpha bravo ZK-4754 deploy key, not indexed yet", 2e9)])
+        yield st, pg_fresh_dsn
+    finally:
+        st.close()
+
+
 @pytest.mark.parametrize("walk", [4000, 300, 40, 1])
-def test_newest_matches_walk_then_the_index_answer_what_the_texts_answer(fts_store, monkeypatch, walk):
-    """The newest matches of a term (order="recent") are found by walking the newest rows, then
-    in the index below them when the walk did not fill the page: the same answer whichever
-    part finds them (a walk over the whole store: 4000; filled by the walk, or not: 300, 40, 1),
-    in scope, with index rows that lack their session and rows not indexed yet."""
+def test_newest_matches_of_a_lineage_answer_what_the_texts_answer(interleaved_store, monkeypatch, walk):
+    """A lineage's newest matches of a term (order="recent": lcm_fts_newest walks each session
+    newest first, newest session first, and takes the index's matches past its budget) and the
+    whole store's (the newest rows walked, then the index below them): the same answer whichever
+    part finds them - walks that cover everything (4000), or stop short of the page (300, 40,
+    1) - with interleaved sessions, index rows that lack their session and rows not indexed."""
     from lossless_context.store.postgres import search as pg_search
 
     monkeypatch.setattr(pg_search, "NEWEST_WALK_ROWS", walk)
-    st, dsn, texts, owner = fts_store
-    for query in ("alpha", "ZK-4754", "deploy key", "alpha bravo"):
+    monkeypatch.setattr(pg_search, "NEWEST_BUDGET_ROWS", walk)
+    st, dsn = interleaved_store
+    for query in ("alpha", "ZK-4754", "deploy key", "alpha bravo", "golf"):
         plan = plan_query(query)
-        for scope in (["a"], ["b"], ["a", "b"], None):
+        for scope in (["s1"], ["s2"], ["s1", "s3"], ["s3", "s2", "s1", "nobody"], None):
             for limit, offset in ((10, 0), (5, 4), (60, 0)):
                 got = [r["id"] for r in st.search("messages", scope, plan, mode="fts", order="recent",
                                                   limit=limit, offset=offset)]
@@ -504,3 +531,43 @@ def test_the_newest_matches_of_a_common_word_read_the_newest_rows(under_store):
         assert got == want
         assert _reads(c) - before <= 200
         assert len(_newest_by_sql(dsn, plan.pg_tsquery, ["s"], 5000)) > 400  # what reading every match costs
+
+
+def test_an_old_lineage_finds_its_newest_matches_among_its_own_rows(pg_fresh_dsn):
+    """A gateway: the oldest of 21 users searches a word half of everyone's messages hold,
+    newest first. The search reads about the rows of its own sessions it walks, not the newer
+    users' rows above them nor every match in the store (at 1M messages such a search of
+    "retry" took 830 ms before migration 025)."""
+    rng = random.Random(2)
+    st = PostgresStore(pg_fresh_dsn, background_index=False, pool_max=1)  # one connection: its stats
+    try:
+        mine: list[int] = []
+        for u in range(21):
+            st.ensure_session(f"user{u}", conversation_id=f"conv-{u}")
+            ids = st.append_messages(f"user{u}", [
+                nm(" ".join(rng.choice(WORDS) for _ in range(6)) + (" budget" if rng.random() < 0.5 else ""), 1e9 + k)
+                for k in range(300)])
+            if u == 0:
+                mine = ids
+        st.wait_indexed()
+        with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:
+            if c.info.server_version < 150000:
+                pytest.skip("pg_stat_force_next_flush needs PostgreSQL 15")
+            c.execute("ANALYZE message_index")
+
+            def flush() -> None:
+                with st.maintenance_connection() as own:
+                    own.execute("SELECT pg_stat_force_next_flush()")
+
+            plan = plan_query("budget")
+            want = _newest_by_sql(pg_fresh_dsn, plan.pg_tsquery, ["user0"], 20)
+            assert want and set(want) <= set(mine)
+            for _ in range(2):  # a first call, and one with its plans kept
+                flush()
+                before = _reads(c)
+                got = [r["id"] for r in st.search("messages", ["user0"], plan, mode="fts", order="recent", limit=20)]
+                flush()
+                assert got == want
+                assert _reads(c) - before <= 200
+    finally:
+        st.close()

@@ -389,18 +389,19 @@ class PostgresSearch:
                     return c.execute(
                         "SELECT * FROM lcm_fts_messages_ranked(%s::text[], to_tsquery('english', %s), %s, %s, %s)",
                         (params[0] if params else None, tsq, top, limit, offset)).fetchall()
-                if _scope_only(where, with_sql):
-                    # scope only, newest first (a term too common to rank every match): the
-                    # newest rows are walked first, then the index below them if the walk did
-                    # not fill the page. Matches are filtered by the session message_index keeps
-                    # (migration 013; looked up for rows indexed before it) and only the rows
-                    # returned are read from messages.
-                    scope = "" if session_ids is None else (
-                        " AND (x.session_id = ANY(%s::text[]) OR (x.session_id IS NULL AND EXISTS"
-                        " (SELECT 1 FROM messages m WHERE m.id = x.id AND m.session_id = ANY(%s::text[]))))")
-                    head, main = _newest_first(cols, scope)
-                    head_args = [NEWEST_WALK_ROWS, tsq, *params, *params, top]
-                    main_args = [tsq, top, NEWEST_WALK_ROWS - 1, *params, *params, top]
+                if _scope_only(where, with_sql) and session_ids is not None:
+                    # a lineage's newest matches of a term too common to rank every match: each
+                    # of its sessions walked newest first (lcm_fts_newest, migration 025); only
+                    # the rows returned are read from messages
+                    head, head_args = "", []
+                    main = (f"SELECT {cols}, 0.0::float8 AS rank FROM lcm_fts_newest(%s::text[],"
+                            " to_tsquery('english', %s), %s, %s) k"
+                            " CROSS JOIN LATERAL (SELECT * FROM messages m WHERE m.id = k.id OFFSET 0) t")
+                    main_args = [params[0], tsq, top, NEWEST_BUDGET_ROWS]
+                elif _scope_only(where, with_sql):  # the whole store, newest first
+                    head, main = _newest_first(cols)
+                    head_args = [NEWEST_WALK_ROWS, tsq, top]
+                    main_args = [tsq, top, NEWEST_WALK_ROWS - 1, top]
                 else:
                     head, head_args = with_sql, with_params
                     main = (f"SELECT {cols}, {main_score} AS rank FROM message_index x JOIN messages t ON t.id = x.id,"
@@ -473,6 +474,9 @@ UNDER_PROBE_ROWS = 2000
 # The newest rows a search for the newest matches of a common term tests one by one before it
 # turns to the full-text index for the older ones (_newest_first): ~0.6 us a row.
 NEWEST_WALK_ROWS = 4000
+# The rows of a lineage's sessions lcm_fts_newest walks before it reads the index's matches
+# instead (a term common elsewhere, rare in a large lineage).
+NEWEST_BUDGET_ROWS = 4000
 _UNDER_SQL = ("SELECT * FROM lcm_fts_under(%s, to_tsquery('english', %s), %s::text[], %s, %s, %s, %s, %s, %s, %s,"
               " %s)")
 
@@ -490,27 +494,26 @@ def _prepare(sql: str, target: str = "messages") -> bool | None:
     return None if target != "messages" or sql.startswith("SELECT * FROM lcm_") else False
 
 
-def _newest_first(cols: str, scope: str) -> tuple[str, str]:
-    """The WITH clause and the main branch of a search for the newest messages matching a
-    common term (``order="recent"``), filtered by ``scope`` (a WHERE term on ``x``, or "").
-    The planner estimated such a term's matches (a phrase above all: ``reconcile_day``) ten
-    times too few and read every one from the index, each rechecked on its row, then kept the
+def _newest_first(cols: str) -> tuple[str, str]:
+    """The WITH clause and the main branch of a search of the whole store for the newest
+    messages matching a common term (``order="recent"``; a lineage's: lcm_fts_newest). A
+    planner that estimates such a term's matches (a phrase above all: ``reconcile_day``) ten
+    times too few reads every one from the index, each rechecked on its row, to keep the
     newest: 25,756 rows, 57 ms at 1M messages. Walking the newest rows and testing each finds
-    the page in a few thousand (0.6 us a row). The walk is bounded (``NEWEST_WALK_ROWS``): a
-    lineage holding few of the newest rows (one user of a gateway) continues in the index,
-    below the rows walked, as before."""
+    the page in a few thousand (0.6 us a row); past ``NEWEST_WALK_ROWS`` the index below them
+    is read instead."""
     # (the walk is a subquery, not a CTE: its order is known, so the page stops it early)
     with_sql = (
         "WITH hit AS MATERIALIZED (SELECT x.id FROM (SELECT x.id, x.session_id, x.tsv FROM message_index x"
         " ORDER BY x.id DESC LIMIT %s) x, to_tsquery('english', %s) AS q(q)"
-        f" WHERE x.tsv @@ q.q{scope} ORDER BY x.id DESC LIMIT %s) ")
+        " WHERE x.tsv @@ q.q ORDER BY x.id DESC LIMIT %s) ")
     main = (
         f"SELECT * FROM ((SELECT {cols}, 0.0::float8 AS rank FROM hit k"
         " CROSS JOIN LATERAL (SELECT * FROM messages m WHERE m.id = k.id OFFSET 0) t"
         f") UNION ALL (SELECT {cols}, 0.0::float8 AS rank FROM (SELECT x.id FROM message_index x,"
         " to_tsquery('english', %s) AS q(q) WHERE (SELECT count(*) FROM hit) < %s"
         " AND x.id < COALESCE((SELECT w.id FROM message_index w ORDER BY w.id DESC OFFSET %s LIMIT 1), 0)"
-        f" AND x.tsv @@ q.q{scope} ORDER BY x.id DESC LIMIT %s) k JOIN messages t ON t.id = k.id)) n")
+        " AND x.tsv @@ q.q ORDER BY x.id DESC LIMIT %s) k JOIN messages t ON t.id = k.id)) n")
     return with_sql, main
 
 
