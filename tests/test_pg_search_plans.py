@@ -22,6 +22,7 @@ import pytest
 
 from lossless_context.records import NewMessage
 from lossless_context.search.query import plan_query
+from lossless_context.store.postgres import search as pg_search
 from lossless_context.store.postgres.search import cjk_bigrams
 from lossless_context.store.postgres.store import PostgresStore
 
@@ -288,17 +289,17 @@ def interleaved_store(pg_fresh_dsn):
         st.close()
 
 
-@pytest.mark.parametrize("walk", [4000, 300, 40, 1])
-def test_newest_matches_of_a_lineage_answer_what_the_texts_answer(interleaved_store, monkeypatch, walk):
+@pytest.mark.parametrize("walk,chunk", [(4000, 256), (300, 7), (40, 3), (1, 1)])
+def test_newest_matches_of_a_lineage_answer_what_the_texts_answer(interleaved_store, monkeypatch, walk, chunk):
     """A lineage's newest matches of a term (order="recent": lcm_fts_newest walks each session
-    newest first, newest session first, and takes the index's matches past its budget) and the
-    whole store's (the newest rows walked, then the index below them): the same answer whichever
-    part finds them - walks that cover everything (4000), or stop short of the page (300, 40,
-    1) - with interleaved sessions, index rows that lack their session and rows not indexed."""
-    from lossless_context.store.postgres import search as pg_search
-
+    newest first in chunks, newest session first, and runs the planned statement when the page
+    would take more than its budget) and the whole store's (the newest rows walked, then the
+    index below them): the same answer whichever part finds them - walks that cover everything
+    (4000), or stop short of the page (300, 40, 1), in chunks of 256 rows down to one - with
+    interleaved sessions, index rows that lack their session and rows not indexed."""
     monkeypatch.setattr(pg_search, "NEWEST_WALK_ROWS", walk)
     monkeypatch.setattr(pg_search, "NEWEST_BUDGET_ROWS", walk)
+    monkeypatch.setattr(pg_search, "NEWEST_CHUNK_ROWS", chunk)
     st, dsn = interleaved_store
     for query in ("alpha", "ZK-4754", "deploy key", "alpha bravo", "golf"):
         plan = plan_query(query)
@@ -447,8 +448,6 @@ def test_a_search_under_a_summary_is_the_search_of_its_messages(under_store, mon
     same search of the whole lineage answers, restricted to the summary's messages - ranked or
     newest first, paged, with role and time filters, unindexed messages included, and never a
     message of another lineage."""
-    from lossless_context.store.postgres import search as pg_search
-
     monkeypatch.setattr(pg_search, "UNDER_PROBE_ROWS", probe_rows)
     st, dsn, under, _ = under_store
     for query in ("ERR_DEPLOY_WINDOW_7", '"rollback plan"', "ledger invoice", "budget"):
@@ -529,7 +528,7 @@ def test_the_newest_matches_of_a_common_word_read_the_newest_rows(under_store):
         got = [r["id"] for r in st.search("messages", scope, plan, mode="fts", order="recent", limit=20)]
         flush()
         assert got == want
-        assert _reads(c) - before <= 200
+        assert _reads(c) - before <= 2 * pg_search.NEWEST_CHUNK_ROWS  # the walk reads whole chunks
         assert len(_newest_by_sql(dsn, plan.pg_tsquery, ["s"], 5000)) > 400  # what reading every match costs
 
 
@@ -568,6 +567,6 @@ def test_an_old_lineage_finds_its_newest_matches_among_its_own_rows(pg_fresh_dsn
                 got = [r["id"] for r in st.search("messages", ["user0"], plan, mode="fts", order="recent", limit=20)]
                 flush()
                 assert got == want
-                assert _reads(c) - before <= 200
+                assert _reads(c) - before <= 2 * pg_search.NEWEST_CHUNK_ROWS  # the walk reads whole chunks
     finally:
         st.close()

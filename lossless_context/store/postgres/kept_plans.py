@@ -184,32 +184,41 @@ KEPT_PLANS: list[tuple[str, str]] = [
     (
         # The newest matches of a common term in a lineage (lcm_grep takes them when a term is
         # too common to rank every match). Planned as one statement, the search either read
-        # every match in the store from the full-text index (rechecking each row) or walked
-        # the whole index from the newest id down: a gateway user whose lineage is old searched
-        # "retry" in 830 ms at 1M messages. The function walks each session of the lineage
-        # newest first through message_index(session_id, id), newest session first, until the
-        # page is full and no older session can improve it; past `budget` rows walked it takes
-        # the index's matches instead (a term common elsewhere but rare in a large lineage).
-        # Rows indexed before migration 013 (no session yet) are tested as before. Each
-        # statement is an index walk by design: sequential scans are off inside it (a small or
-        # young store's statistics made its generic plans read the whole table).
+        # every match in the store from the full-text index (rechecking each row: a phrase's
+        # matches estimated ten times too few) or walked the whole index from the newest id
+        # down: a gateway user whose lineage is old searched "retry" in 830 ms at 1M messages.
+        # The function walks each session of the lineage newest first, in chunks, through
+        # message_index(session_id, id), newest session first, until the page is full and no
+        # older session can improve it. A lineage of more than 4 x `budget` rows (the sessions'
+        # last seq) stops walking once the matches found so far say the page would take more
+        # than `budget` rows (an AND of common terms, rare together) and runs the statement
+        # as before, planned for the query (EXECUTE). Rows indexed before migration 013 (no
+        # session yet) are tested as before. Each statement is an index walk by design:
+        # sequential scans are off inside it (a small or young store's statistics made its
+        # generic plans read the whole table).
         "025_fts_newest_in_lineage",
         """
         CREATE INDEX message_index_session ON message_index(session_id, id);
-        CREATE OR REPLACE FUNCTION lcm_fts_newest(scope text[], q tsquery, top int, budget int)
+        CREATE OR REPLACE FUNCTION lcm_fts_newest(scope text[], q tsquery, top int, budget int, chunk int)
         RETURNS TABLE(id bigint)
         LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $fn$
         DECLARE
             s record;
             got bigint[];
-            more bigint[];
+            hits bigint[];
+            lo bigint;
+            n bigint;
+            last bigint;
             walked bigint := 0;
+            span bigint;
         BEGIN
             got := ARRAY(SELECT w.id FROM (SELECT x.id, x.tsv FROM message_index x WHERE x.session_id IS NULL
                                            ORDER BY x.id DESC OFFSET 0) w
                          WHERE w.tsv @@ q AND EXISTS (SELECT 1 FROM messages m WHERE m.id = w.id
                                                       AND m.session_id = ANY(scope))
                          LIMIT top);
+            span := (SELECT COALESCE(sum((SELECT m.seq + 1 FROM messages m WHERE m.session_id = u.sid
+                                          ORDER BY m.seq DESC LIMIT 1)), 0) FROM unnest(scope) AS u(sid));
             -- (each walk names its session as a range and is ordered by session and id: only
             -- message_index_session gives that order. Written as an equality, the order
             -- reduces to the id's and the planner may walk the primary key instead: every
@@ -218,25 +227,27 @@ KEPT_PLANS: list[tuple[str, str]] = [
                                     AND x.session_id <= u.sid ORDER BY x.session_id DESC, x.id DESC LIMIT 1) AS hi
                      FROM unnest(scope) AS u(sid) ORDER BY 2 DESC NULLS LAST LOOP
                 EXIT WHEN s.hi IS NULL OR (cardinality(got) >= top AND s.hi < got[top]);
-                more := ARRAY(SELECT w.id FROM (SELECT x.id, x.tsv FROM message_index x WHERE x.session_id >= s.sid
-                                                AND x.session_id <= s.sid ORDER BY x.session_id DESC, x.id DESC
-                                                LIMIT budget - walked) w
-                              WHERE w.tsv @@ q LIMIT top);
-                IF cardinality(more) < top THEN  -- the session walked to its end, or to the budget
-                    walked := walked + (SELECT count(*) FROM (SELECT 1 FROM message_index x
-                                        WHERE x.session_id >= s.sid AND x.session_id <= s.sid
-                                        ORDER BY x.session_id DESC, x.id DESC LIMIT budget - walked) c);
-                    IF walked >= budget THEN
-                        -- the index's matches in the lineage, planned for this query (EXECUTE):
-                        -- what the search did before this function
+                last := s.hi + 1;
+                LOOP
+                    SELECT array_agg(c.id ORDER BY c.id DESC) FILTER (WHERE c.tsv @@ q), min(c.id), count(*)
+                      INTO hits, lo, n
+                      FROM (SELECT x.id, x.tsv FROM message_index x WHERE x.session_id >= s.sid
+                            AND x.session_id <= s.sid AND x.id < last
+                            ORDER BY x.session_id DESC, x.id DESC LIMIT chunk) c;
+                    walked := walked + n;
+                    IF hits IS NOT NULL THEN
+                        got := ARRAY(SELECT i FROM unnest(got || hits) AS i ORDER BY i DESC LIMIT top);
+                    END IF;
+                    EXIT WHEN n < chunk OR (cardinality(got) >= top AND lo < got[top]);
+                    IF span > 4 * budget AND walked * top > budget * GREATEST(cardinality(got), 1) THEN
                         RETURN QUERY EXECUTE 'SELECT x.id FROM message_index x WHERE x.tsv @@ $1'
                             ' AND (x.session_id = ANY($2) OR (x.session_id IS NULL AND EXISTS'
                             ' (SELECT 1 FROM messages m WHERE m.id = x.id AND m.session_id = ANY($2))))'
                             ' ORDER BY x.id DESC LIMIT $3' USING q, scope, top;
                         RETURN;
                     END IF;
-                END IF;
-                got := ARRAY(SELECT i FROM unnest(got || more) AS i ORDER BY i DESC LIMIT top);
+                    last := lo;
+                END LOOP;
             END LOOP;
             RETURN QUERY SELECT unnest(got);
         END

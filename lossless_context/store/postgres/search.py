@@ -395,9 +395,9 @@ class PostgresSearch:
                     # the rows returned are read from messages
                     head, head_args = "", []
                     main = (f"SELECT {cols}, 0.0::float8 AS rank FROM lcm_fts_newest(%s::text[],"
-                            " to_tsquery('english', %s), %s, %s) k"
+                            " to_tsquery('english', %s), %s, %s, %s) k"
                             " CROSS JOIN LATERAL (SELECT * FROM messages m WHERE m.id = k.id OFFSET 0) t")
-                    main_args = [params[0], tsq, top, NEWEST_BUDGET_ROWS]
+                    main_args = [params[0], tsq, top, NEWEST_BUDGET_ROWS, NEWEST_CHUNK_ROWS]
                 elif _scope_only(where, with_sql):  # the whole store, newest first
                     head, main = _newest_first(cols)
                     head_args = [NEWEST_WALK_ROWS, tsq, top]
@@ -474,9 +474,11 @@ UNDER_PROBE_ROWS = 2000
 # The newest rows a search for the newest matches of a common term tests one by one before it
 # turns to the full-text index for the older ones (_newest_first): ~0.6 us a row.
 NEWEST_WALK_ROWS = 4000
-# The rows of a lineage's sessions lcm_fts_newest walks before it reads the index's matches
-# instead (a term common elsewhere, rare in a large lineage).
+# lcm_fts_newest (migration 025) walks a lineage's sessions in chunks of NEWEST_CHUNK_ROWS; a
+# lineage of more than 4 x NEWEST_BUDGET_ROWS rows stops once the page would take more than
+# NEWEST_BUDGET_ROWS rows to fill at the rate matches were found (~0.6 us a row).
 NEWEST_BUDGET_ROWS = 4000
+NEWEST_CHUNK_ROWS = 256
 _UNDER_SQL = ("SELECT * FROM lcm_fts_under(%s, to_tsquery('english', %s), %s::text[], %s, %s, %s, %s, %s, %s, %s,"
               " %s)")
 
