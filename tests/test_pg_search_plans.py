@@ -332,6 +332,20 @@ def _reads(c) -> int:
                      " WHERE relname = 'message_index'").fetchone()[0]
 
 
+def _index_reads(st: PostgresStore, c, fn):
+    """(fn(), the message_index rows read while it ran), as the server counts them: the store's
+    one connection (pool_max=1) flushes its statistics before and after."""
+    def flush() -> None:
+        with st.maintenance_connection() as own:
+            own.execute("SELECT pg_stat_force_next_flush()")
+
+    flush()
+    before = _reads(c)
+    out = fn()
+    flush()
+    return out, _reads(c) - before
+
+
 def test_a_common_word_reads_only_its_own_lineage_every_time(pg_fresh_dsn):
     """120 users; the oldest searches a word in 30% of all messages. Its bigrams occur
     together, so it is common (not routed by their product: 2.7%); the search reads the user's
@@ -360,16 +374,10 @@ def test_a_common_word_reads_only_its_own_lineage_every_time(pg_fresh_dsn):
             c.execute("ANALYZE message_index")
             want = sorted(mine, reverse=True)[:10]
 
-            def flush() -> None:
-                with st.maintenance_connection() as own:  # the store's one connection: flush its stats
-                    own.execute("SELECT pg_stat_force_next_flush()")
-
             def search_reads() -> int:
-                flush()
-                before = _reads(c)
-                assert _found(st, word, ["user0"], 10) == want
-                flush()
-                return _reads(c) - before
+                got, reads = _index_reads(st, c, lambda: _found(st, word, ["user0"], 10))
+                assert got == want
+                return reads
 
             first = search_reads()
             for _ in range(10):
@@ -481,27 +489,20 @@ def test_a_search_under_an_old_leaf_reads_only_its_messages(under_store):
         if c.info.server_version < 150000:
             pytest.skip("pg_stat_force_next_flush needs PostgreSQL 15")
 
-        def flush() -> None:
-            with st.maintenance_connection() as own:
-                own.execute("SELECT pg_stat_force_next_flush()")
-
         plan = plan_query("budget")
         want = [r["id"] for r in st.search("messages", ["s"], plan, mode="fts", order="recent", limit=5000)
                 if r["id"] in under[oldest]][:12]
         assert want
-        flush()
-        before = _reads(c)
-        got = st.search("messages", ["s"], plan, mode="fts", order="recent", under_summary=oldest, limit=12)
-        flush()
+        got, reads = _index_reads(st, c, lambda: st.search("messages", ["s"], plan, mode="fts", order="recent",
+                                                           under_summary=oldest, limit=12))
         assert [r["id"] for r in got] == want
-        assert _reads(c) - before <= 2 * len(under[oldest])
-        # control: the counter sees a walk of the index
-        flush()
-        before = _reads(c)
-        with st.maintenance_connection() as own:
-            own.execute("SELECT count(*) FROM message_index x WHERE x.id > 0 AND x.tsv IS NOT NULL").fetchone()
-        flush()
-        assert _reads(c) - before >= 1000
+        assert reads <= 2 * len(under[oldest])
+
+        def walk() -> None:  # control: the counter sees a walk of the index
+            with st.maintenance_connection() as own:
+                own.execute("SELECT count(*) FROM message_index x WHERE x.id > 0 AND x.tsv IS NOT NULL").fetchone()
+
+        assert _index_reads(st, c, walk)[1] >= 1000
 
 
 def test_the_newest_matches_of_a_common_word_read_the_newest_rows(under_store):
@@ -516,19 +517,13 @@ def test_the_newest_matches_of_a_common_word_read_the_newest_rows(under_store):
             pytest.skip("pg_stat_force_next_flush needs PostgreSQL 15")
         c.execute("ANALYZE message_index")
 
-        def flush() -> None:
-            with st.maintenance_connection() as own:
-                own.execute("SELECT pg_stat_force_next_flush()")
-
         plan = plan_query('"rollback plan"')
         scope = ["s"] + [f"s-{k}" for k in range(99)]  # a lineage of 100 sessions
         want = _newest_by_sql(dsn, plan.pg_tsquery, scope, 20)
-        flush()
-        before = _reads(c)
-        got = [r["id"] for r in st.search("messages", scope, plan, mode="fts", order="recent", limit=20)]
-        flush()
-        assert got == want
-        assert _reads(c) - before <= 2 * pg_search.NEWEST_CHUNK_ROWS  # the walk reads whole chunks
+        got, reads = _index_reads(st, c, lambda: st.search("messages", scope, plan, mode="fts", order="recent",
+                                                           limit=20))
+        assert [r["id"] for r in got] == want
+        assert reads <= 2 * pg_search.NEWEST_CHUNK_ROWS  # the walk reads whole chunks
         assert len(_newest_by_sql(dsn, plan.pg_tsquery, ["s"], 5000)) > 400  # what reading every match costs
 
 
@@ -554,19 +549,13 @@ def test_an_old_lineage_finds_its_newest_matches_among_its_own_rows(pg_fresh_dsn
                 pytest.skip("pg_stat_force_next_flush needs PostgreSQL 15")
             c.execute("ANALYZE message_index")
 
-            def flush() -> None:
-                with st.maintenance_connection() as own:
-                    own.execute("SELECT pg_stat_force_next_flush()")
-
             plan = plan_query("budget")
             want = _newest_by_sql(pg_fresh_dsn, plan.pg_tsquery, ["user0"], 20)
             assert want and set(want) <= set(mine)
             for _ in range(2):  # a first call, and one with its plans kept
-                flush()
-                before = _reads(c)
-                got = [r["id"] for r in st.search("messages", ["user0"], plan, mode="fts", order="recent", limit=20)]
-                flush()
-                assert got == want
-                assert _reads(c) - before <= 2 * pg_search.NEWEST_CHUNK_ROWS  # the walk reads whole chunks
+                got, reads = _index_reads(st, c, lambda: st.search("messages", ["user0"], plan, mode="fts",
+                                                                   order="recent", limit=20))
+                assert [r["id"] for r in got] == want
+                assert reads <= 2 * pg_search.NEWEST_CHUNK_ROWS  # the walk reads whole chunks
     finally:
         st.close()

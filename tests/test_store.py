@@ -750,7 +750,8 @@ def test_search_filters_and_scope(store):
     assert ids_of(store.search("messages", ["s"], p, mode="substring", since=T0 + 2)) == [ids[3]]
 
 
-def test_search_under_summary(store):
+def _corpus_under_summaries(store):
+    """The corpus under leaves A (messages 0, 1) and B (3), and C condensed over A."""
     ids = _corpus(store, "s")
     v, n = _vlen(store, "s")
     km, _ = store.stage_pass("s", "p", [
@@ -759,6 +760,11 @@ def test_search_under_summary(store):
         condensed("C", ["A"], "gamma retry condensed"),
     ], [("s", "C"), ("s", "B")], v, n)
     store.publish_pass("p")
+    return ids, km
+
+
+def test_search_under_summary(store):
+    ids, km = _corpus_under_summaries(store)
     assert set(ids_of(search(store, "retry", under_summary=km["A"]))) == {ids[0]}
     assert set(ids_of(search(store, "retry", under_summary=km["C"]))) == {ids[0]}
     assert ids_of(search(store, "retry", under_summary=km["B"])) == [ids[3]]
@@ -782,14 +788,7 @@ def test_search_under_summaries_at_once(store):
     filters, a query of stop words only and an empty one; on PostgreSQL one round trip."""
     from lossless_context.store.base import Store
 
-    ids = _corpus(store, "s")
-    v, n = _vlen(store, "s")
-    km, _ = store.stage_pass("s", "p", [
-        leaf("A", [ids[0], ids[1]], "alpha retry summary", t_end=T0 + 1),
-        leaf("B", [ids[3]], "beta retry summary", t_end=T0 + 3),
-        condensed("C", ["A"], "gamma retry condensed"),
-    ], [("s", "C"), ("s", "B")], v, n)
-    store.publish_pass("p")
+    ids, km = _corpus_under_summaries(store)
     asks = [(km["A"], plan_query("retry")), (km["C"], plan_query("retry")), (km["B"], plan_query("retry")),
             (km["C"], plan_query("the of")), (km["A"], plan_query("")), (km["B"], plan_query("absent_word"))]
     inner = getattr(store, "inner", store)

@@ -165,13 +165,14 @@ class PostgresSearch:
             return [(k, cur.fetchall()) for k, cur in curs]
 
         try:
-            for k, rows in self._read(run):
-                out[k] = [dict(zip(_KEYS, r)) for r in rows]
-                want[k] = (k, 0, "")
+            answered = self._read(run)
         except (psycopg.DataError, psycopg.ProgrammingError) as exc:  # a tsquery the server refuses
             raise StoreError(f"search failed: {exc}") from exc
+        for k, rows in answered:
+            out[k] = [dict(zip(_KEYS, r)) for r in rows]
+        done = {k for k, _ in answered}
         for k, sid, tsq in want:
-            if tsq:  # stop words only
+            if tsq and k not in done:  # stop words only
                 out[k] = self.search("messages", session_ids, asks[k][1], mode="fts", order="recent", role=role,
                                      since=since, until=until, under_summary=sid, limit=limit)
         return out
@@ -506,7 +507,7 @@ def _newest_first(cols: str) -> tuple[str, str]:
     is read instead."""
     # (the walk is a subquery, not a CTE: its order is known, so the page stops it early)
     with_sql = (
-        "WITH hit AS MATERIALIZED (SELECT x.id FROM (SELECT x.id, x.session_id, x.tsv FROM message_index x"
+        "WITH hit AS MATERIALIZED (SELECT x.id FROM (SELECT x.id, x.tsv FROM message_index x"
         " ORDER BY x.id DESC LIMIT %s) x, to_tsquery('english', %s) AS q(q)"
         " WHERE x.tsv @@ q.q ORDER BY x.id DESC LIMIT %s) ")
     main = (
