@@ -750,6 +750,41 @@ def test_search_filters_and_scope(store):
     assert ids_of(store.search("messages", ["s"], p, mode="substring", since=T0 + 2)) == [ids[3]]
 
 
+@pytest.mark.parametrize("near", [10_000, 0])
+def test_newest_matches_in_a_lineage_are_the_stores_newest_in_it(store, monkeypatch, near):
+    """A lineage's newest matches (order="recent": SQLite searches the id ranges of its
+    sessions newest first, sessions near each other as one range - or each apart: near=0;
+    PostgreSQL walks each session) are the whole store's newest matches kept to the lineage,
+    whatever the sessions' ids interleave or lie far apart, with paging and filters."""
+    import random
+
+    from lossless_context.store.sqlite import search as sqlite_search
+
+    monkeypatch.setattr(sqlite_search, "_NEAR_IDS", near)
+    rng = random.Random(4)
+    words = ["retry", "ledger", "quota", "webhook", "payout", "cache"]
+    sids = ["s1", "s2", "s3", "s4", "early", "late"]
+    for sid in sids:
+        store.ensure_session(sid)
+    for turn in range(40):
+        for k, sid in enumerate(sids):
+            if (turn + k) % 5 == 0 or (sid == "s4" and turn > 30) or (sid == "early" and turn > 5) or (
+                    sid == "late" and turn < 34):
+                continue  # sessions pause and resume at different times; some start late or stop early
+            store.append_messages(sid, [nm(" ".join(rng.choice(words) for _ in range(4)),
+                                           "assistant" if (turn + i) % 2 else "user", t=T0 + turn * 3 + i)
+                                        for i in range(rng.randint(1, 3))])
+    for q in ("retry", "ledger quota", "payout"):
+        for filters in ({}, {"role": "user"}, {"since": T0 + 30, "until": T0 + 80}):
+            whole = search(store, q, order="recent", limit=5000, **filters)
+            for scope in (["s1"], ["s4", "s2"], ["s3", "s1", "s2", "nobody"], ["early", "late"],
+                          ["late", "s4", "early"], sids):
+                mine = [r["id"] for r in whole if r["session_id"] in scope]
+                for limit, offset in ((5, 0), (7, 3), (100, 0)):
+                    got = search(store, q, sessions=scope, order="recent", limit=limit, offset=offset, **filters)
+                    assert ids_of(got) == mine[offset:offset + limit], (q, filters, scope, limit, offset)
+
+
 def _corpus_under_summaries(store):
     """The corpus under leaves A (messages 0, 1) and B (3), and C condensed over A."""
     ids = _corpus(store, "s")

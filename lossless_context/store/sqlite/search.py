@@ -15,6 +15,9 @@ from ...messages import CJK_CLASS
 
 # Runs of the scripts indexed by the trigram table (CJK, kana, Hangul; messages.CJK_CLASS).
 _CJK_RE = re.compile(CJK_CLASS + "+")
+# A lineage's sessions fewer than this many ids apart are searched as one id range
+# (_newest_by_session).
+_NEAR_IDS = 10_000
 
 
 class SQLiteSearch:
@@ -85,6 +88,9 @@ class SQLiteSearch:
             # bm25() first counts every match of every phrase in the whole index, whatever the
             # LIMIT: "recent" (newest matches first, stopping at the limit) leaves it out.
             score = f"bm25({table}_fts)" if order == "rank" else "0.0"
+            by_session = is_msg and order != "rank" and bool(session_ids) and not with_sql
+            if by_session:  # a lineage's newest matches, one session's id range at a time
+                where.append(f"{table}_fts.rowid BETWEEN ? AND ?")
             sql = (
                 f"{with_sql}SELECT {cols}, {score} AS rank FROM {table}_fts"
                 f" JOIN {table} {alias} ON {alias}.id = {table}_fts.rowid WHERE {table}_fts MATCH ?"
@@ -92,7 +98,11 @@ class SQLiteSearch:
                 + (" ORDER BY rank" if order == "rank" else f" ORDER BY {table}_fts.rowid DESC")
                 + " LIMIT ? OFFSET ?"
             )
-            rows = c.execute(sql, (*with_params, plan.fts_match, *params, limit, offset)).fetchall()
+            if by_session:
+                rows = _newest_by_session(c, sql, (plan.fts_match, *params), session_ids or (),
+                                          limit + offset)[offset:]
+            else:
+                rows = c.execute(sql, (*with_params, plan.fts_match, *params, limit, offset)).fetchall()
         elif mode == "substring":
             subs = list(getattr(plan, "substrings", ()) or ())
             if not subs:
@@ -169,3 +179,39 @@ class SQLiteSearch:
     def max_row_id(self, target: str) -> int:
         table = "messages" if target == "messages" else "summaries"
         return self.conn().execute(f"SELECT COALESCE(MAX(id), 0) FROM {table}").fetchone()[0]
+
+
+def _newest_by_session(c: sqlite3.Connection, sql: str, args: tuple, session_ids: Sequence[str],
+                       top: int) -> list[tuple]:
+    """The ``top`` newest matches of ``sql`` (a newest-first full-text search of messages in a
+    lineage whose last terms bound the id; ``args``: its parameters before those bounds),
+    one session's id range at a time (FTS5 seeks its index there), newest session first,
+    until the page is full. One statement
+    over the lineage walked every newer match in the store down to the lineage's: an old
+    lineage's search for "retry" read 21 ms at 100k messages (0.2 ms now), growing with the
+    store."""
+    # each session's first and last id: two index seeks (a GROUP BY read every row of it)
+    one = ("SELECT ?, (SELECT min(id) FROM messages WHERE session_id = ?), (SELECT max(id) FROM messages"
+           " WHERE session_id = ?)")
+    sids = list(dict.fromkeys(session_ids))
+    spans = []
+    for k in range(0, len(sids), 200):
+        part = sids[k:k + 200]
+        found = c.execute(" UNION ALL ".join([one] * len(part)), [x for sid in part for x in (sid, sid, sid)])
+        spans += [r for r in found if r[2] is not None]
+    # Sessions whose ids lie close together (a conversation's, one after another) are searched
+    # as one range: a search per session cost more than the few rows between them.
+    ranges: list[list[int]] = []
+    for _sid, lo, hi in sorted(spans, key=lambda r: -r[2]):
+        if ranges and ranges[-1][0] - hi <= _NEAR_IDS:
+            ranges[-1][0] = min(ranges[-1][0], lo)
+        else:
+            ranges.append([lo, hi])
+    got: list[tuple] = []
+    for lo, hi in ranges:
+        # A range's search is of the whole lineage within it, and the ranges are disjoint and
+        # newest first: once the page is full, nothing older can belong to it.
+        if len(got) >= top:
+            break
+        got += c.execute(sql, (*args, lo, hi, top - len(got), 0)).fetchall()
+    return got
