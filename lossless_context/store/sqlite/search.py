@@ -65,15 +65,19 @@ class SQLiteSearch:
             where.append(f"{alias}.{tcol} <= ?")
             params.append(until)
         if under_summary is not None:
-            with_sql = (
-                "WITH RECURSIVE sub(id) AS (SELECT ? UNION SELECT sp.child_id FROM summary_parents sp"
-                " JOIN sub ON sp.parent_id = sub.id) "
-            )
+            ctes = ["sub(id) AS (SELECT ? UNION SELECT sp.child_id FROM summary_parents sp"
+                    " JOIN sub ON sp.parent_id = sub.id)"]
             with_params.append(under_summary)
             if is_msg:
+                # the first and last message under it bound the search (FTS5 seeks its index to
+                # them): the search walked every newer match down to an old summary's
+                ctes.append("span(lo, hi) AS (SELECT min(message_id), max(message_id) FROM summary_messages"
+                            " WHERE summary_id IN sub)")
                 where.append(f"{alias}.id IN (SELECT message_id FROM summary_messages WHERE summary_id IN sub)")
+                where.append(f"{alias}.id BETWEEN (SELECT lo FROM span) AND (SELECT hi FROM span)")
             else:
                 where.append(f"{alias}.id IN sub")
+            with_sql = "WITH RECURSIVE " + ", ".join(ctes) + " "
         cols = (
             f"{alias}.id, {alias}.session_id, {'t.role' if is_msg else chr(39) + 'summary' + chr(39)},"
             f" {alias}.{tcol}, {alias}.text"
@@ -91,6 +95,8 @@ class SQLiteSearch:
             by_session = is_msg and order != "rank" and bool(session_ids) and not with_sql
             if by_session:  # a lineage's newest matches, one session's id range at a time
                 where.append(f"{table}_fts.rowid BETWEEN ? AND ?")
+            elif is_msg and under_summary is not None:  # the same bounds, given to FTS5 itself
+                where.append(f"{table}_fts.rowid BETWEEN (SELECT lo FROM span) AND (SELECT hi FROM span)")
             sql = (
                 f"{with_sql}SELECT {cols}, {score} AS rank FROM {table}_fts"
                 f" JOIN {table} {alias} ON {alias}.id = {table}_fts.rowid WHERE {table}_fts MATCH ?"
