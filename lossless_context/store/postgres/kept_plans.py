@@ -122,7 +122,8 @@ KEPT_PLANS: list[tuple[str, str]] = [
         # newest id down, testing each row (2-4 ms a call at 100k messages, more for an older
         # summary): the planner cannot see how few messages a summary covers. The function
         # lists them first; up to probe_max are read by key and tested (an unindexed one on its
-        # own text), a larger summary's matches come from the index as a set.
+        # own text; newest first until the page is full, unless ranked), a larger summary's
+        # matches come from the index as a set.
         "024_fts_under_summary",
         """
         CREATE OR REPLACE FUNCTION lcm_fts_under(root bigint, q tsquery, scope text[], want_role text,
@@ -141,10 +142,9 @@ KEPT_PLANS: list[tuple[str, str]] = [
                 SELECT DISTINCT s.message_id FROM sub
                 CROSS JOIN LATERAL (SELECT sm.message_id FROM summary_messages sm WHERE sm.summary_id = sub.id
                                     OFFSET 0) s);
-            IF cardinality(ids) <= probe_max THEN
+            IF cardinality(ids) <= probe_max AND ranked THEN
                 RETURN QUERY
-                SELECT t.id, t.session_id, t.role, t.created_at, t.text,
-                       CASE WHEN ranked THEN -ts_rank_cd(v.tsv, q, 1)::float8 ELSE 0.0::float8 END
+                SELECT t.id, t.session_id, t.role, t.created_at, t.text, -ts_rank_cd(v.tsv, q, 1)::float8
                 FROM unnest(ids) AS u(id)
                 CROSS JOIN LATERAL (SELECT * FROM messages m WHERE m.id = u.id OFFSET 0) t
                 CROSS JOIN LATERAL (SELECT COALESCE((SELECT x.tsv FROM message_index x WHERE x.id = u.id),
@@ -153,6 +153,18 @@ KEPT_PLANS: list[tuple[str, str]] = [
                   AND (want_role IS NULL OR t.role = want_role)
                   AND (t0 IS NULL OR t.created_at >= t0) AND (t1 IS NULL OR t.created_at <= t1)
                 ORDER BY 6, 1 DESC LIMIT lim OFFSET skip;
+            ELSIF cardinality(ids) <= probe_max THEN
+                -- newest first: the ids in order, each tested, until the page is full
+                RETURN QUERY
+                SELECT t.id, t.session_id, t.role, t.created_at, t.text, 0.0::float8
+                FROM (SELECT i.id FROM unnest(ids) AS i(id) ORDER BY i.id DESC) u
+                CROSS JOIN LATERAL (SELECT * FROM messages m WHERE m.id = u.id OFFSET 0) t
+                CROSS JOIN LATERAL (SELECT COALESCE((SELECT x.tsv FROM message_index x WHERE x.id = u.id),
+                                                    t.tsv, lcm_tsvector(t.text)) AS tsv OFFSET 0) v
+                WHERE v.tsv @@ q AND (scope IS NULL OR t.session_id = ANY(scope))
+                  AND (want_role IS NULL OR t.role = want_role)
+                  AND (t0 IS NULL OR t.created_at >= t0) AND (t1 IS NULL OR t.created_at <= t1)
+                ORDER BY u.id DESC LIMIT lim OFFSET skip;
             ELSE
                 RETURN QUERY
                 WITH u AS MATERIALIZED (SELECT unnest(ids) AS id)
