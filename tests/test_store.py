@@ -760,7 +760,7 @@ def test_newest_matches_in_a_lineage_are_the_stores_newest_in_it(store, monkeypa
 
     from lossless_context.store.sqlite import search as sqlite_search
 
-    monkeypatch.setattr(sqlite_search, "_NEAR_IDS", near)
+    monkeypatch.setattr(sqlite_search, "NEAR_IDS", near)
     rng = random.Random(4)
     words = ["retry", "ledger", "quota", "webhook", "payout", "cache"]
     sids = ["s1", "s2", "s3", "s4", "early", "late"]

@@ -17,7 +17,7 @@ from ...messages import CJK_CLASS
 _CJK_RE = re.compile(CJK_CLASS + "+")
 # A lineage's sessions fewer than this many ids apart are searched as one id range
 # (_newest_by_session).
-_NEAR_IDS = 10_000
+NEAR_IDS = 10_000
 
 
 class SQLiteSearch:
@@ -208,7 +208,7 @@ def _newest_by_session(c: sqlite3.Connection, sql: str, args: tuple, session_ids
     # as one range: a search per session cost more than the few rows between them.
     ranges: list[list[int]] = []
     for _sid, lo, hi in sorted(spans, key=lambda r: -r[2]):
-        if ranges and ranges[-1][0] - hi <= _NEAR_IDS:
+        if ranges and ranges[-1][0] - hi <= NEAR_IDS:
             ranges[-1][0] = min(ranges[-1][0], lo)
         else:
             ranges.append([lo, hi])
