@@ -123,7 +123,9 @@ KEPT_PLANS: list[tuple[str, str]] = [
         # summary): the planner cannot see how few messages a summary covers. The function
         # lists them first; up to probe_max are read by key and tested (an unindexed one on its
         # own text; newest first until the page is full, unless ranked), a larger summary's
-        # matches come from the index as a set.
+        # matches come from the index as a set. The ranked and newest-first probes are two
+        # statements on purpose: one ORDER BY covering both is an expression the generic plan
+        # must sort by, so the newest-first probe would test every message instead of stopping.
         "024_fts_under_summary",
         """
         CREATE OR REPLACE FUNCTION lcm_fts_under(root bigint, q tsquery, scope text[], want_role text,

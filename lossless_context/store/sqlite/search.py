@@ -92,7 +92,7 @@ class SQLiteSearch:
             # bm25() first counts every match of every phrase in the whole index, whatever the
             # LIMIT: "recent" (newest matches first, stopping at the limit) leaves it out.
             score = f"bm25({table}_fts)" if order == "rank" else "0.0"
-            by_session = is_msg and order != "rank" and bool(session_ids) and not with_sql
+            by_session = is_msg and order != "rank" and bool(session_ids) and under_summary is None
             if by_session:  # a lineage's newest matches, one session's id range at a time
                 where.append(f"{table}_fts.rowid BETWEEN ? AND ?")
             elif is_msg and under_summary is not None:  # the same bounds, given to FTS5 itself
