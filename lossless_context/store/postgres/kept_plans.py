@@ -268,4 +268,125 @@ KEPT_PLANS: list[tuple[str, str]] = [
         $fn$;
         """,
     ),
+    (
+        # The originals a grep folds its summary hits into (Store.search_under_summaries): the
+        # newest matches under each of up to 30 summaries. lcm_fts_under probes each summary's
+        # messages one by one (~4 us a message: an index read, the row's vector), which for a
+        # common identifier came to ~0.5 ms a summary, 16 ms a grep at 100k messages, where
+        # SQLite's index seeks within each summary's id range. This function searches the
+        # summaries that share a query together: their messages listed once, and, when the
+        # caller's estimate of the index rows the query reads (`gin_rows`, from the planner's
+        # statistics) is below `weight` x the distinct messages, one read of the full-text
+        # index ANDed with their id ranges (at most 16, split at the widest gaps; rows of
+        # other sessions inside a range are dropped after) - each match is then rechecked
+        # once, not probed per summary. Otherwise, or with no estimate, each summary is probed
+        # as before. Rows still listed for indexing are tested on their own text, as in
+        # lcm_fts_under's index route. The index read is planned with the ranges written out
+        # (EXECUTE), so the planner sees how narrow they are and intersects the two bitmaps.
+        "026_fts_under_many",
+        """
+        CREATE OR REPLACE FUNCTION lcm_fts_under_many(roots bigint[], q tsquery, scope text[], want_role text,
+                                                      t0 float8, t1 float8, lim int, probe_max int,
+                                                      gin_rows float8, weight float8)
+        RETURNS TABLE(root bigint, id bigint, session_id text, role text, created_at float8, text text,
+                      rank float8)
+        LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $fn$
+        DECLARE
+            pr bigint[];  -- (root, summary under it) pairs
+            pn bigint[];
+            los bigint[];  -- the id span of each summary's own messages, by first id
+            his bigint[];
+            total bigint;
+            cuts bigint[];
+            cond text := '';
+            lo bigint;
+            hi bigint;
+            k int;
+            hits bigint[];
+        BEGIN
+            SELECT array_agg(w.r), array_agg(w.id) INTO pr, pn FROM (
+                WITH RECURSIVE sub(r, id) AS (
+                    SELECT u.r, u.r FROM unnest(roots) AS u(r)
+                    UNION SELECT sub.r, c.child_id FROM sub
+                    CROSS JOIN LATERAL (SELECT sp.child_id FROM summary_parents sp WHERE sp.parent_id = sub.id
+                                        OFFSET 0) c)
+                SELECT DISTINCT sub.r, sub.id FROM sub) w;
+            SELECT array_agg(s.lo ORDER BY s.lo), array_agg(s.hi ORDER BY s.lo), sum(s.n) INTO los, his, total
+            FROM (SELECT (SELECT min(sm.message_id) FROM summary_messages sm WHERE sm.summary_id = u.id) AS lo,
+                         (SELECT max(sm.message_id) FROM summary_messages sm WHERE sm.summary_id = u.id) AS hi,
+                         (SELECT count(*) FROM summary_messages sm WHERE sm.summary_id = u.id) AS n
+                  FROM (SELECT DISTINCT v.id FROM unnest(pn) AS v(id)) u) s
+            WHERE s.lo IS NOT NULL;
+            IF los IS NULL THEN
+                RETURN;
+            END IF;
+            IF gin_rows IS NULL OR gin_rows > weight * total THEN
+                RETURN QUERY SELECT u.r, f.* FROM unnest(roots) AS u(r)
+                    CROSS JOIN LATERAL lcm_fts_under(u.r, q, scope, want_role, t0, t1, false, lim, lim, 0,
+                                                     probe_max) f;
+                RETURN;
+            END IF;
+            -- the spans as at most 16 ranges of ids: overlapping ones joined, then cut at the
+            -- 15 widest gaps between neighbours
+            cuts := ARRAY(SELECT g.at FROM (
+                              SELECT los[i] AS at, los[i] - max(his[i - 1]) OVER (ORDER BY i ROWS UNBOUNDED PRECEDING)
+                                     AS gap
+                              FROM generate_subscripts(los, 1) AS i) g
+                          WHERE g.gap > 1 ORDER BY g.gap DESC, g.at LIMIT 15);
+            lo := los[1];
+            hi := his[1];
+            FOR k IN 2 .. cardinality(los) + 1 LOOP
+                IF k > cardinality(los) OR los[k] = ANY(cuts) AND los[k] > hi THEN
+                    cond := cond || CASE WHEN cond = '' THEN '' ELSE ' OR ' END
+                            || format('x.id BETWEEN %s AND %s', lo, hi);
+                    EXIT WHEN k > cardinality(los);
+                    lo := los[k];
+                END IF;
+                hi := GREATEST(hi, his[k]);
+            END LOOP;
+            EXECUTE 'SELECT array_agg(x.id) FROM message_index x WHERE x.tsv @@ $1 AND (' || cond || ')'
+                INTO hits USING q;
+            -- rows still listed for indexing, tested on their own text
+            hits := COALESCE(hits, '{}') || ARRAY(
+                SELECT p.message_id FROM message_index_pending p
+                CROSS JOIN LATERAL (SELECT * FROM messages m WHERE m.id = p.message_id OFFSET 0) t
+                WHERE p.message_id >= los[1] AND p.message_id <= (SELECT max(h) FROM unnest(his) AS h)
+                  AND COALESCE(t.tsv, lcm_tsvector(t.text)) @@ q);
+            RETURN QUERY
+            WITH kept AS MATERIALIZED (
+                SELECT h.id FROM unnest(hits) AS h(id)
+                CROSS JOIN LATERAL (SELECT m.session_id, m.role, m.created_at FROM messages m WHERE m.id = h.id
+                                    OFFSET 0) t
+                WHERE (scope IS NULL OR t.session_id = ANY(scope)) AND (want_role IS NULL OR t.role = want_role)
+                  AND (t0 IS NULL OR t.created_at >= t0) AND (t1 IS NULL OR t.created_at <= t1)),
+            owned AS MATERIALIZED (
+                SELECT DISTINCT p.r, kept.id FROM kept
+                CROSS JOIN LATERAL (SELECT sm.summary_id FROM summary_messages sm WHERE sm.message_id = kept.id
+                                    OFFSET 0) o
+                JOIN unnest(pr, pn) AS p(r, n) ON p.n = o.summary_id),
+            page AS MATERIALIZED (
+                SELECT w.r, w.id FROM (
+                    SELECT owned.r, owned.id, row_number() OVER (PARTITION BY owned.r ORDER BY owned.id DESC) AS k
+                    FROM owned) w
+                WHERE w.k <= lim)
+            SELECT page.r, t.id, t.session_id, t.role, t.created_at, t.text, 0.0::float8 FROM page
+            CROSS JOIN LATERAL (SELECT * FROM messages m WHERE m.id = page.id OFFSET 0) t
+            ORDER BY page.r, t.id DESC;
+        END
+        $fn$;
+        """,
+    ),
+    (
+        # lcm_term_counts (migration 017) runs one statement for a capped count of the whole
+        # store (floor NULL) and for a count among the newest rows (floor set). After five
+        # calls PL/pgSQL may plan it once, generically, for both: the windowed count then read
+        # every match in the store from the full-text index and tested the window on each
+        # row (at 1M messages 8 -> 45 ms of a common identifier's grep, depending on which
+        # counts the connection had served before). Each call is planned with its arguments
+        # (~0.1 ms; a count reads hundreds to thousands of rows).
+        "027_term_counts_custom_plans",
+        """
+        ALTER FUNCTION lcm_term_counts(text, tsquery[], integer, bigint) SET plan_cache_mode = force_custom_plan;
+        """,
+    ),
 ]

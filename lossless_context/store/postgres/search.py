@@ -25,6 +25,7 @@ except ImportError:  # pragma: no cover - reported when the store is first used
     psycopg = None  # type: ignore[assignment]
 
 # The scripts the CJK bigram index holds (the ranges of migration 008's lcm_cjk_grams).
+_QUOTED = re.compile(r"'((?:[^']|'')*)'")  # a lexeme in a tsquery's text
 _CJK_RE = re.compile(CJK_CLASS + "+")  # messages.CJK_CLASS: the ranges lcm_cjk_grams indexes
 # A pending row's tsvector: the stored one of a row from before migration 008, else computed.
 _PENDING_TSV = "COALESCE(t.tsv, lcm_tsvector(t.text))"
@@ -149,20 +150,35 @@ class PostgresSearch:
     def search_under_summaries(self, session_ids: Sequence[str] | None, asks: Sequence[tuple[int, Any]], *,
                                role: str | None = None, since: float | None = None, until: float | None = None,
                                limit: int = 10) -> list[list[dict[str, Any]]]:
-        # every summary's search sent together (pipeline mode): one round trip for the up to
+        # The summaries asked with the same query are searched together (lcm_fts_under_many,
+        # migration 026: their messages listed once, the index read once when that is
+        # cheaper), each query's statement sent in one pipeline: one round trip for the up to
         # 30 a grep folds. A query the english configuration reduces to nothing (stop words
         # only) is searched alone, word for word, as search() does.
         scope = None if session_ids is None else [_t(s) for s in session_ids]
         want = [(k, int(sid), _t(getattr(plan, "pg_tsquery", None) or "")) for k, (sid, plan) in enumerate(asks)]
         out: list[list[dict[str, Any]]] = [[] for _ in asks]
+        groups: dict[str, list[tuple[int, int]]] = {}
+        for k, sid, tsq in want:
+            if tsq:
+                groups.setdefault(tsq, []).append((k, sid))
+
+        ests = {tsq: self._index_rows(tsq) for tsq in groups}  # (before: it may use a connection)
 
         def run(c: Any) -> list[tuple[int, list[tuple]]]:
-            todo = [(k, sid, tsq) for k, sid, tsq in want if tsq and self._useful(c, tsq)]
+            todo = [(tsq, group, ests[tsq]) for tsq, group in groups.items() if self._useful(c, tsq)]
             with c.pipeline():
-                curs = [(k, c.execute(_UNDER_SQL, (sid, tsq, scope, _t(role) if role else None, since, until,
-                                                   False, limit, limit, 0, UNDER_PROBE_ROWS)))
-                        for k, sid, tsq in todo]
-            return [(k, cur.fetchall()) for k, cur in curs]
+                curs = [(group, c.execute(_UNDER_MANY_SQL, (list(dict.fromkeys(sid for _, sid in group)), tsq, scope,
+                                                            _t(role) if role else None, since, until, limit,
+                                                            UNDER_PROBE_ROWS, est, UNDER_INDEX_WEIGHT)))
+                        for tsq, group, est in todo]
+            answered = []
+            for group, cur in curs:
+                by_root: dict[int, list[tuple]] = {}
+                for row in cur.fetchall():
+                    by_root.setdefault(row[0], []).append(row[1:])
+                answered += [(k, by_root.get(sid, [])) for k, sid in group]
+            return answered
 
         try:
             answered = self._read(run)
@@ -311,9 +327,42 @@ class PostgresSearch:
     def forget_max_row_id(self) -> None:
         self.__dict__.pop("_max_ids", None)
 
+    def _index_rows(self, tsq: str) -> float | None:
+        """About how many full-text index rows a search for ``tsq`` reads: the fewest matches
+        of any of its lexemes (an AND reads the rarest one's list and skips through the
+        others'), their sum for an OR; a lexeme the statistics omit counts as the least
+        common they keep. None when unknown (no statistics; a prefix or a negation)."""
+        freqs = self._lexeme_freqs()
+        parsed = self._tsquery_lexemes(tsq)
+        if not freqs or not parsed:
+            return None
+        lexemes, ops = parsed
+        if "!" in ops or ":" in ops:
+            return None
+        floor = min(freqs.values())
+        fs = [freqs.get(lex, floor) for lex in lexemes]
+        return max(1, self.max_row_id("messages")) * (sum(fs) if "|" in ops else min(fs))
+
+    def _tsquery_lexemes(self, tsq: str) -> tuple[list[str], str] | None:
+        """The lexemes ``to_tsquery('english', tsq)`` holds and its operators (the text
+        outside them); None when it holds none. Cached."""
+        cache = self.__dict__.setdefault("_lexemes_cache", {})
+        if tsq not in cache:
+            try:
+                text = self._read(lambda c: c.execute("SELECT to_tsquery('english', %s)::text", (tsq,)).fetchone()[0])
+            except (psycopg.DataError, psycopg.ProgrammingError):
+                text = ""
+            if len(cache) > 4096:
+                cache.clear()
+            lexemes = [m.replace("''", "'") for m in _QUOTED.findall(text or "")]
+            cache[tsq] = (lexemes, _QUOTED.sub("", text)) if lexemes else None
+        return cache[tsq]
+
     def _useful(self, c: Any, tsq: str) -> bool:
         cache = self.__dict__.setdefault("_useful_cache", {})
         hit = cache.get(tsq)
+        if hit is None and tsq in self.__dict__.get("_lexemes_cache", {}):
+            hit = cache[tsq] = self.__dict__["_lexemes_cache"][tsq] is not None
         if hit is None:
             hit = bool(c.execute("SELECT numnode(to_tsquery('english', %s))", (tsq,)).fetchone()[0])
             if len(cache) > 4096:
@@ -480,6 +529,12 @@ NEWEST_WALK_ROWS = 4000
 # NEWEST_BUDGET_ROWS rows to fill at the rate matches were found (~0.6 us a row).
 NEWEST_BUDGET_ROWS = 4000
 NEWEST_CHUNK_ROWS = 256
+# Summaries searched together (lcm_fts_under_many, migration 026) read the full-text index
+# once when the index rows the query reads are estimated below this many times their distinct
+# messages (an index row ~0.25 us, a message probed by key ~4 us); otherwise each is probed.
+UNDER_INDEX_WEIGHT = 16.0
+_UNDER_MANY_SQL = ("SELECT * FROM lcm_fts_under_many(%s::bigint[], to_tsquery('english', %s), %s::text[], %s, %s,"
+                   " %s, %s, %s, %s, %s)")
 _UNDER_SQL = ("SELECT * FROM lcm_fts_under(%s, to_tsquery('english', %s), %s::text[], %s, %s, %s, %s, %s, %s, %s,"
               " %s)")
 
