@@ -38,6 +38,9 @@ MAX_COUNTED = 8  # terms whose match counts are measured; the rest only join the
 MAX_GROUPS = 6  # AND queries over groups of co-occurring terms
 MAX_PAIRS = 15  # co-occurrence tests, rarest pairs first
 SAMPLE_ROWS = 20_000  # newest rows a common term's frequency is estimated from
+# (of summaries: a gateway holds tens of thousands, each a long text; 2,000 summaries span
+# ~200,000 messages of history)
+SUMMARY_SAMPLE_ROWS = 2_000
 PAIR_SECONDS = 0.02  # and at most this long: a safety net for terms that never meet
 
 
@@ -157,15 +160,16 @@ def candidates(store: Any, target: str, scope: Any, plan: QueryPlan, *, need: in
 
 def _idf(store: Any, target: str, plan: QueryPlan, cost: dict[int, int]) -> dict[str, float]:
     """BM25's idf per item. Exact counts for rare items; a common item's count is scaled up
-    from its matches among the newest ``SAMPLE_ROWS`` rows (an index walk of bounded length)."""
+    from its matches among the newest ``SAMPLE_ROWS`` rows (``SUMMARY_SAMPLE_ROWS`` of
+    summaries; an index walk of bounded length)."""
     total = max(1, store.max_row_id(target))
     common = [i for i, c in cost.items() if c > RANK_BUDGET and i < MAX_COUNTED]
     df = {i: float(c) for i, c in cost.items()}
-    if common and total > SAMPLE_ROWS:
-        sampled = store.term_counts(target, [plan.subset([i], "AND") for i in common], SAMPLE_ROWS,
-                                    newest=SAMPLE_ROWS)
+    window = SAMPLE_ROWS if target == "messages" else SUMMARY_SAMPLE_ROWS
+    if common and total > window:
+        sampled = store.term_counts(target, [plan.subset([i], "AND") for i in common], window, newest=window)
         for i, c in zip(common, sampled):
-            df[i] = max(df[i], c * total / SAMPLE_ROWS)
+            df[i] = max(df[i], c * total / window)
     out: dict[str, float] = {}
     for i, d in df.items():
         d = min(d, total)

@@ -425,4 +425,52 @@ KEPT_PLANS: list[tuple[str, str]] = [
         $fn$;
         """,
     ),
+    (
+        # A lineage's summaries matching a query. Planned as one statement, the search read the
+        # query's matches among every user's summaries (a gateway's tens of thousands: the
+        # full-text index, each vector read from its row) or walked them newest first down to
+        # the lineage's: "retry" in a lineage of 155 among 46,000 summaries took 145 ms. A
+        # lineage of up to `probe_max` summaries has them listed (summaries_session) and each
+        # tested by key: ranked, all of them; newest first, in order until the page is full. A
+        # larger lineage runs the statement as before, planned for its arguments (EXECUTE).
+        # Sequential scans are off inside: a small table's generic plan listed a lineage's
+        # summaries by reading every user's.
+        "029_fts_summaries_in_lineage",
+        """
+        CREATE OR REPLACE FUNCTION lcm_fts_summaries(scope text[], q tsquery, ranked boolean, lim int, skip int,
+                                                     probe_max int)
+        RETURNS TABLE(id bigint, session_id text, role text, created_at float8, text text, rank float8)
+        LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $fn$
+        DECLARE
+            ids bigint[];
+        BEGIN
+            ids := ARRAY(SELECT s.id FROM summaries s WHERE s.session_id = ANY(scope) AND s.state = 'published'
+                         LIMIT probe_max + 1);
+            IF cardinality(ids) <= probe_max AND ranked THEN
+                RETURN QUERY
+                SELECT t.id, t.session_id, 'summary'::text, t.t_end, t.text, -ts_rank_cd(t.tsv, q, 1)::float8
+                FROM unnest(ids) AS u(id)
+                CROSS JOIN LATERAL (SELECT * FROM summaries s WHERE s.id = u.id OFFSET 0) t
+                WHERE t.tsv @@ q ORDER BY 6, 1 DESC LIMIT lim OFFSET skip;
+            ELSIF cardinality(ids) <= probe_max THEN
+                RETURN QUERY
+                SELECT t.id, t.session_id, 'summary'::text, t.t_end, t.text, 0.0::float8
+                FROM (SELECT i.id FROM unnest(ids) AS i(id) ORDER BY i.id DESC) u
+                CROSS JOIN LATERAL (SELECT * FROM summaries s WHERE s.id = u.id OFFSET 0) t
+                WHERE t.tsv @@ q ORDER BY u.id DESC LIMIT lim OFFSET skip;
+            ELSE
+                RETURN QUERY EXECUTE
+                    'SELECT t.id, t.session_id, text ''summary'', t.t_end, t.text, '
+                    || CASE WHEN ranked THEN '-ts_rank_cd(t.tsv, $2, 1)::float8 AS rank'
+                            ELSE '0.0::float8 AS rank' END
+                    || ' FROM summaries t WHERE t.tsv @@ $2 AND t.session_id = ANY($1)'
+                    || ' AND t.state = ''published'''
+                    || CASE WHEN ranked THEN ' ORDER BY rank, t.id DESC' ELSE ' ORDER BY t.id DESC' END
+                    || ' LIMIT $3 OFFSET $4'
+                    USING scope, q, lim, skip;
+            END IF;
+        END
+        $fn$;
+        """,
+    ),
 ]

@@ -63,10 +63,9 @@ class PostgresSearch:
             return out
         total = self.max_row_id(target)
         floor = total - newest if newest is not None else None
-        if target == "messages":
-            todo = self._counts_from_stats(todo, out, cap, total, newest)
-            if not todo:
-                return out
+        todo = self._counts_from_stats(todo, out, cap, total, newest, target)
+        if not todo:
+            return out
         sql = ("SELECT lcm_term_counts(%s, ARRAY(SELECT to_tsquery('english', s) FROM unnest(%s::text[])"
                " WITH ORDINALITY AS u(s, i) ORDER BY i), %s, %s)")
 
@@ -96,8 +95,8 @@ class PostgresSearch:
             items = [getattr(p, "pg_tsquery", None) for p in plans]
             todo = [(k, _t(s)) for k, s in enumerate(items) if s]
             out = [0] * len(items)
-            if todo and target == "messages":
-                todo = self._counts_from_stats(todo, out, cap, self.max_row_id(target), None)
+            if todo:
+                todo = self._counts_from_stats(todo, out, cap, self.max_row_id(target), None, target)
             outs.append(out)
             calls.append((target, todo))
         asked = [(n, target, todo) for n, (target, todo) in enumerate(calls) if todo]
@@ -217,11 +216,13 @@ class PostgresSearch:
         return out
 
     def _counts_from_stats(self, todo: list[tuple[int, str]], out: list[int], cap: int, total: int,
-                           newest: int | None) -> list[tuple[int, str]]:
+                           newest: int | None, target: str = "messages") -> list[tuple[int, str]]:
         """Fill ``out`` for the single-lexeme queries the planner statistics know to be common
         (counting them would walk thousands of matches; a capped count of a common term is
-        ``cap + 1``, and a windowed one the term's frequency times the window). The rest."""
-        freqs = self._lexeme_freqs()
+        ``cap + 1``, and a windowed one the term's frequency times the window). The rest.
+        Summaries too: a gateway's tens of thousands, each vector read from its row (a windowed
+        count of four common words among 46,000 summaries took 250 ms)."""
+        freqs = self._lexeme_freqs(target)
         if not freqs:
             return todo
         span = newest if newest is not None else total
@@ -247,18 +248,21 @@ class PostgresSearch:
         self.__dict__[key] = (now, value)
         return value
 
-    def _lexeme_freqs(self) -> dict[str, float]:
-        """lexeme → fraction of indexed messages holding it, for the most common lexemes
-        (ANALYZE's statistics of message_index.tsv; refreshed once a minute)."""
+    def _lexeme_freqs(self, target: str = "messages") -> dict[str, float]:
+        """lexeme → fraction of indexed messages (or of summaries) holding it, for the most
+        common lexemes (ANALYZE's statistics of message_index.tsv or summaries.tsv; refreshed
+        once a minute)."""
+        table = "message_index" if target == "messages" else "summaries"
+
         def read() -> dict[str, float]:
             row = self._read(lambda c: c.execute(
                 "SELECT most_common_elems::text::text[], most_common_elem_freqs FROM pg_catalog.pg_stats"
-                " WHERE schemaname = current_schema() AND tablename = 'message_index' AND attname = 'tsv'").fetchone())
+                " WHERE schemaname = current_schema() AND tablename = %s AND attname = 'tsv'", (table,)).fetchone())
             if row and row[0] and row[1]:
                 return dict(zip(row[0], row[1]))  # (the frequencies carry 3 trailing summary values)
             return {}
 
-        return self._planner_stats("_freqs", read)
+        return self._planner_stats("_freqs" if target == "messages" else "_summary_freqs", read)
 
     def _cjk_kept_plan(self, target: str, subs: list[str], where: list[str], with_sql: str) -> bool:
         """Whether this substring search is lcm_cjk_messages' (migration 020): one CJK run in
@@ -416,6 +420,11 @@ class PostgresSearch:
                         + " LIMIT %s OFFSET %s"
                     )
                     return c.execute(sql, (*with_params, tsq, *params, limit, offset), prepare=False).fetchall()
+                if not is_msg and session_ids is not None and not with_sql and len(where) == 2:
+                    # a lineage's summaries, filtered by nothing else: lcm_fts_summaries (029)
+                    return c.execute("SELECT * FROM lcm_fts_summaries(%s::text[], to_tsquery('english', %s), %s, %s,"
+                                     " %s, %s)", (params[0], tsq, order == "rank", limit, offset,
+                                                  SUMMARY_PROBE_ROWS)).fetchall()
                 if not is_msg:
                     score = "-ts_rank_cd(t.tsv, q.q, 1)::float8" if order == "rank" else "0.0::float8"
                     sql = (
@@ -521,6 +530,9 @@ _KEYS = ("id", "session_id", "role", "created_at", "text", "rank")
 # Messages under a summary up to this many are each read by key and tested (lcm_fts_under,
 # migration 024: ~2 us a row); a larger summary's matches come from the full-text index.
 UNDER_PROBE_ROWS = 2000
+# A lineage of up to this many summaries has each tested by key (lcm_fts_summaries, migration
+# 029), not the query's matches among every user's summaries read.
+SUMMARY_PROBE_ROWS = 2000
 # The newest rows a search for the newest matches of a common term tests one by one before it
 # turns to the full-text index for the older ones (_newest_first): ~0.6 us a row.
 NEWEST_WALK_ROWS = 4000

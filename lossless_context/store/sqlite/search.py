@@ -16,8 +16,11 @@ from ...messages import CJK_CLASS
 # Runs of the scripts indexed by the trigram table (CJK, kana, Hangul; messages.CJK_CLASS).
 _CJK_RE = re.compile(CJK_CLASS + "+")
 # A lineage's sessions fewer than this many ids apart are searched as one id range
-# (_newest_by_session).
+# (_session_ranges), and so are its summaries fewer than NEAR_SUMMARY_IDS apart, in at most
+# MAX_RANGES ranges (_summary_ranges).
 NEAR_IDS = 10_000
+NEAR_SUMMARY_IDS = 100
+MAX_RANGES = 64
 
 
 class SQLiteSearch:
@@ -92,8 +95,8 @@ class SQLiteSearch:
             # bm25() first counts every match of every phrase in the whole index, whatever the
             # LIMIT: "recent" (newest matches first, stopping at the limit) leaves it out.
             score = f"bm25({table}_fts)" if order == "rank" else "0.0"
-            by_session = is_msg and order != "rank" and bool(session_ids) and under_summary is None
-            if by_session:  # a lineage's newest matches, one session's id range at a time
+            by_session = order != "rank" and bool(session_ids) and under_summary is None
+            if by_session:  # a lineage's newest matches, one id range of it at a time
                 where.append(f"{table}_fts.rowid BETWEEN ? AND ?")
             elif is_msg and under_summary is not None:  # the same bounds, given to FTS5 itself
                 where.append(f"{table}_fts.rowid BETWEEN (SELECT lo FROM span) AND (SELECT hi FROM span)")
@@ -105,8 +108,9 @@ class SQLiteSearch:
                 + " LIMIT ? OFFSET ?"
             )
             if by_session:
-                rows = _newest_by_session(c, sql, (plan.fts_match, *params), session_ids or (),
-                                          limit + offset)[offset:]
+                ranges = (_session_ranges(c, session_ids or ()) if is_msg
+                          else _summary_ranges(c, session_ids or ()))
+                rows = _newest_in_ranges(c, sql, (plan.fts_match, *params), ranges, limit + offset)[offset:]
             else:
                 rows = c.execute(sql, (*with_params, plan.fts_match, *params, limit, offset)).fetchall()
         elif mode == "substring":
@@ -187,14 +191,10 @@ class SQLiteSearch:
         return self.conn().execute(f"SELECT COALESCE(MAX(id), 0) FROM {table}").fetchone()[0]
 
 
-def _newest_by_session(c: sqlite3.Connection, sql: str, args: tuple, session_ids: Sequence[str],
-                       top: int) -> list[tuple]:
-    """The ``top`` newest matches of ``sql`` (a newest-first full-text search of messages in a
-    lineage whose last terms bound the id; ``args``: its parameters before those bounds),
-    one id range of its sessions at a time (FTS5 seeks its index there), newest first, until
-    the page is full. One statement over the lineage walked every newer match in the store
-    down to the lineage's: an old lineage's search for "retry" took 21.5 ms at 100k messages
-    (0.3 ms now), growing with the store."""
+def _session_ranges(c: sqlite3.Connection, session_ids: Sequence[str]) -> list[list[int]]:
+    """The id ranges of a lineage's messages, newest first: each session's first and last id,
+    sessions fewer than ``NEAR_IDS`` ids apart as one range (a conversation's, one after
+    another: a search per session cost more than the few rows between them)."""
     # each session's first and last id: two index seeks (a GROUP BY read every row of it)
     one = ("SELECT ?, (SELECT min(id) FROM messages WHERE session_id = ?), (SELECT max(id) FROM messages"
            " WHERE session_id = ?)")
@@ -204,14 +204,48 @@ def _newest_by_session(c: sqlite3.Connection, sql: str, args: tuple, session_ids
         part = sids[k:k + 200]
         found = c.execute(" UNION ALL ".join([one] * len(part)), [x for sid in part for x in (sid, sid, sid)])
         spans += [r for r in found if r[2] is not None]
-    # Sessions whose ids lie close together (a conversation's, one after another) are searched
-    # as one range: a search per session cost more than the few rows between them.
     ranges: list[list[int]] = []
     for _sid, lo, hi in sorted(spans, key=lambda r: -r[2]):
         if ranges and ranges[-1][0] - hi <= NEAR_IDS:
             ranges[-1][0] = min(ranges[-1][0], lo)
         else:
             ranges.append([lo, hi])
+    return ranges
+
+
+def _summary_ranges(c: sqlite3.Connection, session_ids: Sequence[str]) -> list[list[int]]:
+    """The id ranges of a lineage's published summaries, newest first: its summaries' ids (the
+    session index holds them) in runs of ids fewer than ``NEAR_SUMMARY_IDS`` apart (a
+    compaction pass writes its summaries together; a gateway's users' passes interleave), the
+    closest runs joined until at most ``MAX_RANGES`` remain."""
+    sids = list(dict.fromkeys(session_ids))
+    ids: list[int] = []
+    for k in range(0, len(sids), 500):
+        part = sids[k:k + 500]
+        ids += [r[0] for r in c.execute(f"SELECT id FROM summaries WHERE session_id IN ({','.join('?' * len(part))})"
+                                        " AND state = 'published'", part)]
+    ids.sort(reverse=True)
+    near = NEAR_SUMMARY_IDS
+    while True:
+        ranges: list[list[int]] = []
+        for i in ids:
+            if ranges and ranges[-1][0] - i <= near:
+                ranges[-1][0] = i
+            else:
+                ranges.append([i, i])
+        if len(ranges) <= MAX_RANGES:
+            return ranges
+        near *= 4
+
+
+def _newest_in_ranges(c: sqlite3.Connection, sql: str, args: tuple, ranges: list[list[int]],
+                      top: int) -> list[tuple]:
+    """The ``top`` newest matches of ``sql`` (a newest-first full-text search in a lineage
+    whose last terms bound the id; ``args``: its parameters before those bounds), one id range
+    of the lineage at a time (FTS5 seeks its index there), newest first, until the page is
+    full. One statement over the lineage walked every newer match in the store down to the
+    lineage's: an old lineage's search for "retry" took 21.5 ms at 100k messages (0.3 ms
+    now), growing with the store; a lineage's summaries among a gateway's 46,000, 45 ms."""
     got: list[tuple] = []
     for lo, hi in ranges:
         # A range's search is of the whole lineage within it, and the ranges are disjoint and

@@ -1,0 +1,168 @@
+"""A lineage's summaries among a gateway's (both backends).
+
+A gateway's store holds every user's summaries; a search is of one user's lineage. Planned as
+one statement, a search of the lineage's summaries read the query's matches among all of them
+(or walked them newest first down to the lineage's): among 46,000 summaries a lineage's newest
+matches of "retry" took 145 ms on PostgreSQL, 45 on SQLite. Now PostgreSQL tests a small
+lineage's summaries by key (``lcm_fts_summaries``, migration 029) and SQLite searches the
+lineage's id ranges newest first; each must answer what the store-wide search, kept to the
+lineage, answers. Here 24 users compact in turns, so each lineage's summaries are runs of ids
+between everyone else's.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+
+import pytest
+
+from lossless_context.records import NewMessage, NewSummary
+from lossless_context.search.query import plan_query
+from lossless_context.store import open_store
+from lossless_context.store.postgres import search as pg_search
+from lossless_context.store.sqlite import search as sqlite_search
+
+WORDS = ["deploy", "window", "ledger", "invoice", "cache", "queue", "shard", "replica", "quota", "cursor"]
+USERS, PASSES, PER_PASS = 24, 6, 3
+T0 = 1_700_000_000.0
+
+
+def _nm(text: str, t: float) -> NewMessage:
+    return NewMessage(raw={"role": "user", "content": text}, role="user", ident=uuid.uuid4().hex, uid=None, text=text,
+                      tokens=len(text) // 4 + 1, created_at=t)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def gateway(request, tmp_path):
+    """(store, {user: the ids of its published summaries}). Each user's summaries say what
+    most say ("deploy ... retry") and some a rarer thing ("ERR_QUOTA_7"); one user's passes
+    are staged only (never found)."""
+    loc = str(tmp_path / "gw.db") if request.param == "sqlite" else request.getfixturevalue("pg_fresh_dsn")
+    st = open_store(loc)
+    rng = random.Random(29)
+    mine: dict[str, list[int]] = {f"u{u}": [] for u in range(USERS)}
+    try:
+        for u in mine:
+            st.ensure_session(u, conversation_id=f"conv-{u}")
+        t = T0
+        for p in range(PASSES):
+            for u in mine:
+                mids = st.append_messages(u, [_nm(f"{u} said {rng.choice(WORDS)}", t + k) for k in range(PER_PASS)])
+                v, e = st.get_context(u)
+                sums = [NewSummary(key=f"L{k}", kind="leaf", depth=0, level="normal", summarizer="test",
+                                   text=" ".join(rng.choice(WORDS) for _ in range(6)) + " retry"
+                                   + (" ERR_QUOTA_7" if (p + k) % 4 == 0 else ""),
+                                   tokens=10, source_tokens=100, t_start=t, t_end=t + k, n_messages=1,
+                                   message_ids=[mid]) for k, mid in enumerate(mids)]
+                km, _ = st.stage_pass(u, f"{u}-{p}", sums, [("s", s.key) for s in sums], v, len(e))
+                if u != "u5":
+                    assert st.publish_pass(f"{u}-{p}")
+                    mine[u] += sorted(km.values())
+                t += 10
+        mine["u5"] = []
+        yield st, mine
+    finally:
+        st.close()
+
+
+def _kept(st, scope: list[str], q: str, order: str) -> list[dict]:
+    """The store-wide search (every user's summaries), kept to ``scope``."""
+    rows = st.search("summaries", None, plan_query(q), mode="fts", order=order, limit=10_000)
+    return [r for r in rows if r["session_id"] in scope]
+
+
+@pytest.mark.parametrize("route", ["default", "other"])
+def test_a_lineages_summaries_are_what_the_store_wide_search_keeps(gateway, monkeypatch, route):
+    """Ranked and newest first, paged: a lineage's summaries (one user, two users, a user whose
+    passes were never published) equal the store-wide search kept to the lineage. ``other``
+    takes the other route: PostgreSQL's planned statement (a lineage above its probe size),
+    SQLite's ranges joined into one (or kept one run each)."""
+    st, mine = gateway
+    if route == "other":
+        monkeypatch.setattr(pg_search, "SUMMARY_PROBE_ROWS", 2)
+        monkeypatch.setattr(sqlite_search, "MAX_RANGES", 1)
+    else:
+        monkeypatch.setattr(sqlite_search, "NEAR_SUMMARY_IDS", 0)  # one range per run of a pass
+    for scope in (["u3"], ["u0", "u17"], ["u5"], ["u23", "nobody"]):
+        for q in ("retry", "ERR_QUOTA_7", "deploy window", "absentword"):
+            for order in ("rank", "recent"):
+                want = _kept(st, scope, q, order)
+                for limit, offset in ((5, 0), (4, 3), (100, 0)):
+                    got = st.search("summaries", scope, plan_query(q), mode="fts", order=order, limit=limit,
+                                    offset=offset)
+                    assert [r["id"] for r in got] == [r["id"] for r in want[offset:offset + limit]], \
+                        (scope, q, order, limit, offset)
+                    if order == "rank":
+                        assert [r["rank"] for r in got] == pytest.approx([r["rank"] for r in want[offset:offset + limit]])
+                    assert {r["id"] for r in got} <= {i for u in scope for i in mine.get(u, [])}
+    assert _kept(st, ["u3"], "retry", "recent") and not _kept(st, ["u5"], "retry", "recent")
+
+
+def test_postgres_reads_only_the_lineages_summaries(gateway, request):
+    """On PostgreSQL a lineage's newest matches of a word every summary holds read about the
+    lineage's summaries, not every user's (432 here)."""
+    st, mine = gateway
+    if st.kind != "postgresql":
+        pytest.skip("PostgreSQL's statistics")
+    psycopg = pytest.importorskip("psycopg")
+    dsn = request.getfixturevalue("pg_fresh_dsn")
+    with psycopg.connect(dsn, autocommit=True) as c:
+        if c.info.server_version < 150000:
+            pytest.skip("pg_stat_force_next_flush needs PostgreSQL 15")
+        c.execute("ANALYZE summaries")
+
+        def reads() -> int:
+            with st.maintenance_connection() as own:
+                own.execute("SELECT pg_stat_force_next_flush()")
+            for _ in range(3):  # the pool's other connections too
+                st._read(lambda x: x.execute("SELECT pg_stat_force_next_flush()"))
+            c.execute("SELECT pg_stat_force_next_flush()")
+            return c.execute("SELECT COALESCE(seq_tup_read, 0) + COALESCE(idx_tup_fetch, 0) FROM pg_stat_user_tables"
+                             " WHERE relname = 'summaries'").fetchone()[0]
+
+        total = c.execute("SELECT count(*) FROM summaries").fetchone()[0]
+        for order in ("rank", "recent"):
+            before = reads()
+            got = st.search("summaries", ["u3"], plan_query("retry"), mode="fts", order=order, limit=5)
+            assert len(got) == 5
+            assert reads() - before <= 3 * len(mine["u3"]) < total / 4, order
+
+
+def test_postgres_counts_a_common_word_of_summaries_from_the_statistics(gateway, request):
+    """A word ANALYZE finds in most summaries is counted from the planner's statistics, capped
+    or among the newest, without reading the summaries (a windowed count of four common words
+    among 46,000 summaries read them: 250 ms); a rare one is still counted."""
+    st, mine = gateway
+    if st.kind != "postgresql":
+        pytest.skip("PostgreSQL's statistics")
+    psycopg = pytest.importorskip("psycopg")
+    dsn = request.getfixturevalue("pg_fresh_dsn")
+    with psycopg.connect(dsn, autocommit=True) as c:
+        if c.info.server_version < 150000:
+            pytest.skip("pg_stat_force_next_flush needs PostgreSQL 15")
+        c.execute("ANALYZE summaries")
+        total = c.execute("SELECT count(*) FROM summaries").fetchone()[0]
+        rare = c.execute("SELECT count(*) FROM summaries WHERE tsv @@ to_tsquery('english', %s)",
+                         (plan_query("ERR_QUOTA_7").pg_tsquery,)).fetchone()[0]
+
+        def reads(fn):
+            for _ in range(3):
+                st._read(lambda x: x.execute("SELECT pg_stat_force_next_flush()"))
+            c.execute("SELECT pg_stat_force_next_flush()")
+            q = ("SELECT COALESCE(seq_tup_read, 0) + COALESCE(idx_tup_fetch, 0) FROM pg_stat_user_tables"
+                 " WHERE relname = 'summaries'")
+            before = c.execute(q).fetchone()[0]
+            out = fn()
+            for _ in range(3):
+                st._read(lambda x: x.execute("SELECT pg_stat_force_next_flush()"))
+            return out, c.execute(q).fetchone()[0] - before
+
+        retry = plan_query("retry")
+        # (at most the newest id is read: the store's size)
+        got, n = reads(lambda: st.term_counts("summaries", [retry], 50))
+        assert got == [51] and n <= 1
+        got, n = reads(lambda: st.term_counts("summaries", [retry], 200, newest=100))
+        assert n <= 1 and 90 <= got[0] <= 101  # the word's frequency (every summary) times the window
+        assert st.term_counts_many([("summaries", [retry])], 50) == [[51]]
+        assert st.term_counts("summaries", [plan_query("ERR_QUOTA_7")], total) == [rare] and 0 < rare < total
