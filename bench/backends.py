@@ -13,7 +13,9 @@ N with the same stream, that point is reused instead of building it again.
 
 Full runs then grow the PostgreSQL store to 1,000,000 messages by SQL replication
 (`bench/pg_grow.py`: the real sessions copied, their index rows with them) and measure it
-again: the large point of issue #21 (`lcm_grep` text p50 < 50 ms at 1M).
+again: the large point of issue #21 (`lcm_grep` text p50 < 50 ms at 1M). Last, a gateway's
+store on both backends (`bench/gateway.py`: many users' compacted histories, one user's
+searches against that user's history alone).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from . import common
+from . import gateway as gw
 from .scale import worker
 
 COMPARE = [
@@ -110,6 +113,14 @@ def run(cfg: dict[str, Any], scale_result: dict[str, Any] | None = None) -> dict
             pg_large = {"grow": grown, "measure": worker(
                 ["measure", "--store", dsn, "--n", str(grown["n_stored"]), "--passes", str(max(5, passes // 4)),
                  "--reps", str(reps), "--identifier", pg_b["identifier"]], 3600)}
+        # a gateway's store: many users' compacted histories, one user's searches (bench/gateway.py)
+        gateway = {}
+        try:
+            gateway["postgresql"] = gw.run("postgresql", lambda name: srv.dsn(srv.create_database(f"gw_{name}")),
+                                           quick=quick)
+            gateway["sqlite"] = gw.run("sqlite", lambda name: str(work / f"gw-{name}.db"), quick=quick)
+        except Exception as exc:  # reported, not fatal to the comparison above
+            gateway["error"] = f"{type(exc).__name__}: {exc}"
         try:
             import psycopg
 
@@ -162,7 +173,7 @@ def run(cfg: dict[str, Any], scale_result: dict[str, Any] | None = None) -> dict
     return {"skipped": False, "n_requested": n, "n_compared": n_pg, "pg_stopped_early": pg_b.get("stopped_early"),
             "pg_budget_seconds": budget, "sqlite_reused_from_scale": reused, "postgres_version": server_version,
             "shared_buffers": SHARED_BUFFERS, "round_trip_ms": round_trip, "round_trip_after_idle_ms": round_trip_idle,
-            "rows": rows, "sqlite": sqlite, "postgresql": pg, "postgresql_large": pg_large}
+            "rows": rows, "sqlite": sqlite, "postgresql": pg, "postgresql_large": pg_large, "gateway": gateway}
 
 
 def _grow(dsn: str, n: int) -> dict[str, Any]:

@@ -481,7 +481,34 @@ def _backends(b: dict[str, Any]) -> list[str]:
               "measurement:", ""]
         L += _table(["metric", "PostgreSQL"], cells)
         L.append("")
-    return L
+    return L + _gateway(b.get("gateway") or {})
+
+
+def _gateway(g: dict[str, Any]) -> list[str]:
+    """The gateway table of bench/gateway.py (both backends)."""
+    if not g:
+        return []
+    if g.get("error"):
+        return [f"Gateway store: failed: `{g['error'][:2000]}`", ""]
+    first = g.get("postgresql") or g.get("sqlite")
+    b = first["build"]
+    L = [f"A gateway's store (`bench/gateway.py`): {_f(b['users'])} users, each in its own conversation, "
+         f"compacting in turns ({first['passes_per_user']} passes each, {first['summaries_per_pass']} leaf "
+         f"summaries a pass): {_f(b['messages'])} messages and {_f(b['summaries'])} summaries, each user's ids "
+         "in runs between everyone else's. One user's `lcm_grep` from a new session of its conversation, against "
+         "the same user's history alone in a store of its own (the same texts); p50 ms over "
+         f"{first['reps']} calls. The ratio is what the other users cost a search (hits must be equal).", ""]
+    rows = []
+    for backend in ("sqlite", "postgresql"):
+        for r in (g.get(backend) or {}).get("rows", []):
+            rows.append([backend, r["user"], r["query"], r["alone_ms"], r["gateway_ms"], r["ratio"],
+                         f"{r['hits_alone']} / {r['hits_gateway']}"])
+    L += _table(["backend", "user", "query", "alone ms", "gateway ms", "ratio", "hits alone / gateway"], rows)
+    L.append("")
+    for backend in ("sqlite", "postgresql"):
+        if g.get(backend):
+            L.append(f"{backend}: built in {g[backend]['build']['build_seconds']} s.")
+    return L + [""]
 
 
 def _profiles(parts: dict[str, Any]) -> list[str]:

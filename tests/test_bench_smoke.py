@@ -58,6 +58,13 @@ def test_bench_quick_writes_results(tmp_path: Path) -> None:
     if not be.get("skipped") and not be.get("pg_stopped_early"):  # PG grown by SQL replication, measured again
         big = be["postgresql_large"]
         assert big["grow"]["n_stored"] == 2 * be["n_compared"] and big["grow"]["pending_after"] == 0
+    if not be.get("skipped"):  # a gateway's store on both backends: one user's hits as in its history alone
+        gw = be["gateway"]
+        assert not gw.get("error"), gw.get("error")
+        for backend in ("sqlite", "postgresql"):
+            rows = gw[backend]["rows"]
+            assert len(rows) == 9 and all(_num(r["alone_ms"]) and _num(r["gateway_ms"]) for r in rows)
+            assert all(r["hits_alone"] == r["hits_gateway"] and r["hits_alone"] for r in rows), rows
         assert _num(big["measure"]["lcm_grep"]["text"]["ms"]["p50"])
         assert big["measure"]["lcm_grep"]["identifier"]["hits"] >= 2  # the copies are indexed too
         assert "PostgreSQL grown to" in md
