@@ -166,3 +166,37 @@ def test_postgres_counts_a_common_word_of_summaries_from_the_statistics(gateway,
         assert n <= 1 and 90 <= got[0] <= 101  # the word's frequency (every summary) times the window
         assert st.term_counts_many([("summaries", [retry])], 50) == [[51]]
         assert st.term_counts("summaries", [plan_query("ERR_QUOTA_7")], total) == [rare] and 0 < rare < total
+
+
+def test_postgres_pairs_that_meet_are_found_in_the_newest_summaries(gateway, request):
+    """A search's term-pair tests of summaries (lcm_any_match, migration 030) answer what
+    counting each pair answers; a pair that meets is found among the newest summaries, reading
+    a few of them rather than the full-text index's entries for both words (every summary's,
+    here; a gateway's 48,000: 16 ms for a question's pairs)."""
+    st, mine = gateway
+    if st.kind != "postgresql":
+        pytest.skip("PostgreSQL's statistics")
+    psycopg = pytest.importorskip("psycopg")
+    dsn = request.getfixturevalue("pg_fresh_dsn")
+    pairs = [plan_query(q).subset([0, 1], "AND") for q in ("retry deploy", "retry ERR_QUOTA_7", "ledger window",
+                                                            "retry absentword", "absentword ERR_QUOTA_7")]
+    want = [n > 0 for n in st.term_counts("summaries", pairs, 1)]
+    assert want == [True, True, True, False, False]
+    with psycopg.connect(dsn, autocommit=True) as c:
+        if c.info.server_version < 150000:
+            pytest.skip("pg_stat_force_next_flush needs PostgreSQL 15")
+
+        def entries() -> int:  # index entries read on summaries, by any index
+            for _ in range(3):
+                st._read(lambda x: x.execute("SELECT pg_stat_force_next_flush()"))
+            c.execute("SELECT pg_stat_force_next_flush()")
+            return c.execute("SELECT COALESCE(sum(idx_tup_read), 0) FROM pg_stat_user_indexes"
+                             " WHERE relname = 'summaries'").fetchone()[0]
+
+        meet = [pairs[0], pairs[2]]  # words half (a fifth) of the summaries hold together
+        for _ in range(6):  # past the calls after which PL/pgSQL may keep a generic plan
+            st.any_match("summaries", meet, 5.0)
+        before = entries()
+        assert st.any_match("summaries", meet, 5.0) == [True, True]
+        assert entries() - before <= 2 * 64  # the newest summaries, until each pair meets
+        assert st.any_match("summaries", pairs, 5.0) == want
