@@ -72,16 +72,20 @@ def _kept(st, scope: list[str], q: str, order: str) -> list[dict]:
     return [r for r in rows if r["session_id"] in scope]
 
 
-@pytest.mark.parametrize("route", ["default", "other"])
+@pytest.mark.parametrize("route", ["default", "other", "whole"])
 def test_a_lineages_summaries_are_what_the_store_wide_search_keeps(gateway, monkeypatch, route):
     """Ranked and newest first, paged: a lineage's summaries (one user, two users, a user whose
     passes were never published) equal the store-wide search kept to the lineage. ``other``
-    takes the other route: PostgreSQL's planned statement (a lineage above its probe size),
-    SQLite's ranges joined into one (or kept one run each)."""
+    and ``whole`` take the other routes: PostgreSQL's planned statement (a lineage above its
+    probe size), SQLite's ranges joined into one, or a lineage too large to list searched as
+    one range (``default``: one range per run of a pass)."""
     st, mine = gateway
     if route == "other":
         monkeypatch.setattr(pg_search, "SUMMARY_PROBE_ROWS", 2)
         monkeypatch.setattr(sqlite_search, "MAX_RANGES", 1)
+    elif route == "whole":
+        monkeypatch.setattr(pg_search, "SUMMARY_PROBE_ROWS", 2)
+        monkeypatch.setattr(sqlite_search, "MAX_LISTED", 3)
     else:
         monkeypatch.setattr(sqlite_search, "NEAR_SUMMARY_IDS", 0)  # one range per run of a pass
     for scope in (["u3"], ["u0", "u17"], ["u5"], ["u23", "nobody"]):

@@ -355,7 +355,7 @@ class PostgresSearch:
             try:
                 text = self._read(lambda c: c.execute("SELECT to_tsquery('english', %s)::text", (tsq,)).fetchone()[0])
             except (psycopg.DataError, psycopg.ProgrammingError):
-                text = ""
+                return None  # refused: not cached (_useful reads this cache as "no lexemes")
             if len(cache) > 4096:
                 cache.clear()
             lexemes = [m.replace("''", "'") for m in _QUOTED.findall(text or "")]

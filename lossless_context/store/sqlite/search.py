@@ -21,6 +21,7 @@ _CJK_RE = re.compile(CJK_CLASS + "+")
 NEAR_IDS = 10_000
 NEAR_SUMMARY_IDS = 100
 MAX_RANGES = 64
+MAX_LISTED = 2_000  # a lineage of more summaries is searched as one range
 
 
 class SQLiteSearch:
@@ -217,13 +218,18 @@ def _summary_ranges(c: sqlite3.Connection, session_ids: Sequence[str]) -> list[l
     """The id ranges of a lineage's published summaries, newest first: its summaries' ids (the
     session index holds them) in runs of ids fewer than ``NEAR_SUMMARY_IDS`` apart (a
     compaction pass writes its summaries together; a gateway's users' passes interleave), the
-    closest runs joined until at most ``MAX_RANGES`` remain."""
+    closest runs joined until at most ``MAX_RANGES`` remain; a lineage of more than
+    ``MAX_LISTED`` summaries as one range."""
     sids = list(dict.fromkeys(session_ids))
     ids: list[int] = []
     for k in range(0, len(sids), 500):
         part = sids[k:k + 500]
         ids += [r[0] for r in c.execute(f"SELECT id FROM summaries WHERE session_id IN ({','.join('?' * len(part))})"
-                                        " AND state = 'published'", part)]
+                                        " AND state = 'published' LIMIT ?", (*part, MAX_LISTED + 1 - len(ids)))]
+        if len(ids) > MAX_LISTED:
+            # a lineage of this many summaries is most of the store's: one range, as the
+            # statement alone would walk it (listing them would cost more than the walk)
+            return [[0, 2**63 - 1]]
     ids.sort(reverse=True)
     near = NEAR_SUMMARY_IDS
     while True:
@@ -235,7 +241,7 @@ def _summary_ranges(c: sqlite3.Connection, session_ids: Sequence[str]) -> list[l
                 ranges.append([i, i])
         if len(ranges) <= MAX_RANGES:
             return ranges
-        near *= 4
+        near = max(1, near) * 4
 
 
 def _newest_in_ranges(c: sqlite3.Connection, sql: str, args: tuple, ranges: list[list[int]],
