@@ -21,10 +21,14 @@ from lossless_context.records import NewMessage, NewSummary
 from lossless_context.search.query import plan_query
 from lossless_context.store import open_store
 from lossless_context.store.postgres import search as pg_search
+from lossless_context.store.postgres.store import PostgresStore
 from lossless_context.store.sqlite import search as sqlite_search
+from tests.support.pg import counted
 
 WORDS = ["deploy", "window", "ledger", "invoice", "cache", "queue", "shard", "replica", "quota", "cursor"]
 USERS, PASSES, PER_PASS = 24, 6, 3
+_SUMMARY_READS = ("SELECT COALESCE(seq_tup_read, 0) + COALESCE(idx_tup_fetch, 0) FROM pg_stat_user_tables"
+                  " WHERE relname = 'summaries'")
 T0 = 1_700_000_000.0
 
 
@@ -38,8 +42,10 @@ def gateway(request, tmp_path):
     """(store, {user: the ids of its published summaries}). Each user's summaries say what
     most say ("deploy ... retry") and some a rarer thing ("ERR_QUOTA_7"); one user's passes
     are staged only (never found)."""
-    loc = str(tmp_path / "gw.db") if request.param == "sqlite" else request.getfixturevalue("pg_fresh_dsn")
-    st = open_store(loc)
+    if request.param == "sqlite":
+        st = open_store(str(tmp_path / "gw.db"))
+    else:  # one connection: the server's statistics of what it read are what some tests count
+        st = PostgresStore(request.getfixturevalue("pg_fresh_dsn"), pool_max=1)
     rng = random.Random(29)
     mine: dict[str, list[int]] = {f"u{u}": [] for u in range(USERS)}
     try:
@@ -116,21 +122,12 @@ def test_postgres_reads_only_the_lineages_summaries(gateway, request):
             pytest.skip("pg_stat_force_next_flush needs PostgreSQL 15")
         c.execute("ANALYZE summaries")
 
-        def reads() -> int:
-            with st.maintenance_connection() as own:
-                own.execute("SELECT pg_stat_force_next_flush()")
-            for _ in range(3):  # the pool's other connections too
-                st._read(lambda x: x.execute("SELECT pg_stat_force_next_flush()"))
-            c.execute("SELECT pg_stat_force_next_flush()")
-            return c.execute("SELECT COALESCE(seq_tup_read, 0) + COALESCE(idx_tup_fetch, 0) FROM pg_stat_user_tables"
-                             " WHERE relname = 'summaries'").fetchone()[0]
-
         total = c.execute("SELECT count(*) FROM summaries").fetchone()[0]
         for order in ("rank", "recent"):
-            before = reads()
-            got = st.search("summaries", ["u3"], plan_query("retry"), mode="fts", order=order, limit=5)
+            got, n = counted(st, c, _SUMMARY_READS, lambda: st.search("summaries", ["u3"], plan_query("retry"),
+                                                                      mode="fts", order=order, limit=5))
             assert len(got) == 5
-            assert reads() - before <= 3 * len(mine["u3"]) < total / 4, order
+            assert n <= 3 * len(mine["u3"]) < total / 4, order
 
 
 def test_postgres_counts_a_common_word_of_summaries_from_the_statistics(gateway, request):
@@ -150,23 +147,11 @@ def test_postgres_counts_a_common_word_of_summaries_from_the_statistics(gateway,
         rare = c.execute("SELECT count(*) FROM summaries WHERE tsv @@ to_tsquery('english', %s)",
                          (plan_query("ERR_QUOTA_7").pg_tsquery,)).fetchone()[0]
 
-        def reads(fn):
-            for _ in range(3):
-                st._read(lambda x: x.execute("SELECT pg_stat_force_next_flush()"))
-            c.execute("SELECT pg_stat_force_next_flush()")
-            q = ("SELECT COALESCE(seq_tup_read, 0) + COALESCE(idx_tup_fetch, 0) FROM pg_stat_user_tables"
-                 " WHERE relname = 'summaries'")
-            before = c.execute(q).fetchone()[0]
-            out = fn()
-            for _ in range(3):
-                st._read(lambda x: x.execute("SELECT pg_stat_force_next_flush()"))
-            return out, c.execute(q).fetchone()[0] - before
-
         retry = plan_query("retry")
         # (at most the newest id is read: the store's size)
-        got, n = reads(lambda: st.term_counts("summaries", [retry], 50))
+        got, n = counted(st, c, _SUMMARY_READS, lambda: st.term_counts("summaries", [retry], 50))
         assert got == [51] and n <= 1
-        got, n = reads(lambda: st.term_counts("summaries", [retry], 200, newest=100))
+        got, n = counted(st, c, _SUMMARY_READS, lambda: st.term_counts("summaries", [retry], 200, newest=100))
         assert n <= 1 and 90 <= got[0] <= 101  # the word's frequency (every summary) times the window
         assert st.term_counts_many([("summaries", [retry])], 50) == [[51]]
         assert st.term_counts("summaries", [plan_query("ERR_QUOTA_7")], total) == [rare] and 0 < rare < total
@@ -190,17 +175,12 @@ def test_postgres_pairs_that_meet_are_found_in_the_newest_summaries(gateway, req
         if c.info.server_version < 150000:
             pytest.skip("pg_stat_force_next_flush needs PostgreSQL 15")
 
-        def entries() -> int:  # index entries read on summaries, by any index
-            for _ in range(3):
-                st._read(lambda x: x.execute("SELECT pg_stat_force_next_flush()"))
-            c.execute("SELECT pg_stat_force_next_flush()")
-            return c.execute("SELECT COALESCE(sum(idx_tup_read), 0) FROM pg_stat_user_indexes"
-                             " WHERE relname = 'summaries'").fetchone()[0]
-
+        entries = ("SELECT COALESCE(sum(idx_tup_read), 0) FROM pg_stat_user_indexes"  # by any index
+                   " WHERE relname = 'summaries'")
         meet = [pairs[0], pairs[2]]  # words half (a fifth) of the summaries hold together
         for _ in range(6):  # past the calls after which PL/pgSQL may keep a generic plan
             st.any_match("summaries", meet, 5.0)
-        before = entries()
-        assert st.any_match("summaries", meet, 5.0) == [True, True]
-        assert entries() - before <= 2 * 64  # the newest summaries, until each pair meets
+        got, n = counted(st, c, entries, lambda: st.any_match("summaries", meet, 5.0))
+        assert got == [True, True]
+        assert n <= 2 * 64  # the newest summaries, until each pair meets
         assert st.any_match("summaries", pairs, 5.0) == want

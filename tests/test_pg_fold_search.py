@@ -22,8 +22,11 @@ from lossless_context.search.query import plan_query
 from lossless_context.store.base import Store
 from lossless_context.store.postgres import search as pg_search
 from lossless_context.store.postgres.store import PostgresStore
+from tests.support.pg import counted
 
 psycopg = pytest.importorskip("psycopg")
+
+_FETCHED = "SELECT idx_tup_fetch FROM pg_stat_user_tables WHERE relname = 'message_index'"
 
 WORDS = ["deploy", "window", "ledger", "invoice", "cache", "queue", "shard", "replica", "quota", "cursor"]
 BATCHES = 48  # of the lineage's messages, 9 each; the other user's 6 in between
@@ -133,20 +136,8 @@ def test_the_index_route_is_one_read_of_the_index(gateway, monkeypatch, pg_fresh
 
         def reads(weight: float) -> tuple[list, int]:
             monkeypatch.setattr(pg_search, "UNDER_INDEX_WEIGHT", weight)
-
-            def flush() -> None:
-                with st.maintenance_connection() as own:
-                    own.execute("SELECT pg_stat_force_next_flush()")
-
             asks = [(sid, plan_query("ERR_SYNC_LAG_9")) for sid in sorted(under)]
-            flush()
-            before = c.execute("SELECT idx_tup_fetch FROM pg_stat_user_tables WHERE relname = 'message_index'"
-                               ).fetchone()[0]
-            got = st.search_under_summaries(["s"], asks, limit=12)
-            flush()
-            after = c.execute("SELECT idx_tup_fetch FROM pg_stat_user_tables WHERE relname = 'message_index'"
-                              ).fetchone()[0]
-            return got, after - before
+            return counted(st, c, _FETCHED, lambda: st.search_under_summaries(["s"], asks, limit=12))
 
         probed, probe_reads = reads(0.0)
         once, index_reads = reads(1e9)
@@ -185,15 +176,9 @@ def test_a_windowed_count_reads_its_window_after_capped_counts(pg_fresh_dsn):
             for _ in range(6):
                 st.term_counts("messages", [plan], 100)
 
-            def fetched() -> int:
-                with st.maintenance_connection() as own:
-                    own.execute("SELECT pg_stat_force_next_flush()")
-                return c.execute("SELECT idx_tup_fetch FROM pg_stat_user_tables WHERE relname = 'message_index'"
-                                 ).fetchone()[0]
-
-            before = fetched()
-            assert st.term_counts("messages", [plan], 1000, newest=600) == [200]
+            got, fetched = counted(st, c, _FETCHED, lambda: st.term_counts("messages", [plan], 1000, newest=600))
+            assert got == [200]
             # the window's rows (or its matches, as the plan goes), not the store's 2,000 matches
-            assert fetched() - before <= 600
+            assert fetched <= 600
     finally:
         st.close()

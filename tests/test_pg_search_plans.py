@@ -25,6 +25,7 @@ from lossless_context.search.query import plan_query
 from lossless_context.store.postgres import search as pg_search
 from lossless_context.store.postgres.search import cjk_bigrams
 from lossless_context.store.postgres.store import PostgresStore
+from tests.support.pg import counted
 
 psycopg = pytest.importorskip("psycopg")
 
@@ -327,23 +328,18 @@ def test_other_searches_keep_their_planned_statements(fts_store):
 
 # -- a common CJK needle in one lineage of many (migration 023; searches never prepared) -------
 
+_READS = ("SELECT COALESCE(idx_tup_fetch, 0) + COALESCE(seq_tup_read, 0) FROM pg_stat_user_tables"
+          " WHERE relname = 'message_index'")
+
+
 def _reads(c) -> int:
-    return c.execute("SELECT COALESCE(idx_tup_fetch, 0) + COALESCE(seq_tup_read, 0) FROM pg_stat_user_tables"
-                     " WHERE relname = 'message_index'").fetchone()[0]
+    return c.execute(_READS).fetchone()[0]
 
 
 def _index_reads(st: PostgresStore, c, fn):
-    """(fn(), the message_index rows read while it ran), as the server counts them: the store's
-    one connection (pool_max=1) flushes its statistics before and after."""
-    def flush() -> None:
-        with st.maintenance_connection() as own:
-            own.execute("SELECT pg_stat_force_next_flush()")
-
-    flush()
-    before = _reads(c)
-    out = fn()
-    flush()
-    return out, _reads(c) - before
+    """(fn(), the message_index rows read while it ran), as the server counts them (``st`` has
+    one connection: pool_max=1)."""
+    return counted(st, c, _READS, fn)
 
 
 def test_a_common_word_reads_only_its_own_lineage_every_time(pg_fresh_dsn):

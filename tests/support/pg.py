@@ -294,3 +294,19 @@ def module_store_location(request, tmp_path_factory, name: str) -> str:
         server = request.getfixturevalue("pg_server")
         return server.dsn(server.create_database(name))
     return str(tmp_path_factory.mktemp(name) / "lcm.db")
+
+
+def counted(store, c, counter_sql: str, fn):
+    """(fn(), how much a server statistics counter grew while fn ran). ``counter_sql`` reads
+    one number from pg_stat_* on ``c``. The server counts per backend and publishes its counts
+    late: ``store`` must have one pooled connection (``pool_max=1``), whose statistics are
+    flushed (``pg_stat_force_next_flush``, PostgreSQL 15+) before and after ``fn``."""
+    def flush() -> None:
+        with store.maintenance_connection() as own:
+            own.execute("SELECT pg_stat_force_next_flush()")
+
+    flush()
+    before = c.execute(counter_sql).fetchone()[0]
+    out = fn()
+    flush()
+    return out, c.execute(counter_sql).fetchone()[0] - before
