@@ -4,9 +4,9 @@ A gateway's store holds every user's summaries; a search is of one user's lineag
 one statement, a search of the lineage's summaries read the query's matches among all of them
 (or walked them newest first down to the lineage's): among 46,000 summaries a lineage's newest
 matches of "retry" took 145 ms on PostgreSQL, 45 on SQLite. Now PostgreSQL tests a small
-lineage's summaries by key (``lcm_fts_summaries``, migration 029) and SQLite searches the
-lineage's id ranges newest first; each must answer what the store-wide search, kept to the
-lineage, answers. Here 24 users compact in turns, so each lineage's summaries are runs of ids
+lineage's summaries by key (``lcm_fts_summaries``, migration 029) and SQLite searches its
+index of summaries by session (migration 015; or the lineage's id ranges newest first); each
+must answer what the store-wide search, kept to the lineage, answers. Here 24 users compact in turns, so each lineage's summaries are runs of ids
 between everyone else's.
 """
 
@@ -78,22 +78,30 @@ def _kept(st, scope: list[str], q: str, order: str) -> list[dict]:
     return [r for r in rows if r["session_id"] in scope]
 
 
-@pytest.mark.parametrize("route", ["default", "other", "whole"])
+@pytest.mark.parametrize("route", ["default", "other", "whole", "runs"])
 def test_a_lineages_summaries_are_what_the_store_wide_search_keeps(gateway, monkeypatch, route):
     """Ranked and newest first, paged: a lineage's summaries (one user, two users, a user whose
-    passes were never published) equal the store-wide search kept to the lineage. ``other``
-    and ``whole`` take the other routes: PostgreSQL's planned statement (a lineage above its
-    probe size), SQLite's ranges joined into one, or a lineage too large to list searched as
-    one range (``default``: one range per run of a pass)."""
+    passes were never published) equal the store-wide search kept to the lineage, by every
+    route: ``default`` PostgreSQL's probe by key and SQLite's index of summaries by session
+    (migration 015); ``other`` PostgreSQL's planned statement (a lineage above its probe
+    size) and SQLite's id ranges joined into one; ``whole`` a lineage too large to list,
+    searched as one range; ``runs`` SQLite's ranges, one per run of a pass (the last three
+    with the index by session out of the way, as for a lineage of too many sessions)."""
     st, mine = gateway
+    if route != "default":
+        monkeypatch.setattr(sqlite_search, "MAX_SCOPED_SESSIONS", 0)
     if route == "other":
         monkeypatch.setattr(pg_search, "SUMMARY_PROBE_ROWS", 2)
         monkeypatch.setattr(sqlite_search, "MAX_RANGES", 1)
     elif route == "whole":
         monkeypatch.setattr(pg_search, "SUMMARY_PROBE_ROWS", 2)
         monkeypatch.setattr(sqlite_search, "MAX_LISTED", 3)
-    else:
+    elif route == "runs":
         monkeypatch.setattr(sqlite_search, "NEAR_SUMMARY_IDS", 0)  # one range per run of a pass
+    used = []
+    real = sqlite_search.SQLiteSearch._search_scoped
+    monkeypatch.setattr(sqlite_search.SQLiteSearch, "_search_scoped",
+                        lambda self, *a, **k: used.append(1) or real(self, *a, **k))
     for scope in (["u3"], ["u0", "u17"], ["u5"], ["u23", "nobody"]):
         for q in ("retry", "ERR_QUOTA_7", "deploy window", "absentword"):
             for order in ("rank", "recent"):
@@ -107,6 +115,51 @@ def test_a_lineages_summaries_are_what_the_store_wide_search_keeps(gateway, monk
                         assert [r["rank"] for r in got] == pytest.approx([r["rank"] for r in want[offset:offset + limit]])
                     assert {r["id"] for r in got} <= {i for u in scope for i in mine.get(u, [])}
     assert _kept(st, ["u3"], "retry", "recent") and not _kept(st, ["u5"], "retry", "recent")
+    assert bool(used) == (route == "default" and st.kind == "sqlite")
+
+
+def _summary(text: str, mid: int, t: float) -> NewSummary:
+    return NewSummary(key="L", kind="leaf", depth=0, level="normal", summarizer="test", text=text, tokens=10,
+                      source_tokens=100, t_start=t, t_end=t, n_messages=1, message_ids=[mid])
+
+
+def test_sqlite_sessions_named_in_the_index_of_summaries_by_session(tmp_path, monkeypatch):
+    """SQLite names a lineage's sessions as phrases of the session column (migration 015). A
+    phrase also matches a longer id that holds its words ("a" in "a-b" and "a b"): those
+    summaries are not the lineage's and are not returned; an id with a double quote is
+    quoted; an id without a letter or digit (its phrase would be empty) and a lineage of more
+    sessions than MAX_SCOPED_SESSIONS take the id ranges."""
+    st = open_store(str(tmp_path / "s.db"))
+    used = []
+    real = sqlite_search.SQLiteSearch._search_scoped
+    monkeypatch.setattr(sqlite_search.SQLiteSearch, "_search_scoped",
+                        lambda self, *a, **k: used.append(1) or real(self, *a, **k))
+    sids = ["a", "a-b", "a b", 'say "hi"', "---", "b"]
+    ids: dict[str, list[int]] = {}
+    try:
+        t = T0
+        for p in range(3):
+            for sid in sids:
+                st.ensure_session(sid, conversation_id="c-" + sid)
+                mid = st.append_messages(sid, [_nm(f"{sid} msg", t)])[0]
+                v, e = st.get_context(sid)
+                km, _ = st.stage_pass(sid, f"{sid}/{p}", [_summary(f"retry number {p} a b hi", mid, t)],
+                                      [("s", "L")], v, len(e))
+                assert st.publish_pass(f"{sid}/{p}")
+                ids.setdefault(sid, []).append(km["L"])
+                t += 1
+        for scope, scoped in ((["a"], True), (["a b"], True), (['say "hi"'], True), (["---"], False),
+                              (["---", "b"], False), (["a", "nobody"], True)):
+            used.clear()
+            got = st.search("summaries", scope, plan_query("retry"), mode="fts", order="recent", limit=10)
+            assert [r["id"] for r in got] == sorted((i for s in scope for i in ids.get(s, [])), reverse=True), scope
+            assert bool(used) == scoped, scope
+        monkeypatch.setattr(sqlite_search, "MAX_SCOPED_SESSIONS", 1)
+        used.clear()
+        got = st.search("summaries", ["a", "b"], plan_query("retry"), mode="fts", order="recent", limit=10)
+        assert [r["id"] for r in got] == sorted(ids["a"] + ids["b"], reverse=True) and not used
+    finally:
+        st.close()
 
 
 def test_postgres_reads_only_the_lineages_summaries(gateway, request):
@@ -184,3 +237,33 @@ def test_postgres_pairs_that_meet_are_found_in_the_newest_summaries(gateway, req
         assert got == [True, True]
         assert n <= 2 * 64  # the newest summaries, until each pair meets
         assert st.any_match("summaries", pairs, 5.0) == want
+
+
+def test_doctor_checks_and_rebuilds_the_index_of_summaries_by_session(tmp_path):
+    """`lcm doctor` checks the index of summaries by session with the other full-text indexes
+    and rebuilds it with --repair; the lineage's search then finds what it held."""
+    import sqlite3
+
+    from lossless_context.ops.doctor import run_doctor
+
+    path = str(tmp_path / "d.db")
+    st = open_store(path)
+    try:
+        st.ensure_session("u", conversation_id="c")
+        mid = st.append_messages("u", [_nm("hello", T0)])[0]
+        v, e = st.get_context("u")
+        km, _ = st.stage_pass("u", "p", [_summary("the retry limit", mid, T0)], [("s", "L")], v, len(e))
+        assert st.publish_pass("p")
+        name = "full-text index summaries_scoped_fts in sync"
+        assert [k.ok for k in run_doctor(st).checks if k.name == name] == [True]
+        c = sqlite3.connect(path, isolation_level=None)
+        c.execute("INSERT INTO summaries_scoped_fts(summaries_scoped_fts) VALUES ('delete-all')")
+        c.close()
+        assert st.search("summaries", ["u"], plan_query("retry"), mode="fts", order="recent") == []
+        [check] = [k for k in run_doctor(st, repair=True).checks if k.name == name]
+        assert not check.ok and check.repaired
+        assert [k.ok for k in run_doctor(st).checks if k.name == name] == [True]
+        got = st.search("summaries", ["u"], plan_query("retry"), mode="fts", order="recent")
+        assert [r["id"] for r in got] == [km["L"]]
+    finally:
+        st.close()

@@ -167,24 +167,24 @@ def _sqlite(store: Any, repair: bool) -> DoctorReport:
     # A large append's rows are full-text indexed after its commit: index any backlog
     # (left by a crash, or still running) before comparing the index with the rows.
     store.wait_indexed()
-    for table in ("messages", "summaries"):
+    for fts in ("messages_fts", "summaries_fts", "summaries_scoped_fts"):
         if store.read_only:  # FTS5's integrity check is issued as an INSERT: a write
-            rep.add(f"full-text index {table}_fts in sync", True, "not checked: the store is open read-only",
+            rep.add(f"full-text index {fts} in sync", True, "not checked: the store is open read-only",
                     info=True)
             continue
         bad = False
         try:
-            c.execute(f"INSERT INTO {table}_fts({table}_fts, rank) VALUES ('integrity-check', 1)")
+            c.execute(f"INSERT INTO {fts}({fts}, rank) VALUES ('integrity-check', 1)")
         except Exception as exc:
             bad = True
             detail = str(exc)
         else:
             detail = ""
-        chk = rep.add(f"full-text index {table}_fts in sync", not bad, detail)
+        chk = rep.add(f"full-text index {fts} in sync", not bad, detail)
         if bad and repair:
             with store.tx() as w:
-                w.execute(f"INSERT INTO {table}_fts({table}_fts) VALUES ('rebuild')")
-                if table == "messages":  # the rebuild indexed every row, listed or not
+                w.execute(f"INSERT INTO {fts}({fts}) VALUES ('rebuild')")
+                if fts == "messages_fts":  # the rebuild indexed every row, listed or not
                     w.execute("DELETE FROM lcm_index_pending")
             chk.repaired = True
 

@@ -22,6 +22,9 @@ NEAR_IDS = 10_000
 NEAR_SUMMARY_IDS = 100
 MAX_RANGES = 64
 MAX_LISTED = 2_000  # a lineage of more summaries is searched as one range
+# A lineage of at most this many sessions has its summaries searched through the index of
+# summaries by session (migration 015), one phrase per session; a longer one by id ranges.
+MAX_SCOPED_SESSIONS = 64
 
 
 class SQLiteSearch:
@@ -95,6 +98,16 @@ class SQLiteSearch:
                 self._index_before_search()  # a large append's rows may still be being indexed
             # bm25() first counts every match of every phrase in the whole index, whatever the
             # LIMIT: "recent" (newest matches first, stopping at the limit) leaves it out.
+            # A lineage's newest summaries: one search of the index of summaries by session.
+            # (Ranked searches keep summaries_fts: its bm25 is of the text alone - the session
+            # column would lengthen every row's - and a ranked search is of rare terms.)
+            scoped = (_scoped_match(plan.fts_match, session_ids)
+                      if not is_msg and order != "rank" and under_summary is None else None)
+            if scoped is not None:
+                rows = self._search_scoped(c, scoped, cols, where, params, limit, offset)
+                if rows is not None:
+                    keys = ("id", "session_id", "role", "created_at", "text", "rank")
+                    return [dict(zip(keys, r)) for r in rows]
             score = f"bm25({table}_fts)" if order == "rank" else "0.0"
             by_session = order != "rank" and bool(session_ids) and under_summary is None
             if by_session:  # a lineage's newest matches, one id range of it at a time
@@ -164,6 +177,20 @@ class SQLiteSearch:
         keys = ("id", "session_id", "role", "created_at", "text", "rank")
         return [dict(zip(keys, r)) for r in rows]
 
+    def _search_scoped(self, c: sqlite3.Connection, match: str, cols: str, where: list[str], params: list[Any],
+                       limit: int, offset: int) -> list[tuple] | None:
+        """A lineage's newest summaries matching ``match`` (from _scoped_match) through the
+        index of summaries by session (migration 015); None when FTS5 refuses the expression
+        (the caller then searches as before)."""
+        sql = (f"SELECT {cols}, 0.0 AS rank FROM summaries_scoped_fts JOIN summaries t"
+               " ON t.id = summaries_scoped_fts.rowid WHERE summaries_scoped_fts MATCH ?"
+               + "".join(f" AND {w}" for w in where)
+               + " ORDER BY summaries_scoped_fts.rowid DESC LIMIT ? OFFSET ?")
+        try:
+            return c.execute(sql, (match, *params, limit, offset)).fetchall()
+        except sqlite3.OperationalError:
+            return None
+
     def term_counts(self, target: str, plans: Sequence[Any], cap: int, newest: int | None = None) -> list[int]:
         table = "messages" if target == "messages" else "summaries"
         if table == "messages":
@@ -190,6 +217,21 @@ class SQLiteSearch:
     def max_row_id(self, target: str) -> int:
         table = "messages" if target == "messages" else "summaries"
         return self.conn().execute(f"SELECT COALESCE(MAX(id), 0) FROM {table}").fetchone()[0]
+
+
+def _scoped_match(fts_match: str | None, session_ids: Sequence[str] | None) -> str | None:
+    """The FTS5 expression of ``fts_match`` among the summaries of these sessions (the text
+    column matched, each session id a phrase of the session column), or None when the
+    sessions cannot be named that way: none given, more than ``MAX_SCOPED_SESSIONS``, or an id
+    without a letter or digit (its phrase would be empty). A phrase can also match a longer
+    id holding it; the search's own session filter keeps only the lineage's rows."""
+    if not fts_match or not session_ids:
+        return None
+    sids = list(dict.fromkeys(session_ids))
+    if len(sids) > MAX_SCOPED_SESSIONS or not all(any(ch.isalnum() for ch in sid) for sid in sids):
+        return None
+    phrases = " OR ".join('"' + sid.replace('"', '""') + '"' for sid in sids)
+    return f"{{text}} : ({fts_match}) AND {{session_id}} : ({phrases})"
 
 
 def _session_ranges(c: sqlite3.Connection, session_ids: Sequence[str]) -> list[list[int]]:
