@@ -69,8 +69,9 @@ class Indexer:
     """The deferred index of one store: jobs on its writer thread, and waiting for them."""
 
     def __init__(self, conn: Callable[[], sqlite3.Connection], begin: Callable[[sqlite3.Connection], None],
-                 writer: Callable[[], ThreadPoolExecutor]) -> None:
+                 writer: Callable[[], ThreadPoolExecutor], done: Callable[[], None] | None = None) -> None:
         self._conn, self._begin, self._writer = conn, begin, writer
+        self.done = done  # called after rows were indexed (the store's merge thread: merge.py)
         self._lock = threading.Lock()
         self._jobs: list[Future] = []
         self._pid = os.getpid()
@@ -87,7 +88,8 @@ class Indexer:
 
     def _run(self) -> None:
         try:
-            index_pending(self._conn(), self._begin)
+            if index_pending(self._conn(), self._begin) and self.done is not None:
+                self.done()
         except Exception as exc:  # the ranges stay listed: the next job or search retries
             log.warning("lcm: deferred full-text indexing failed (will retry): %s", exc)
 
@@ -128,7 +130,8 @@ class Indexer:
             was = c.execute("PRAGMA busy_timeout").fetchone()[0]
             c.execute(f"PRAGMA busy_timeout={int(lock_wait * 1000)}")
         try:
-            index_pending(c, begin)
+            if index_pending(c, begin) and self.done is not None:
+                self.done()
         except Exception as exc:
             if lock_wait is not None:
                 self._busy_until = time.monotonic() + BUSY_PAUSE

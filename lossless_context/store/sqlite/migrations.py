@@ -356,4 +356,17 @@ MIGRATIONS: list[tuple[str, str]] = [
         INSERT INTO summaries_scoped_fts(summaries_scoped_fts) VALUES ('rebuild');
         """,
     ),
+    (
+        # The store's merge thread (store/sqlite/merge.py) merges every level of a full-text
+        # index that holds two or more segments: FTS5 reads each segment for each term of a
+        # query, and its own merging left up to 16 at the smallest level and a few more at
+        # each above. Merging a level of two (not FTS5's default of four) keeps one per level.
+        "016_fts_usermerge",
+        """
+        INSERT INTO messages_fts(messages_fts, rank) VALUES ('usermerge', 2);
+        INSERT INTO messages_cjk(messages_cjk, rank) VALUES ('usermerge', 2);
+        INSERT INTO summaries_fts(summaries_fts, rank) VALUES ('usermerge', 2);
+        INSERT INTO summaries_scoped_fts(summaries_scoped_fts, rank) VALUES ('usermerge', 2);
+        """,
+    ),
 ]

@@ -25,7 +25,7 @@ from ..owners import pass_owner
 from ...records import ContextEntry, MessageRecord, NewMessage, NewSummary, StagedPass, SummaryRecord
 from ..base import Store, StoreError, resolve_keys, with_appended
 from ..rows import MSG_COLS, SUM_COLS, message_record, summary_record
-from . import append as sqlite_append, index as sqlite_index, wal as sqlite_wal
+from . import append as sqlite_append, index as sqlite_index, merge as sqlite_merge, wal as sqlite_wal
 from .migrations import MIGRATIONS
 from .wal import AUTOCHECKPOINT_PAGES, PAGE_SIZE
 from .costs import SQLiteCosts
@@ -68,7 +68,8 @@ class SQLiteStore(SQLiteRecords, SQLiteSearch, SQLiteCosts, SQLiteVectors, Store
         self._writer_ex: ThreadPoolExecutor | None = None
         self._writer_pid = 0
         self._checkpointer = sqlite_wal.Checkpointer(self.location, self._connect)
-        self._indexer = sqlite_index.Indexer(self.conn, self._begin, self._writer)
+        self.merger = sqlite_merge.Merger(self._own_connect, self._begin)
+        self._indexer = sqlite_index.Indexer(self.conn, self._begin, self._writer, done=self.merger.poke)
 
     # -- connections ----------------------------------------------------------
 
@@ -151,6 +152,7 @@ class SQLiteStore(SQLiteRecords, SQLiteSearch, SQLiteCosts, SQLiteVectors, Store
             raise
         else:
             c.execute("COMMIT")
+            self.merger.poke()  # (the write's index segments: store/sqlite/merge.py)
 
     @staticmethod
     def _begin(c: sqlite3.Connection) -> None:
@@ -193,11 +195,14 @@ class SQLiteStore(SQLiteRecords, SQLiteSearch, SQLiteCosts, SQLiteVectors, Store
         return [r[0] for r in self.conn().execute("SELECT name FROM lcm_migrations ORDER BY name")]
 
     def close(self) -> None:
-        self._checkpointer.stop()
-        self._checkpointer = sqlite_wal.Checkpointer(self.location, self._connect)  # (if used again)
+        # The writer's jobs first (an indexing job that ends pokes the merger), then the
+        # background threads, then the connections; the replacements (if the store is used
+        # again) only once nothing can poke the old ones into starting a thread.
         ex, self._writer_ex = self._writer_ex, None
         if ex is not None and self._writer_pid == os.getpid():
             ex.shutdown(wait=True)
+        self.merger.stop()
+        self._checkpointer.stop()
         with self._conns_lock:
             conns, self._conns = self._conns, []
         for c in conns:
@@ -207,6 +212,18 @@ class SQLiteStore(SQLiteRecords, SQLiteSearch, SQLiteCosts, SQLiteVectors, Store
                 pass
         self._local = threading.local()
         self._ready = False
+        self.merger = sqlite_merge.Merger(self._own_connect, self._begin)
+        self._indexer.done = self.merger.poke
+        self._checkpointer = sqlite_wal.Checkpointer(self.location, self._connect)
+
+    def _own_connect(self) -> sqlite3.Connection:
+        """A connection its thread owns and closes itself (the merge thread's): close() must
+        not close it under a step, whose thread closes it once stopped."""
+        c = self._connect()
+        with self._conns_lock:
+            if c in self._conns:
+                self._conns.remove(c)
+        return c
 
     # -- sessions -----------------------------------------------------------
 
@@ -312,11 +329,15 @@ class SQLiteStore(SQLiteRecords, SQLiteSearch, SQLiteCosts, SQLiteVectors, Store
                 ids = sqlite_append.append(batch, rows, self._writer, on_ids)
             if ids:  # its rows are full-text indexed after the commit (store/sqlite/index.py)
                 self._indexer.soon()
+        if ids:
+            self.merger.poke()
         self._checkpointer.poke()
         return ids
 
     def wait_indexed(self) -> None:
         self._indexer.wait()
+        if not self.conn().in_transaction:  # (a merge step would wait for this thread's lock)
+            self.merger.settle()  # and the index merged (store/sqlite/merge.py)
 
     def _index_before_search(self) -> None:
         self._indexer.wait(lock_wait=sqlite_index.SEARCH_LOCK_WAIT)
