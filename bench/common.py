@@ -250,6 +250,16 @@ def make_engine(store: str, *, context_length: int, summarizer: str = "extractiv
     return LCMEngine(context_length=context_length, **kw)
 
 
+def settle_indexes(store: Any) -> None:
+    """Wait for a store's index upkeep: its deferred full-text indexing and SQLite's merging of
+    index segments (store/sqlite/merge.py, after a quiet moment), so that timed searches
+    neither share the cores with it nor read segments it is about to merge."""
+    store.wait_indexed()
+    merger = getattr(getattr(store, "inner", store), "merger", None)
+    if merger is not None:
+        merger.settle()
+
+
 def settle_postgres(dsn: str) -> float | None:
     """VACUUM (ANALYZE) a bench database, as autovacuum leaves it a while after a burst of
     writes (and so that autovacuum does not start on it during a measurement, on the same

@@ -78,7 +78,7 @@ def build(loc: str, users: list[int], passes: int, per_pass: int) -> dict[str, A
                 n_msgs += len(msgs)
                 n_sums += len(sums)
                 t += 10
-        st.wait_indexed()
+        common.settle_indexes(st)
     finally:
         st.close()
     if loc.startswith("postgres"):
@@ -92,6 +92,7 @@ def measure(loc: str, k: int, reps: int) -> dict[str, Any]:
     eng = common.make_engine(loc, context_length=WINDOW)
     eng.on_session_start(f"gw{k}-live", conversation_id=f"gwconv{k}", platform="cli")
     eng.select_context([{"role": "system", "content": "x"}, {"role": "user", "content": "hi"}])
+    common.settle_indexes(eng.store)  # (the new session's writes: SQLite merges after them)
     out: dict[str, Any] = {}
     try:
         for kind, q in QUERIES:

@@ -90,9 +90,10 @@ def test_merging_leaves_one_segment_per_level_and_the_same_answers(tmp_path, mon
         assert _answers(st) == want
         assert st.merger.merge(c) == 0  # nothing left: no transaction at all
 
-        # the thread, after ordinary writes: wait_indexed returns once it has acted on them
+        # the thread, after ordinary writes (settle: once it has acted on them)
         _write(st, 120, start=240)
         st.wait_indexed()
+        st.merger.settle()
         assert _one_per_level(c) == {}
         assert st.merger.steps > 0
         want = _answers(st)

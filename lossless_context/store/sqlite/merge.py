@@ -8,8 +8,9 @@ compacting in turns) kept 13 segments of its summaries index, and one user's que
 30 ms a search where the same index in one segment took 4; the 100k-message bench store's
 22 segments of messages cost its identifier search 0.40 ms against 0.24.
 
-After a write this thread merges, in steps of at most ``STEP_PAGES`` pages (each its own
-short write transaction, so another writer waits at most one step), every level that holds
+After a write, once no other write has come for ``QUIET`` seconds, this thread merges, in
+steps of at most ``STEP_PAGES`` pages (each its own short write transaction, so another
+writer waits at most one step), every level that holds
 two or more segments (``usermerge`` 2, set by migration 016) until none does: at most one
 segment per level, a few in all. It reads the index's structure record first, so a write
 that left nothing to merge costs no transaction. Merging only rewrites the index: a step
@@ -23,13 +24,18 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 import weakref
 from typing import Callable
 
 log = logging.getLogger("lossless_context")
 
 TABLES = ("messages_fts", "messages_cjk", "summaries_fts", "summaries_scoped_fts")
-STEP_PAGES = 128  # pages written per merge step (~5 ms): the longest a step holds the write lock
+STEP_PAGES = 64  # pages written per merge step (~3 ms): the longest a step holds the write lock
+# Merging waits for a moment without writes (between the host's turns, not inside a
+# compress() whose next write would wait for a step), unless writes keep coming this long.
+QUIET = 0.25
+MAX_DELAY = 5.0
 _V2 = b"\xff\x00\x00\x01"  # FTS5's marker of a structure record with tombstone fields (3.44+)
 
 
@@ -104,6 +110,7 @@ class Merger:
         self.step_lock = threading.Lock()  # held for each step's transaction (forks wait: below)
         self.steps = 0
         self._asked = self._served = 0  # pokes made, and pokes the thread has acted on
+        self._hurry = False  # settle() is waiting: no quiet moment first
         self._served_cv = threading.Condition()
         _live.add(self)
 
@@ -121,13 +128,16 @@ class Merger:
         self._wake.set()
 
     def settle(self, timeout: float = 60.0) -> None:
-        """Return once the thread has acted on every poke made before this call (the bench
-        times searches after it; tests check what merging left). Never call it on the
-        thread, nor while holding the write lock (a step would wait for it)."""
+        """Return once the thread has acted on every poke made before this call, without
+        waiting for a quiet moment (the bench times searches after it; tests check what
+        merging left). Never call it on the thread, nor while holding the write lock (a step
+        would wait for it)."""
         with self._served_cv:
             want = self._asked
             alive = self._thread is not None and self._thread.is_alive() and self._pid == os.getpid()
-            if alive:
+            if alive and self._served < want:
+                self._hurry = True
+                self._wake.set()
                 self._served_cv.wait_for(lambda: self._served >= want or self._stopping, timeout)
 
     def _run(self) -> None:
@@ -136,8 +146,16 @@ class Merger:
             c = self._connect()
             while True:
                 self._wake.wait()
+                started = time.monotonic()
+                while True:  # a quiet moment first: no write for QUIET seconds (at most MAX_DELAY)
+                    self._wake.clear()
+                    if self._stopping or self._hurry:
+                        break
+                    if not self._wake.wait(QUIET) or time.monotonic() - started >= MAX_DELAY:
+                        break
                 self._wake.clear()
                 with self._served_cv:
+                    self._hurry = False
                     asked = self._asked
                 if self._stopping:
                     return
@@ -184,6 +202,7 @@ class Merger:
         """In a forked child: new locks and event, no thread (the next poke starts one)."""
         self.step_lock, self._lock, self._wake = threading.Lock(), threading.Lock(), threading.Event()
         self._served_cv, self._asked, self._served, self._thread = threading.Condition(), 0, 0, None
+        self._hurry = False
 
     def stop(self) -> None:
         with self._lock:

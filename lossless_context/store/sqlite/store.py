@@ -336,8 +336,6 @@ class SQLiteStore(SQLiteRecords, SQLiteSearch, SQLiteCosts, SQLiteVectors, Store
 
     def wait_indexed(self) -> None:
         self._indexer.wait()
-        if not self.conn().in_transaction:  # (a merge step would wait for this thread's lock)
-            self.merger.settle()  # and the index merged (store/sqlite/merge.py)
 
     def _index_before_search(self) -> None:
         self._indexer.wait(lock_wait=sqlite_index.SEARCH_LOCK_WAIT)
