@@ -89,7 +89,7 @@ def has_work(record: bytes | None) -> bool:
 
 
 def segments(c: sqlite3.Connection) -> dict[str, int]:
-    """How many segments each index has (what merging left: tests, the bench)."""
+    """How many segments each index has (what merging left, for tests and inspection)."""
     out = {}
     for table in TABLES:
         row = c.execute(f"SELECT block FROM {table}_data WHERE id = 10").fetchone()
