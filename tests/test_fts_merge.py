@@ -137,3 +137,32 @@ def test_structure_records_are_read_in_both_formats(v2):
     assert sqlite_merge.has_work(record([(0, [1]), (1, [3])]))
     assert sqlite_merge.has_work(record([(0, [1, 2])])[:-3])  # cut short
     assert not sqlite_merge.has_work(None)
+
+
+def test_the_merge_thread_gives_up_while_another_process_holds_the_write_lock(tmp_path, monkeypatch):
+    """A background step waits at most LOCK_WAIT_MS for the write lock, then leaves the work
+    to the next write: it never queues behind another process's transaction (nor keeps
+    close() waiting for one)."""
+    path = str(tmp_path / "l.db")
+    st = open_store(path)
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(sqlite_merge.Merger, "poke", lambda self: None)
+            _write(st, 120)
+            st.wait_indexed()
+        c = st.conn()
+        assert _one_per_level(c)
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # another process's long write transaction
+        st.merger.poke()
+        # the thread acts on it: its step finds the lock taken and gives up (it does not wait
+        # for the other transaction, which here would never end)
+        assert st.merger.settle(timeout=20)
+        assert _one_per_level(c) and st.merger.steps == 0
+        other.execute("ROLLBACK")
+        other.close()
+        st.merger.poke()  # (the next write's)
+        assert st.merger.settle()
+        assert _one_per_level(c) == {} and st.merger.steps > 0
+    finally:
+        st.close()

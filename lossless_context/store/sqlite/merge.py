@@ -10,7 +10,8 @@ compacting in turns) kept 13 segments of its summaries index, and one user's que
 
 After a write, once no other write has come for ``QUIET`` seconds, this thread merges, in
 steps of at most ``STEP_PAGES`` pages (each its own short write transaction, so another
-writer waits at most one step), every level that holds
+writer waits at most one step; a step waits at most ``LOCK_WAIT_MS`` for the write lock, then
+leaves the work to the next write), every level that holds
 two or more segments (``usermerge`` 2, set by migration 016) until none does: at most one
 segment per level, a few in all. It reads the index's structure record first, so a write
 that left nothing to merge costs no transaction. Merging only rewrites the index: a step
@@ -36,6 +37,7 @@ STEP_PAGES = 64  # pages written per merge step (~3 ms): the longest a step hold
 # compress() whose next write would wait for a step), unless writes keep coming this long.
 QUIET = 0.25
 MAX_DELAY = 5.0
+LOCK_WAIT_MS = 200  # how long the thread's step waits for the write lock before giving up
 _V2 = b"\xff\x00\x00\x01"  # FTS5's marker of a structure record with tombstone fields (3.44+)
 
 
@@ -100,8 +102,8 @@ def segments(c: sqlite3.Connection) -> dict[str, int]:
 class Merger:
     """One daemon thread per store, started on first need, that merges index segments."""
 
-    def __init__(self, connect: Callable[[], sqlite3.Connection], begin: Callable[[sqlite3.Connection], None]) -> None:
-        self._connect, self._begin = connect, begin
+    def __init__(self, connect: Callable[[], sqlite3.Connection]) -> None:
+        self._connect = connect
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -127,23 +129,27 @@ class Merger:
             self._asked += 1
         self._wake.set()
 
-    def settle(self, timeout: float = 60.0) -> None:
+    def settle(self, timeout: float = 60.0) -> bool:
         """Return once the thread has acted on every poke made before this call, without
         waiting for a quiet moment (the bench times searches after it; tests check what
-        merging left). Never call it on the thread, nor while holding the write lock (a step
-        would wait for it)."""
+        merging left); False if ``timeout`` ran out first. Never call it on the thread."""
         with self._served_cv:
             want = self._asked
             alive = self._thread is not None and self._thread.is_alive() and self._pid == os.getpid()
             if alive and self._served < want:
                 self._hurry = True
                 self._wake.set()
-                self._served_cv.wait_for(lambda: self._served >= want or self._stopping, timeout)
+                return self._served_cv.wait_for(lambda: self._served >= want or self._stopping, timeout)
+            return True
 
     def _run(self) -> None:
         c = None
         try:
             c = self._connect()
+            # A step waits briefly for the write lock, then gives up until the next write: a
+            # background job must not queue behind another process's long transaction (nor
+            # keep close() waiting for it).
+            c.execute(f"PRAGMA busy_timeout={LOCK_WAIT_MS}")
             while True:
                 self._wake.wait()
                 started = time.monotonic()
@@ -183,7 +189,7 @@ class Merger:
                     row = c.execute(f"SELECT block FROM {table}_data WHERE id = 10").fetchone()
                     if not has_work(row[0] if row is not None else None):
                         break
-                    self._begin(c)
+                    c.execute("BEGIN IMMEDIATE")
                     try:
                         before = c.total_changes
                         c.execute(f"INSERT INTO {table}({table}, rank) VALUES ('merge', ?)", (STEP_PAGES,))

@@ -68,7 +68,7 @@ class SQLiteStore(SQLiteRecords, SQLiteSearch, SQLiteCosts, SQLiteVectors, Store
         self._writer_ex: ThreadPoolExecutor | None = None
         self._writer_pid = 0
         self._checkpointer = sqlite_wal.Checkpointer(self.location, self._connect)
-        self.merger = sqlite_merge.Merger(self._own_connect, self._begin)
+        self.merger = sqlite_merge.Merger(self._own_connect)
         self._indexer = sqlite_index.Indexer(self.conn, self._begin, self._writer, done=self.merger.poke)
 
     # -- connections ----------------------------------------------------------
@@ -212,7 +212,7 @@ class SQLiteStore(SQLiteRecords, SQLiteSearch, SQLiteCosts, SQLiteVectors, Store
                 pass
         self._local = threading.local()
         self._ready = False
-        self.merger = sqlite_merge.Merger(self._own_connect, self._begin)
+        self.merger = sqlite_merge.Merger(self._own_connect)
         self._indexer.done = self.merger.poke
         self._checkpointer = sqlite_wal.Checkpointer(self.location, self._connect)
 
