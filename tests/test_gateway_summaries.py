@@ -267,3 +267,34 @@ def test_doctor_checks_and_rebuilds_the_index_of_summaries_by_session(tmp_path):
         assert [r["id"] for r in got] == [km["L"]]
     finally:
         st.close()
+
+
+@pytest.mark.parametrize("route", ["spans", "runs", "runs and the rest", "runs joined"])
+def test_a_lineages_newest_messages_are_what_the_store_wide_search_keeps(gateway, monkeypatch, route):
+    """A lineage's newest matching messages, paged, equal the store-wide search kept to the
+    lineage, whichever way SQLite walks it: each session's span (``spans``: a session dense in
+    its ids), the runs of a session sparse in its span (a gateway's user: ``runs``), with its
+    older part beyond the listed ids as one range (``runs and the rest``), or the runs joined
+    down to a few ranges (``runs joined``)."""
+    st, mine = gateway
+    if st.kind != "sqlite":
+        pytest.skip("SQLite's id ranges")
+    listed = []
+    real = sqlite_search._runs
+    monkeypatch.setattr(sqlite_search, "_runs", lambda *a: listed.append(a[1]) or real(*a))
+    if route != "spans":
+        monkeypatch.setattr(sqlite_search, "SPARSE_SPAN", 10)  # each user's span here is ~430 ids
+        monkeypatch.setattr(sqlite_search, "NEAR_SUMMARY_IDS", 0)
+    if route == "runs and the rest":
+        monkeypatch.setattr(sqlite_search, "MAX_LISTED", 5)
+    elif route == "runs joined":
+        monkeypatch.setattr(sqlite_search, "MAX_RANGES", 2)
+    for scope in (["u3"], ["u0", "u17"], ["u5"], ["u23", "nobody"]):
+        for q in ("said", "deploy", "u3", "absentword"):
+            rows = st.search("messages", None, plan_query(q), mode="fts", order="recent", limit=10_000)
+            want = [r["id"] for r in rows if r["session_id"] in scope]
+            for limit, offset in ((5, 0), (4, 3), (100, 0)):
+                got = st.search("messages", scope, plan_query(q), mode="fts", order="recent", limit=limit,
+                                offset=offset)
+                assert [r["id"] for r in got] == want[offset:offset + limit], (scope, q, limit, offset)
+    assert bool(listed) == (route != "spans")

@@ -22,6 +22,8 @@ NEAR_IDS = 10_000
 NEAR_SUMMARY_IDS = 100
 MAX_RANGES = 64
 MAX_LISTED = 2_000  # a lineage of more summaries is searched as one range
+SPARSE_SPAN = 4_096  # (see _session_ranges)
+SPARSE_FACTOR = 4
 # A lineage of at most this many sessions has its summaries searched through the index of
 # summaries by session (migration 015), one phrase per session; a longer one by id ranges.
 MAX_SCOPED_SESSIONS = 64
@@ -237,10 +239,16 @@ def _scoped_match(fts_match: str | None, session_ids: Sequence[str] | None) -> s
 def _session_ranges(c: sqlite3.Connection, session_ids: Sequence[str]) -> list[list[int]]:
     """The id ranges of a lineage's messages, newest first: each session's first and last id,
     sessions fewer than ``NEAR_IDS`` ids apart as one range (a conversation's, one after
-    another: a search per session cost more than the few rows between them)."""
-    # each session's first and last id: two index seeks (a GROUP BY read every row of it)
-    one = ("SELECT ?, (SELECT min(id) FROM messages WHERE session_id = ?), (SELECT max(id) FROM messages"
-           " WHERE session_id = ?)")
+    another: a search per session cost more than the few rows between them). A session whose
+    messages are sparse in its span (fewer than 1 in ``SPARSE_FACTOR`` ids of a span over
+    ``SPARSE_SPAN``: a gateway's user, whose turns lie between everyone else's) gives the
+    runs of its newest ``MAX_LISTED`` ids instead (and its older part as one range): its span
+    is the whole store's, and its newest matches were found by walking every user's."""
+    # each session's first and last id (two index seeks: a GROUP BY read every row of it),
+    # and how many messages lie between them (its seq numbers count its messages)
+    one = ("SELECT ?, lo, hi, (SELECT seq FROM messages WHERE id = hi) - (SELECT seq FROM messages WHERE id = lo)"
+           " FROM (SELECT (SELECT min(id) FROM messages WHERE session_id = ?) AS lo,"
+           " (SELECT max(id) FROM messages WHERE session_id = ?) AS hi)")
     sids = list(dict.fromkeys(session_ids))
     spans = []
     for k in range(0, len(sids), 200):
@@ -248,12 +256,49 @@ def _session_ranges(c: sqlite3.Connection, session_ids: Sequence[str]) -> list[l
         found = c.execute(" UNION ALL ".join([one] * len(part)), [x for sid in part for x in (sid, sid, sid)])
         spans += [r for r in found if r[2] is not None]
     ranges: list[list[int]] = []
-    for _sid, lo, hi in sorted(spans, key=lambda r: -r[2]):
-        if ranges and ranges[-1][0] - hi <= NEAR_IDS:
+    runs: list[list[int]] = []
+    for sid, lo, hi, between in sorted(spans, key=lambda r: -r[2]):
+        if hi - lo + 1 > SPARSE_SPAN and hi - lo + 1 > SPARSE_FACTOR * (max(0, between or 0) + 1):
+            runs += _runs(c, sid, lo)
+        elif ranges and ranges[-1][0] - hi <= NEAR_IDS:
             ranges[-1][0] = min(ranges[-1][0], lo)
         else:
             ranges.append([lo, hi])
-    return ranges
+    if not runs:
+        return ranges
+    return _joined(ranges + runs, 0)
+
+
+def _runs(c: sqlite3.Connection, session_id: str, lo: int) -> list[list[int]]:
+    """A sparse session's newest ``MAX_LISTED`` ids as runs (ids fewer than ``NEAR_SUMMARY_IDS``
+    apart: an append's rows are consecutive), and the rest of its span as one range."""
+    ids = [r[0] for r in c.execute("SELECT id FROM messages WHERE session_id = ? ORDER BY id DESC LIMIT ?",
+                                   (session_id, MAX_LISTED))]
+    out: list[list[int]] = []
+    for i in ids:
+        if out and out[-1][0] - i <= NEAR_SUMMARY_IDS:
+            out[-1][0] = i
+        else:
+            out.append([i, i])
+    if len(ids) == MAX_LISTED and lo < ids[-1]:
+        out.append([lo, ids[-1] - 1])
+    return out
+
+
+def _joined(ranges: list[list[int]], near: int) -> list[list[int]]:
+    """Ranges sorted newest first, overlapping ones (and those ``near`` ids apart) joined;
+    wider gaps joined too until at most ``MAX_RANGES`` remain."""
+    todo = sorted(ranges, key=lambda r: -r[1])
+    while True:
+        out: list[list[int]] = []
+        for lo, hi in todo:
+            if out and out[-1][0] - hi <= near:
+                out[-1][0] = min(out[-1][0], lo)
+            else:
+                out.append([lo, hi])
+        if len(out) <= MAX_RANGES:
+            return out
+        near = max(1, near) * 4
 
 
 def _summary_ranges(c: sqlite3.Connection, session_ids: Sequence[str]) -> list[list[int]]:
