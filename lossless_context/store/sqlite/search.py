@@ -274,12 +274,7 @@ def _runs(c: sqlite3.Connection, session_id: str, lo: int) -> list[list[int]]:
     apart: an append's rows are consecutive), and the rest of its span as one range."""
     ids = [r[0] for r in c.execute("SELECT id FROM messages WHERE session_id = ? ORDER BY id DESC LIMIT ?",
                                    (session_id, MAX_LISTED))]
-    out: list[list[int]] = []
-    for i in ids:
-        if out and out[-1][0] - i <= NEAR_SUMMARY_IDS:
-            out[-1][0] = i
-        else:
-            out.append([i, i])
+    out = _joined([[i, i] for i in ids], NEAR_SUMMARY_IDS)
     if len(ids) == MAX_LISTED and lo < ids[-1]:
         out.append([lo, ids[-1] - 1])
     return out
@@ -317,18 +312,7 @@ def _summary_ranges(c: sqlite3.Connection, session_ids: Sequence[str]) -> list[l
             # a lineage of this many summaries is most of the store's: one range, as the
             # statement alone would walk it (listing them would cost more than the walk)
             return [[0, 2**63 - 1]]
-    ids.sort(reverse=True)
-    near = NEAR_SUMMARY_IDS
-    while True:
-        ranges: list[list[int]] = []
-        for i in ids:
-            if ranges and ranges[-1][0] - i <= near:
-                ranges[-1][0] = i
-            else:
-                ranges.append([i, i])
-        if len(ranges) <= MAX_RANGES:
-            return ranges
-        near = max(1, near) * 4
+    return _joined([[i, i] for i in ids], NEAR_SUMMARY_IDS)
 
 
 def _newest_in_ranges(c: sqlite3.Connection, sql: str, args: tuple, ranges: list[list[int]],
