@@ -12,8 +12,10 @@ between everyone else's.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import uuid
+from typing import Any, Iterator
 
 import pytest
 
@@ -72,6 +74,29 @@ def gateway(request, tmp_path):
         st.close()
 
 
+@contextlib.contextmanager
+def _stats_server(st, request) -> Iterator[Any]:
+    """A connection to the PostgreSQL store's server (its statistics flushed on demand: 15+),
+    the summaries analysed; the test is skipped on SQLite or an older server."""
+    if st.kind != "postgresql":
+        pytest.skip("PostgreSQL's statistics")
+    psycopg = pytest.importorskip("psycopg")
+    with psycopg.connect(request.getfixturevalue("pg_fresh_dsn"), autocommit=True) as c:
+        if c.info.server_version < 150000:
+            pytest.skip("pg_stat_force_next_flush needs PostgreSQL 15")
+        c.execute("ANALYZE summaries")
+        yield c
+
+
+def _spy_scoped(monkeypatch) -> list[int]:
+    """A list that grows each time SQLite searches the index of summaries by session."""
+    used: list[int] = []
+    real = sqlite_search.SQLiteSearch._search_scoped
+    monkeypatch.setattr(sqlite_search.SQLiteSearch, "_search_scoped",
+                        lambda self, *a, **k: used.append(1) or real(self, *a, **k))
+    return used
+
+
 def _kept(st, scope: list[str], q: str, order: str) -> list[dict]:
     """The store-wide search (every user's summaries), kept to ``scope``."""
     rows = st.search("summaries", None, plan_query(q), mode="fts", order=order, limit=10_000)
@@ -98,10 +123,7 @@ def test_a_lineages_summaries_are_what_the_store_wide_search_keeps(gateway, monk
         monkeypatch.setattr(sqlite_search, "MAX_LISTED", 3)
     elif route == "runs":
         monkeypatch.setattr(sqlite_search, "NEAR_SUMMARY_IDS", 0)  # one range per run of a pass
-    used = []
-    real = sqlite_search.SQLiteSearch._search_scoped
-    monkeypatch.setattr(sqlite_search.SQLiteSearch, "_search_scoped",
-                        lambda self, *a, **k: used.append(1) or real(self, *a, **k))
+    used = _spy_scoped(monkeypatch)
     for scope in (["u3"], ["u0", "u17"], ["u5"], ["u23", "nobody"]):
         for q in ("retry", "ERR_QUOTA_7", "deploy window", "absentword"):
             for order in ("rank", "recent"):
@@ -130,10 +152,7 @@ def test_sqlite_sessions_named_in_the_index_of_summaries_by_session(tmp_path, mo
     quoted; an id without a letter or digit (its phrase would be empty) and a lineage of more
     sessions than MAX_SCOPED_SESSIONS take the id ranges."""
     st = open_store(str(tmp_path / "s.db"))
-    used = []
-    real = sqlite_search.SQLiteSearch._search_scoped
-    monkeypatch.setattr(sqlite_search.SQLiteSearch, "_search_scoped",
-                        lambda self, *a, **k: used.append(1) or real(self, *a, **k))
+    used = _spy_scoped(monkeypatch)
     sids = ["a", "a-b", "a b", 'say "hi"', "---", "b"]
     ids: dict[str, list[int]] = {}
     try:
@@ -166,15 +185,7 @@ def test_postgres_reads_only_the_lineages_summaries(gateway, request):
     """On PostgreSQL a lineage's newest matches of a word every summary holds read about the
     lineage's summaries, not every user's (432 here)."""
     st, mine = gateway
-    if st.kind != "postgresql":
-        pytest.skip("PostgreSQL's statistics")
-    psycopg = pytest.importorskip("psycopg")
-    dsn = request.getfixturevalue("pg_fresh_dsn")
-    with psycopg.connect(dsn, autocommit=True) as c:
-        if c.info.server_version < 150000:
-            pytest.skip("pg_stat_force_next_flush needs PostgreSQL 15")
-        c.execute("ANALYZE summaries")
-
+    with _stats_server(st, request) as c:
         total = c.execute("SELECT count(*) FROM summaries").fetchone()[0]
         for order in ("rank", "recent"):
             got, n = counted(st, c, _SUMMARY_READS, lambda: st.search("summaries", ["u3"], plan_query("retry"),
@@ -188,14 +199,7 @@ def test_postgres_counts_a_common_word_of_summaries_from_the_statistics(gateway,
     or among the newest, without reading the summaries (a windowed count of four common words
     among 46,000 summaries read them: 250 ms); a rare one is still counted."""
     st, mine = gateway
-    if st.kind != "postgresql":
-        pytest.skip("PostgreSQL's statistics")
-    psycopg = pytest.importorskip("psycopg")
-    dsn = request.getfixturevalue("pg_fresh_dsn")
-    with psycopg.connect(dsn, autocommit=True) as c:
-        if c.info.server_version < 150000:
-            pytest.skip("pg_stat_force_next_flush needs PostgreSQL 15")
-        c.execute("ANALYZE summaries")
+    with _stats_server(st, request) as c:
         total = c.execute("SELECT count(*) FROM summaries").fetchone()[0]
         rare = c.execute("SELECT count(*) FROM summaries WHERE tsv @@ to_tsquery('english', %s)",
                          (plan_query("ERR_QUOTA_7").pg_tsquery,)).fetchone()[0]
@@ -216,18 +220,11 @@ def test_postgres_pairs_that_meet_are_found_in_the_newest_summaries(gateway, req
     a few of them rather than the full-text index's entries for both words (every summary's,
     here; a gateway's 48,000: 16 ms for a question's pairs)."""
     st, mine = gateway
-    if st.kind != "postgresql":
-        pytest.skip("PostgreSQL's statistics")
-    psycopg = pytest.importorskip("psycopg")
-    dsn = request.getfixturevalue("pg_fresh_dsn")
-    pairs = [plan_query(q).subset([0, 1], "AND") for q in ("retry deploy", "retry ERR_QUOTA_7", "ledger window",
-                                                            "retry absentword", "absentword ERR_QUOTA_7")]
-    want = [n > 0 for n in st.term_counts("summaries", pairs, 1)]
-    assert want == [True, True, True, False, False]
-    with psycopg.connect(dsn, autocommit=True) as c:
-        if c.info.server_version < 150000:
-            pytest.skip("pg_stat_force_next_flush needs PostgreSQL 15")
-
+    with _stats_server(st, request) as c:
+        pairs = [plan_query(q).subset([0, 1], "AND") for q in ("retry deploy", "retry ERR_QUOTA_7", "ledger window",
+                                                                "retry absentword", "absentword ERR_QUOTA_7")]
+        want = [n > 0 for n in st.term_counts("summaries", pairs, 1)]
+        assert want == [True, True, True, False, False]
         entries = ("SELECT COALESCE(sum(idx_tup_read), 0) FROM pg_stat_user_indexes"  # by any index
                    " WHERE relname = 'summaries'")
         meet = [pairs[0], pairs[2]]  # words half (a fifth) of the summaries hold together
