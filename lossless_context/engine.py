@@ -23,7 +23,9 @@ from .pipeline.background import BackgroundWorker, presummarize, upgrade_nodes
 from .pipeline.compaction import Budget, Compactor, PassResult
 from .pipeline.dag_balance import node_targets
 from .config import LCMConfig, model_threshold
+from .pipeline.ingest import slots_to_entries
 from .pipeline.ingest_fast import align_fast
+from .pipeline.ingest_replay import fold_replayed
 from .contract.lifecycle import SessionLifecycle, session_lock
 from .messages import role_of, summary_node_ids, tool_call_ids
 from .contract.hooks_r19 import HostSignals
@@ -337,7 +339,11 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
         with session_lock(self.store.location, sid):
             return self._ingest_locked(sid, messages)[0]
 
-    def _ingest_locked(self, sid: str, messages: List[Any], for_pass: bool = False) -> tuple[list[Slot], int, int]:
+    def _ingest_locked(self, sid: str, messages: List[Any],
+                       for_pass: bool = False) -> tuple[list[Slot], int, int, int | None]:
+        """Align the host's list (ingest.py) and keep the active context; the slots, the
+        context's version and length, and (for a pass) the first slot it must not summarise
+        (ingest_replay.fold_replayed)."""
         self._ensure(sid)
         body = messages[1:] if messages and role_of(messages[0]) == "system" else messages
         self._adopt_or_drop_stage(sid, body, for_pass)
@@ -353,10 +359,16 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
         cfg = self.config
         res = align_fast(self.store, sid, scope, body, ctx, large_tokens=cfg.large_message_tokens,
                          exploration_tokens=cfg.exploration_tokens, resume=resume)
-        entries = res.entries
-        if res.context_written:
+        slots, entries = res.slots, res.entries
+        # A list replaying the originals of summaries in our context (a host that lost our
+        # compacted list) keeps those summaries: nothing is summarised twice (ingest_replay.py).
+        folded, hold = fold_replayed(self.store, sid, ctx, slots, leaves=for_pass)
+        if folded is not None:
+            slots, entries, res.resume = folded, slots_to_entries(folded), None  # (next call: walk afresh)
+        same = [(e.kind, e.ref) for e in entries] == [(e.kind, e.ref) for e in ctx]
+        if res.context_written and folded is None:
             version = self.store.context_version(sid)
-        elif res.changed or [(e.kind, e.ref) for e in entries] != [(e.kind, e.ref) for e in ctx]:
+        elif res.context_written or not same or (res.changed and folded is None):
             version = self.store.set_context(sid, entries)
         if not for_pass:
             # The host's full list: what it rolled back (undo, retry) leaves search (forget.py).
@@ -371,7 +383,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
                 self._aligned[sid] = (version, entries, res.resume)
                 while len(self._aligned) > ALIGNED_SESSIONS:
                     self._aligned.popitem(last=False)
-        return res.slots, version, len(entries)
+        return slots, version, len(entries), hold
 
     def _adopt_or_drop_stage(self, sid: str, body: List[Any], for_pass: bool) -> None:
         """Without a commit signal, the host's list itself tells whether it adopted a stage."""
@@ -462,7 +474,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
                 if not got:
                     self._note("another process is compacting this session")
                     return messages
-                slots, version, base_len = self._ingest_locked(sid, messages, for_pass=True)
+                slots, version, base_len, hold = self._ingest_locked(sid, messages, for_pass=True)
                 ours = estimate_messages_tokens(messages)
                 # The host's figure is a hint: a bounded overhead, re-derived on every call.
                 oh = plausible_overhead(current_tokens, ours, self.context_length or
@@ -494,7 +506,8 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
                                  stubs=stub_policy(cfg), continuity_tokens=cfg.continuity_tokens)
                 res: PassResult = comp.run(sid, system, slots, budget, focus=focus or None,
                                            memory_context=memory, force=force, base_version=version,
-                                           base_len=base_len, tokens_before=ours, host_messages=messages)
+                                           base_len=base_len, tokens_before=ours, host_messages=messages,
+                                           hold=hold)
         finally:
             lock.release()
         with self._stats_lock:

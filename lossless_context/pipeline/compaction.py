@@ -131,7 +131,11 @@ class Compactor:
 
     def run(self, session_id: str, system: dict | None, slots: list[Slot], budget: Budget,
             *, focus: str | None, memory_context: str, force: bool, base_version: int,
-            base_len: int, tokens_before: int, host_messages: list[Any] | None = None) -> PassResult:
+            base_len: int, tokens_before: int, host_messages: list[Any] | None = None,
+            hold: int | None = None) -> PassResult:
+        """One pass over the aligned slots. ``hold``: the first slot the pass must leave as it
+        is (a leaf the host has only begun to replay: ingest_replay.py); nothing from there
+        on is summarised."""
         self.budget = budget
         ids = [s.refs[0] for s in slots if s.kind in ("m", "x")]
         records = self.store.get_messages(ids)
@@ -166,19 +170,20 @@ class Compactor:
                                  budget.target - sys_tokens - head_tokens - budget.summary_block))
         nodes: list[_Node] = []
         region_end = h  # everything before this index (after head) is already in `nodes`
-        t = self.tail_start(slots, h, tail_budget)
+        cap = len(slots) if hold is None else max(h, hold)
+        t = min(cap, self.tail_start(slots, h, tail_budget))
         output: list[dict[str, Any]] = []
         if self.fast:
             t = self._cached_prefix_end(session_id, slots, h, t, records, budget)
         for _round in range(4):
             t = max(t, region_end)
-            t = self._fix_roles(slots, h, t)
+            t = min(cap, self._fix_roles(slots, h, t))
             nodes = self._summarize_region(session_id, slots, records, region_end, t, nodes,
                                            existing, budget, focus, memory_context)
             region_end = t
             nodes = self._condense(session_id, nodes, budget, focus, memory_context)
             output, role_ok = self._assemble(system, slots, h, t, nodes, records)
-            if total_tokens(output) <= budget.target or t >= len(slots) - 1:
+            if total_tokens(output) <= budget.target or t >= len(slots) - 1 or t >= cap:
                 break
             # Over target: give the tail's oldest groups to the region and go again.
             gs = [g for g in groups(slots) if g[0] >= t]

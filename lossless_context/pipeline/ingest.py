@@ -39,6 +39,7 @@ from ..messages import (
 from ..records import ContextEntry, NewMessage
 from ..store.base import Store
 from ..tokens import estimate_message_tokens
+from .ingest_replay import opened
 
 if TYPE_CHECKING:
     from .ingest_resume import Resume
@@ -81,6 +82,8 @@ class Walk:
         self.last_mid = last_mid
         self.log: list[tuple[int, str, str | None]] | None = None  # a window of the log after last_mid
         self.log_pos = 0
+        self.blocks: set[int] = set()  # summaries the list carried as our summary blocks
+        self.opened: dict[int, tuple[str | None, list[ContextEntry]]] = {}  # (ingest_replay.opened)
 
     # Built on first use only: most lists never need them.
     @cached_property
@@ -115,6 +118,7 @@ class Walk:
                 valid = [n for n, rec in sorted(store.get_summaries(nodes).items())
                          if rec.session_id == self.session_id and rec.state == "published"]
             if valid:
+                self.blocks.update(valid)
                 slot = Slot("s", valid, None, role_of(msg), estimate_message_tokens(msg))
                 while in_context and self.j < len(context) and not (
                         context[self.j].kind == "s" and context[self.j].ref in valid):
@@ -153,6 +157,8 @@ class Walk:
         if j < len(context):  # (past its end — new messages at the tail — nothing to look up)
             if ident is None:
                 ident = self.ident_of(msg)
+            if context[j].kind == "s":  # (the list may replay its originals: opened to align them)
+                context = self._open(j, ident)
             found = None
             if context[j].ident == ident and context[j].kind == "m":
                 found = j  # the usual case, a re-sent list: the very next entry (the scan finds it first too)
@@ -188,6 +194,19 @@ class Walk:
             return slot_for(msg, hit_mid, estimate_message_tokens(msg), ident), ident, None, False
         # 6. New.
         return None, ident, None, False
+
+    def _open(self, j: int, ident: str) -> Sequence[ContextEntry]:
+        """The context, with the summary at ``j`` opened when the list replays its originals
+        from here (its first message is this one: ingest_replay.py); else as it was."""
+        ref = self.context[j].ref
+        if ref not in self.opened:
+            self.opened[ref] = opened(self.store, ref, self.blocks)
+        first, entries = self.opened[ref]
+        if first is not None and first == ident:
+            self.context = list(self.context[:j]) + entries + list(self.context[j + 1:])
+            for name in ("by_ref", "aliases", "summaries"):  # (built from the context: again)
+                self.__dict__.pop(name, None)
+        return self.context
 
     def _in_log(self, msg: Any, ident: str | None, uid: str | None) -> tuple[int | None, str | None]:
         """(the stored message of this session's log after last_mid that `msg` repeats, or

@@ -85,6 +85,17 @@ class SQLiteRecords:
         return [r[0] for r in self.conn().execute("SELECT id FROM summaries WHERE session_id=? ORDER BY id",
                                                   (session_id,))]
 
+    def message_summaries_many(self, message_ids: Sequence[int]) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {int(m): [] for m in message_ids}
+        c = self.conn()
+        for part in _chunks(list(out)):
+            for mid, sid in c.execute(
+                    "SELECT sm.message_id, sm.summary_id FROM summary_messages sm JOIN summaries s ON s.id = sm.summary_id"
+                    f" WHERE sm.message_id IN ({','.join('?' * len(part))}) AND s.state='published'"
+                    " ORDER BY sm.message_id, sm.summary_id", part):
+                out[mid].append(sid)
+        return out
+
     def summaries_over(self, message_ids: Sequence[int], summary_ids: Sequence[int]) -> set[int]:
         out: set[int] = set()
         c = self.conn()

@@ -1,0 +1,134 @@
+"""A host that replays originals our active context already summarises (pipeline/ingest_replay.py).
+
+A host that lost our compacted list (it crashed between our commit and its own, or rebuilt the
+conversation from a transcript of the originals) sends the originals again. They must keep the
+summaries they already have: nothing summarised twice, no message under two leaves.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from lossless_context import LCMEngine
+from lossless_context.config import LCMConfig
+from lossless_context.demo.host_driver import R19Host
+from lossless_context.demo.sessions import coding_session, turn_ranges
+from lossless_context.ops.doctor import run_doctor
+from lossless_context.pipeline.validate import pairing_problems
+from tests.support.dagcheck import assert_connected
+
+SID = "s-replay"
+WINDOW = 16_000
+
+
+def _engine(location) -> LCMEngine:
+    return LCMEngine(config=LCMConfig.load({"store": str(location), "summarizer": "extractive"}, read_file=False))
+
+
+def _location(request, tmp_path, backend):
+    return request.getfixturevalue("pg_fresh_dsn") if backend == "postgres" else tmp_path / "l.db"
+
+
+def _turns(n: int, seed: int) -> list[list[dict]]:
+    msgs = coding_session(n, seed=seed).messages
+    return [msgs[a:b] for a, b in turn_ranges(msgs)]
+
+
+def _leaves(store) -> dict[int, list[int]]:
+    """Every published leaf of the session and its messages."""
+    recs = store.get_summaries(store.session_summary_ids(SID))
+    return {sid: store.summary_children(sid)[1] for sid, r in recs.items() if r.kind == "leaf"}
+
+
+def _first_process(location, turns) -> tuple[dict[int, list[int]], list[int]]:
+    host = R19Host(_engine(location), session_id=SID)
+    host.start(context_length=WINDOW)
+    for t in turns:
+        host.add(*t)
+        host.maybe_compress()
+    assert host.compactions >= 2 and host.invalid == []
+    _, ctx = host.engine.store.get_context(SID)
+    return _leaves(host.engine.store), [e.ref for e in ctx if e.kind == "s"]
+
+
+def _one_leaf_each(store) -> None:
+    rep = run_doctor(store)
+    [check] = [c for c in rep.checks if c.name == "each message under at most one leaf"]
+    assert check.ok, check.detail
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_replayed_history_keeps_its_summaries(tmp_path, request, backend):
+    location = _location(request, tmp_path, backend)
+    turns = _turns(700, seed=6)
+    cut = len(turns) * 4 // 5
+    before, kept = _first_process(location, turns[:cut])
+    covered = {m for mids in before.values() for m in mids}
+
+    # A new process whose host lost the compacted list: every original again, and a new turn.
+    engine = _engine(location)
+    host = R19Host(engine, session_id=SID)
+    host.start(context_length=WINDOW)
+    host.add(*[m for t in turns[:cut] for m in t], *turns[cut])
+    engine.ingest(host.messages, session_id=SID)
+    # the stored context keeps its summaries (the originals stand for them again)
+    _, ctx = engine.store.get_context(SID)
+    assert [e.ref for e in ctx if e.kind == "s"] == kept
+    assert host.maybe_compress(force=True)
+    out = host.messages
+    assert pairing_problems(out) == [] and host.invalid == []
+    new = {sid: mids for sid, mids in _leaves(engine.store).items() if sid not in before}
+    assert not [sid for sid, mids in new.items() if covered & set(mids)], "summarised twice"
+    _one_leaf_each(engine.store)
+    assert_connected(engine.store, SID)
+    for t in turns[cut + 1:]:  # and the session goes on as usual
+        host.add(*t)
+        host.maybe_compress()
+    _one_leaf_each(engine.store)
+    assert_connected(engine.store, SID)
+
+
+def test_a_replay_in_parts_keeps_its_summaries(tmp_path):
+    """A host that rebuilds the list a turn at a time: the first calls see only part of a
+    summary's span (the context loses it then); the pass that would summarise it finds it."""
+    location = tmp_path / "l.db"
+    turns = _turns(700, seed=8)
+    before, _ = _first_process(location, turns)
+    covered = {m for mids in before.values() for m in mids}
+    host = R19Host(_engine(location), session_id=SID)
+    host.start(context_length=WINDOW)
+    for t in turns:
+        host.add(*t)
+        host.maybe_compress()
+    assert host.compactions >= 1 and host.invalid == []
+    new = {sid: mids for sid, mids in _leaves(host.engine.store).items() if sid not in before}
+    assert not [sid for sid, mids in new.items() if covered & set(mids)], "summarised twice"
+    _one_leaf_each(host.engine.store)
+
+
+def test_a_summary_whose_span_is_not_there_whole_is_not_folded(tmp_path):
+    location = tmp_path / "l.db"
+    turns = _turns(700, seed=6)
+    cut = len(turns) * 4 // 5
+    before, kept = _first_process(location, turns[:cut])
+    engine = _engine(location)
+    replay = [m for t in turns[:cut] for m in t]
+    # the host dropped one message from the middle of the first leaf's span
+    first = min(before)
+    ids = before[first]
+    by_id = {m.id: m.raw for m in engine.store.iter_all_messages() if m.session_id == SID}
+    gone = ids[len(ids) // 2]
+    at = next(i for i, m in enumerate(replay) if m == by_id[gone])
+    engine.on_session_start(SID, platform="cli")
+    engine.ingest(replay[:at] + replay[at + 1:], session_id=SID)
+    _, ctx = engine.store.get_context(SID)
+    shown = [e.ref for e in ctx if e.kind == "s"]
+    assert first not in shown and shown, shown  # the others still fold
+    # the context stands for exactly the list it was handed: every message once
+    listed = [e.ref for e in ctx if e.kind == "m"] + [m for s in shown for m in _span(engine.store, s)]
+    assert len(listed) == len(set(listed)) and set(listed) == set(by_id) - {gone}
+
+
+def _span(store, sid: int) -> list[int]:
+    kids, mids = store.summary_children(sid)
+    return [m for k in kids for m in _span(store, k)] + mids
