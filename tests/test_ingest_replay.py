@@ -40,15 +40,27 @@ def _leaves(store) -> dict[int, list[int]]:
     return {sid: store.summary_children(sid)[1] for sid, r in recs.items() if r.kind == "leaf"}
 
 
-def _first_process(location, turns) -> tuple[dict[int, list[int]], list[int]]:
+def _host(location, turns=()) -> R19Host:
+    """A host (a new process: a new engine on the store) that plays ``turns``."""
     host = R19Host(_engine(location), session_id=SID)
     host.start(context_length=WINDOW)
     for t in turns:
         host.add(*t)
         host.maybe_compress()
+    return host
+
+
+def _first_process(location, turns) -> tuple[dict[int, list[int]], list[int]]:
+    host = _host(location, turns)
     assert host.compactions >= 2 and host.invalid == []
     _, ctx = host.engine.store.get_context(SID)
     return _leaves(host.engine.store), [e.ref for e in ctx if e.kind == "s"]
+
+
+def _summarised_twice(store, before: dict[int, list[int]]) -> list[int]:
+    """The leaves made since ``before`` over a message one of those leaves covers."""
+    covered = {m for mids in before.values() for m in mids}
+    return [sid for sid, mids in _leaves(store).items() if sid not in before and covered & set(mids)]
 
 
 def _one_leaf_each(store) -> None:
@@ -63,12 +75,10 @@ def test_a_replayed_history_keeps_its_summaries(tmp_path, request, backend):
     turns = _turns(700, seed=6)
     cut = len(turns) * 4 // 5
     before, kept = _first_process(location, turns[:cut])
-    covered = {m for mids in before.values() for m in mids}
 
     # A new process whose host lost the compacted list: every original again, and a new turn.
-    engine = _engine(location)
-    host = R19Host(engine, session_id=SID)
-    host.start(context_length=WINDOW)
+    host = _host(location)
+    engine = host.engine
     host.add(*[m for t in turns[:cut] for m in t], *turns[cut])
     engine.ingest(host.messages, session_id=SID)
     # the stored context keeps its summaries (the originals stand for them again)
@@ -77,8 +87,7 @@ def test_a_replayed_history_keeps_its_summaries(tmp_path, request, backend):
     assert host.maybe_compress(force=True)
     out = host.messages
     assert pairing_problems(out) == [] and host.invalid == []
-    new = {sid: mids for sid, mids in _leaves(engine.store).items() if sid not in before}
-    assert not [sid for sid, mids in new.items() if covered & set(mids)], "summarised twice"
+    assert not _summarised_twice(engine.store, before)
     _one_leaf_each(engine.store)
     assert_connected(engine.store, SID)
     for t in turns[cut + 1:]:  # and the session goes on as usual
@@ -94,15 +103,9 @@ def test_a_replay_in_parts_keeps_its_summaries(tmp_path):
     location = tmp_path / "l.db"
     turns = _turns(700, seed=8)
     before, _ = _first_process(location, turns)
-    covered = {m for mids in before.values() for m in mids}
-    host = R19Host(_engine(location), session_id=SID)
-    host.start(context_length=WINDOW)
-    for t in turns:
-        host.add(*t)
-        host.maybe_compress()
+    host = _host(location, turns)
     assert host.compactions >= 1 and host.invalid == []
-    new = {sid: mids for sid, mids in _leaves(host.engine.store).items() if sid not in before}
-    assert not [sid for sid, mids in new.items() if covered & set(mids)], "summarised twice"
+    assert not _summarised_twice(host.engine.store, before)
     _one_leaf_each(host.engine.store)
 
 
