@@ -108,11 +108,13 @@ def run(cfg: dict[str, Any], scale_result: dict[str, Any] | None = None) -> dict
         large = cfg.get("pg_large", 2 * n if quick else 1_000_000)  # quick: the path, not the size
         pg_large = None
         if large and large > pg_b["n_stored"] and not pg_b.get("stopped_early"):
-            # the issue's 1M point: the same store grown by SQL replication (index rows copied)
+            # the issue's 1M point: the same store grown by SQL replication (index rows copied),
+            # measured from a session of its own in the same conversation (the 100k measurement's
+            # session id again would be a host replaying that session: ingest_replay.py)
             grown = _grow(dsn, large)
             pg_large = {"grow": grown, "measure": worker(
                 ["measure", "--store", dsn, "--n", str(grown["n_stored"]), "--passes", str(max(5, passes // 4)),
-                 "--reps", str(reps), "--identifier", pg_b["identifier"]], 3600)}
+                 "--reps", str(reps), "--identifier", pg_b["identifier"], "--session", "live-1m"], 3600)}
         # a gateway's store: many users' compacted histories, one user's searches (bench/gateway.py)
         gateway = {}
         try:

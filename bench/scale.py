@@ -284,7 +284,7 @@ def _replicate(store: str, extra: int) -> int:
 # ----------------------------------------------------------------------------- measure
 
 def measure(store: str, n_stored: int, *, passes: int, reps: int, identifier: str,
-            profile: bool) -> dict[str, Any]:
+            profile: bool, session: str = "live") -> dict[str, Any]:
     from lossless_context.demo.sessions import SessionStream
 
     from .host import estimate
@@ -293,7 +293,7 @@ def measure(store: str, n_stored: int, *, passes: int, reps: int, identifier: st
     eng = common.make_engine(store, context_length=LIVE_CONTEXT)
     eng.update_model(model=common.MODEL, context_length=LIVE_CONTEXT, base_url="http://127.0.0.1:9/v1",
                      api_key="k", provider="custom", api_mode="chat_completions")
-    sid = "live"
+    sid = session  # (a new one per measurement of one store: the same id would replay the last one's)
     eng.on_session_start(sid, conversation_id=CONV, platform="cli")
     peek = _Peek(iter(SessionStream("mixed", 400 + (passes + 12) * 60, 7)))
     rng = random.Random(3)
@@ -627,6 +627,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--identifier", default="reconcile_day")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--session", default="live")
     ap.add_argument("--limit", type=int)
     ap.add_argument("--deadline", type=float)
     a = ap.parse_args(argv)
@@ -636,7 +637,8 @@ def main(argv: list[str] | None = None) -> int:
         res = build(a.store, a.n, seed=a.seed, real_cap=a.real_cap, base_store=a.base, profile=a.profile,
                     limit=a.limit, deadline_s=a.deadline)
     else:
-        res = measure(a.store, a.n, passes=a.passes, reps=a.reps, identifier=a.identifier, profile=a.profile)
+        res = measure(a.store, a.n, passes=a.passes, reps=a.reps, identifier=a.identifier, profile=a.profile,
+                      session=a.session)
     Path(a.out).write_text(json.dumps(res, default=str), encoding="utf-8")
     return 0
 
