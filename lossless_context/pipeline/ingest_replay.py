@@ -60,8 +60,10 @@ def fold_replayed(store: Store, session_id: str, context: Sequence[ContextEntry]
     summarises, or the pass would summarise those messages a second time."""
     carried = {r for s in slots if s.kind == "s" for r in s.refs}
     missing = list(dict.fromkeys(e.ref for e in context if e.kind == "s" and e.ref not in carried))
+    if not (missing or leaves):
+        return None, None
     at = {s.refs[0]: i for i, s in enumerate(slots) if s.kind in ("m", "x") and s.refs}
-    if not at or not (missing or leaves):
+    if not at:
         return None, None
     tree = _Tree(store)
     runs: list[tuple[int, int, int]] = []  # (first slot, end slot, summary id)
