@@ -135,3 +135,37 @@ def test_a_summary_whose_span_is_not_there_whole_is_not_folded(tmp_path):
 def _span(store, sid: int) -> list[int]:
     kids, mids = store.summary_children(sid)
     return [m for k in kids for m in _span(store, k)] + mids
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_doctor_repairs_what_an_earlier_engine_summarised_twice(tmp_path, request, backend, monkeypatch):
+    """A store an earlier engine wrote: a replayed history summarised a second time (the
+    replay's handling switched off here to make one). `lcm doctor --repair` deletes the
+    copies no context reaches and nothing else."""
+    import lossless_context.engine as engine_mod
+    import lossless_context.pipeline.ingest as ingest_mod
+
+    location = _location(request, tmp_path, backend)
+    turns = _turns(700, seed=6)
+    cut = len(turns) * 4 // 5
+    _first_process(location, turns[:cut])
+    with monkeypatch.context() as m:
+        m.setattr(engine_mod, "fold_replayed", lambda *a, **k: (None, None))
+        m.setattr(ingest_mod, "opened", lambda *a, **k: (None, []))
+        host = _host(location, turns)
+    store = host.engine.store
+    messages = store.stats()["messages"]
+    _, ctx = store.get_context(SID)
+    shown = [(e.kind, e.ref) for e in ctx]
+    rep = run_doctor(store)
+    [check] = [c for c in rep.checks if c.name == "each message under at most one leaf"]
+    assert not check.ok and "--repair" in check.detail
+    fixed = run_doctor(store, repair=True)
+    [check] = [c for c in fixed.checks if c.name == "each message under at most one leaf"]
+    assert check.repaired and "deleted" in check.detail and fixed.ok, check.detail
+    _one_leaf_each(store)
+    assert run_doctor(store).ok
+    # nothing a context shows, and no message, went with them
+    assert store.stats()["messages"] == messages
+    assert [(e.kind, e.ref) for e in store.get_context(SID)[1]] == shown
+    assert_connected(store, SID)

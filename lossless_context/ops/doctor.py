@@ -11,9 +11,10 @@ chains in place (dag_rebalance.py); nothing is ever deleted that holds user data
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ..store.base import Store
 
@@ -55,6 +56,14 @@ SQL_CONTEXT_ROOTS = ("SELECT session_id, summary_id FROM context_items WHERE sum
 SQL_MULTI_LEAF = """
     SELECT sm.message_id FROM summary_messages sm JOIN summaries s ON s.id = sm.summary_id
     WHERE s.state='published' GROUP BY sm.message_id HAVING COUNT(*) > 1 LIMIT 10"""
+# Every published leaf over such a message, and the summaries pending passes will publish.
+SQL_MULTI_LEAF_SUMMARIES = """
+    SELECT DISTINCT sm.summary_id FROM summary_messages sm JOIN summaries s ON s.id = sm.summary_id
+    WHERE s.state='published' AND sm.message_id IN (
+        SELECT sm2.message_id FROM summary_messages sm2 JOIN summaries s2 ON s2.id = sm2.summary_id
+        WHERE s2.state='published' GROUP BY sm2.message_id HAVING COUNT(*) > 1)
+    ORDER BY sm.summary_id"""
+SQL_STAGED_TOPS = "SELECT top_nodes FROM staged_passes"
 
 
 @dataclass
@@ -225,8 +234,7 @@ def _sqlite(store: Any, repair: bool) -> DoctorReport:
                 w.execute("UPDATE sessions SET context_version = context_version + 1 WHERE id=?", (sid,))
         chk.repaired = True
 
-    multi = _q(c, SQL_MULTI_LEAF)
-    rep.add("each message under at most one leaf", not multi, ", ".join(f"m{r[0]}" for r in multi) if multi else "")
+    _multi_leaf_check(store, rep, repair, lambda sql: _q(store.conn(), sql))
     return rep
 
 
@@ -269,7 +277,6 @@ def _postgres(store: Any, repair: bool, rep: DoctorReport) -> DoctorReport:
                   time.time() - STALE_STAGE_SECONDS)
         orphan = q(c, SQL_ORPHAN_STAGED)[0][0]
         left, unreachable = _split(q(c, SQL_UNREACHABLE), q(c, SQL_LATEST_HELD))
-        multi = q(c, SQL_MULTI_LEAF)
     chk = rep.add("no stale staged work", not stale and not orphan,
                   f"{len(stale)} stale staged passes, {orphan} orphan staged summaries" if stale or orphan else "")
     if (stale or orphan) and repair:
@@ -286,5 +293,68 @@ def _postgres(store: Any, repair: bool, rep: DoctorReport) -> DoctorReport:
             by_session.setdefault(sid, []).append(mid)
         store.reattach_messages(by_session)
         chk.repaired = True
-    rep.add("each message under at most one leaf", not multi, ", ".join(f"m{r[0]}" for r in multi) if multi else "")
+
+    def rows(sql: str) -> list[tuple]:
+        with store.maintenance_connection() as c:
+            return q(c, sql)
+
+    _multi_leaf_check(store, rep, repair, rows)
     return rep
+
+
+def _multi_leaf_check(store: Any, rep: DoctorReport, repair: bool, rows: Callable[[str], list[tuple]]) -> None:
+    """Each message under at most one published leaf. An earlier engine summarised again the
+    originals a host re-sent (pipeline/ingest_replay.py says when): ``--repair`` deletes the
+    copies no context reaches (the summaries, never a message)."""
+    name = "each message under at most one leaf"
+    multi = rows(SQL_MULTI_LEAF)
+    if not multi:
+        rep.add(name, True)
+        return
+    detail = ", ".join(f"m{r[0]}" for r in multi) + " (summarised again after a host re-sent them)"
+    if not repair:
+        rep.add(name, False, detail + "; `lcm doctor --repair` deletes the copies no context reaches")
+        return
+    dropped = duplicate_summaries(store, rows)
+    if dropped:
+        store.forget_records([], [], sorted(dropped), {})
+    left = rows(SQL_MULTI_LEAF)
+    chk = rep.add(name, False, detail + f"; deleted {len(dropped)} copies no context reaches (every message is"
+                  " still stored)" + (f"; still under two leaves: {', '.join(f'm{r[0]}' for r in left)}" if left else ""))
+    chk.repaired = not left
+
+
+def duplicate_summaries(store: Any, rows: Callable[[str], list[tuple]]) -> set[int]:
+    """Summaries that only repeat others: a published leaf over a message another leaf covers,
+    that no active context or pending pass reaches and whose messages the leaves they do reach
+    all cover; and above those, summaries nothing reaches whose children are all such."""
+    roots = {int(r[1]) for r in rows(SQL_CONTEXT_ROOTS)}
+    for (tops,) in rows(SQL_STAGED_TOPS):
+        roots.update(int(x) for x in json.loads(tops or "[]"))
+    reached: set[int] = set()
+    covered: set[int] = set()
+    stack = list(roots)
+    while stack:
+        node = stack.pop()
+        if node in reached:
+            continue
+        reached.add(node)
+        kids, mids = store.summary_children(node)
+        stack.extend(kids)
+        covered.update(mids)
+    drop: set[int] = set()
+    for (leaf,) in rows(SQL_MULTI_LEAF_SUMMARIES):
+        if leaf not in reached:
+            kids, mids = store.summary_children(leaf)
+            if mids and not kids and set(mids) <= covered:
+                drop.add(int(leaf))
+    frontier = set(drop)
+    while frontier:
+        above = store.summaries_over([], sorted(frontier)) - reached - drop
+        frontier = set()
+        for node in sorted(above):
+            kids, mids = store.summary_children(node)
+            if kids and not mids and set(kids) <= drop:
+                drop.add(node)
+                frontier.add(node)
+    return drop
