@@ -169,3 +169,24 @@ def test_doctor_repairs_what_an_earlier_engine_summarised_twice(tmp_path, reques
     assert store.stats()["messages"] == messages
     assert [(e.kind, e.ref) for e in store.get_context(SID)[1]] == shown
     assert_connected(store, SID)
+
+
+def test_a_replay_missing_a_message_still_compacts(tmp_path):
+    """A leaf whose span the list has with a message missing (the host dropped it) is not held
+    out of the passes (only a list that ends inside a span is): the session keeps compacting."""
+    location = tmp_path / "l.db"
+    turns = _turns(900, seed=6)
+    cut = len(turns) // 2
+    before, _ = _first_process(location, turns[:cut])
+    host = _host(location)
+    by_id = {m.id: m.raw for m in host.engine.store.iter_all_messages() if m.session_id == SID}
+    first = before[min(before)]
+    gone = by_id[first[len(first) // 2]]
+    replay = [m for t in turns[:cut] for m in t]
+    host.add(*[m for m in replay if m != gone])
+    host.maybe_compress()
+    for t in turns[cut:]:
+        host.add(*t)
+        host.maybe_compress()
+    assert host.compactions >= 2 and host.invalid == []
+    assert host.estimate() < host.engine.threshold_tokens

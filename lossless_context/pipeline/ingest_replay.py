@@ -33,10 +33,9 @@ from .assemble import Slot, groups
 from ..records import ContextEntry
 from ..store.base import Store
 
-MAX_DEPTH = 64  # summary levels walked down to a summary's first message
-
 log = logging.getLogger("lossless_context.pipeline.ingest")
 
+MAX_DEPTH = 64  # summary levels walked down to a summary's first message
 MAX_NODES = 4096  # summary nodes read to learn the spans of one list's missing summaries
 OVERHEAD_TOKENS = 20  # of a summary's rendering beyond its text (a folded slot's estimate)
 SAID_MAX = 256  # folds already logged (session, summaries), most recent kept
@@ -47,15 +46,16 @@ _said_lock = threading.Lock()
 def fold_replayed(store: Store, session_id: str, context: Sequence[ContextEntry], slots: Sequence[Slot], *,
                   leaves: bool = False) -> tuple[list[Slot] | None, int | None]:
     """``slots`` with each replayed summary span folded back into its summary (module
-    docstring), or None when nothing folds; and where a pass must stop (below). ``context`` is the stored active context the
-    slots were aligned with. A context summary whose span is not there whole is tried
-    node by node below it (the list may carry one of its children as a summary block).
+    docstring), or None when nothing folds; and where a pass must stop (below). ``context``
+    is the stored active context the slots were aligned with. A context summary whose span
+    is not there whole is tried node by node below it (the list may carry one of its
+    children as a summary block).
 
     ``leaves`` (before a pass, which would summarise what is left): also this session's
     published leaves over any message of the list, found by one store call. They fold a
     replay that arrives in parts (a host that rebuilds the list a turn at a time): the
     context lost a summary at the first call, when its span was not there whole yet. A
-    leaf whose span the list has only begun (the rest not sent yet) is not folded; the
+    leaf whose span the list ends inside (the rest not sent yet) is not folded; the
     returned index is the first slot (of its turn group) a pass must keep out of what it
     summarises, or the pass would summarise those messages a second time."""
     carried = {r for s in slots if s.kind == "s" for r in s.refs}
@@ -83,7 +83,7 @@ def fold_replayed(store: Store, session_id: str, context: Sequence[ContextEntry]
     for top in missing:
         place(top)
     recs = {}
-    begun: set[int] = set()  # first messages of leaves the list has only begun
+    begun: set[int] = set()  # first messages of leaves the list ends inside
     if leaves:
         inside = {k for a, b, _ in runs for k in range(a, b)}
         over = store.message_summaries_many([m for m, i in at.items() if i not in inside])
@@ -94,9 +94,8 @@ def fold_replayed(store: Store, session_id: str, context: Sequence[ContextEntry]
                 if sid in recs and recs[sid].session_id == session_id:
                     placed = len(runs)
                     place(sid)
-                    span = tree.span(sid) if sid in tree.children else []
-                    if len(runs) == placed and span and span[0] in at and any(m not in at for m in span):
-                        begun.add(span[0])
+                    if len(runs) == placed and sid in tree.children and _ends_inside(slots, at, tree.span(sid)):
+                        begun.add(tree.span(sid)[0])
     if not runs:
         return None, _hold(slots, begun)
     runs.sort()
@@ -127,8 +126,21 @@ def fold_replayed(store: Store, session_id: str, context: Sequence[ContextEntry]
     return out, _hold(out, begun)
 
 
+def _ends_inside(slots: Sequence[Slot], at: dict[int, int], span: list[int]) -> bool:
+    """Whether the list ends inside ``span``: its first messages, in order, are the list's last
+    (the rest not sent yet). Not when a message is missing in between: a host that dropped
+    one would keep every later pass from summarising anything after it."""
+    i = at.get(span[0]) if span else None
+    if i is None:
+        return False
+    k = 0
+    while k < len(span) and i + k < len(slots) and slots[i + k].refs and slots[i + k].refs[0] == span[k]:
+        k += 1
+    return i + k == len(slots) and k < len(span)
+
+
 def _hold(slots: Sequence[Slot], begun: set[int]) -> int | None:
-    """The start of the turn group holding the first slot of a begun leaf, if any."""
+    """The start of the turn group holding the first slot of such a leaf, if any."""
     if not begun:
         return None
     first = next((i for i, s in enumerate(slots) if s.kind in ("m", "x") and s.refs and s.refs[0] in begun), None)
