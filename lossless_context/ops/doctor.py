@@ -56,14 +56,14 @@ SQL_CONTEXT_ROOTS = ("SELECT session_id, summary_id FROM context_items WHERE sum
 SQL_MULTI_LEAF = """
     SELECT sm.message_id FROM summary_messages sm JOIN summaries s ON s.id = sm.summary_id
     WHERE s.state='published' GROUP BY sm.message_id HAVING COUNT(*) > 1 LIMIT 10"""
-# Every published leaf over such a message, and the summaries pending passes will publish.
+# Every published leaf over such a message.
 SQL_MULTI_LEAF_SUMMARIES = """
     SELECT DISTINCT sm.summary_id FROM summary_messages sm JOIN summaries s ON s.id = sm.summary_id
     WHERE s.state='published' AND sm.message_id IN (
         SELECT sm2.message_id FROM summary_messages sm2 JOIN summaries s2 ON s2.id = sm2.summary_id
         WHERE s2.state='published' GROUP BY sm2.message_id HAVING COUNT(*) > 1)
     ORDER BY sm.summary_id"""
-SQL_STAGED_TOPS = "SELECT top_nodes FROM staged_passes"
+SQL_STAGED_TOPS = "SELECT top_nodes FROM staged_passes"  # what pending passes will put in a context
 
 
 @dataclass
@@ -315,7 +315,7 @@ def _multi_leaf_check(store: Any, rep: DoctorReport, repair: bool, rows: Callabl
     if not repair:
         rep.add(name, False, detail + "; `lcm doctor --repair` deletes the copies no context reaches")
         return
-    dropped = duplicate_summaries(store, rows)
+    dropped = _duplicate_summaries(store, rows)
     if dropped:
         store.forget_records([], [], sorted(dropped), {})
     left = rows(SQL_MULTI_LEAF)
@@ -324,7 +324,7 @@ def _multi_leaf_check(store: Any, rep: DoctorReport, repair: bool, rows: Callabl
     chk.repaired = not left
 
 
-def duplicate_summaries(store: Any, rows: Callable[[str], list[tuple]]) -> set[int]:
+def _duplicate_summaries(store: Any, rows: Callable[[str], list[tuple]]) -> set[int]:
     """Summaries that only repeat others: a published leaf over a message another leaf covers,
     that no active context or pending pass reaches and whose messages the leaves they do reach
     all cover; and above those, summaries nothing reaches whose children are all such."""

@@ -134,8 +134,8 @@ class Compactor:
             base_len: int, tokens_before: int, host_messages: list[Any] | None = None,
             hold: int | None = None) -> PassResult:
         """One pass over the aligned slots. ``hold``: the first slot the pass must leave as it
-        is (a leaf the host has only begun to replay: ingest_replay.py); nothing from there
-        on is summarised."""
+        is (a leaf whose span a replaying host's list ends inside: ingest_replay.py); nothing
+        from there on is summarised."""
         self.budget = budget
         ids = [s.refs[0] for s in slots if s.kind in ("m", "x")]
         records = self.store.get_messages(ids)

@@ -1,5 +1,6 @@
-"""Retracted messages, fork points, forgetting and summary outlines, for the SQLite store (a mixin of
-:class:`~.sqlite.SQLiteStore`; the interface is documented on :class:`~.base.Store`)."""
+"""Retracted messages, fork points, forgetting, summary outlines and the leaves over messages,
+for the SQLite store (a mixin of :class:`~.sqlite.SQLiteStore`; the interface is documented on
+:class:`~.base.Store`)."""
 
 from __future__ import annotations
 
