@@ -9,7 +9,8 @@ active contexts must be equal. The sessions are generated (hypothesis ops over d
 sessions) and include what the host really does to its list: appends (resumed calls),
 edits under the same message_uid, in-place edits of a message already aligned, removed,
 reordered and merged messages, large tool outputs, hostile input, compaction output fed
-back with its summary messages (merged with a neighbour too), copies of the list.
+back with its summary messages (merged with a neighbour too), copies of the list, and the
+originals again in place of our compacted list (ingest_replay.py).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ OPS = st.one_of(
     st.tuples(st.just("large"), st.integers(1, 3)),
     st.tuples(st.just("hostile"), st.integers(0, len(HOSTILE) - 1)),
     st.tuples(st.just("copy_list")),  # a new list of the same objects
+    st.tuples(st.just("replay")),  # the originals again: a host that lost our compacted list
 )
 
 
@@ -120,6 +122,8 @@ class Host:
             live.append(copy.deepcopy(HOSTILE[arg[0]]))
         elif name == "copy_list":
             self.live = list(live)
+        elif name == "replay":  # (rebuilt from its own transcript: every original sent so far)
+            self.live = copy.deepcopy(self.pool[:self.next])
 
 
 def _result(res: IngestResult) -> tuple:
@@ -264,6 +268,25 @@ def test_a_merged_summary_block_is_stored_once_however_often_it_is_resent(tmp_pa
         finally:
             db.close()
         assert merged and all(n == 1 for _, n in merged), (name, merged)
+
+
+def test_fast_and_plain_agree_on_a_replayed_list(tmp_path, recorded):
+    """The originals again in place of our compacted list, after passes: both walks open the
+    context's summaries alike, the same spans fold back, nothing is stored twice."""
+    ops = [("append", 300), ("compress", True), ("append", 40), ("compress", True), ("replay",), ("ingest",),
+           ("end",), ("append", 30), ("compress", False), ("replay",), ("append", 20), ("compress", True),
+           ("ingest",)]
+    play_both(tmp_path, _pool("coding", 3, 1200), ops, recorded)
+    for name in ("fast.db", "plain.db"):
+        db = sqlite3.connect(tmp_path / name)
+        try:
+            stored = db.execute("SELECT COUNT(*), COUNT(DISTINCT raw) FROM messages").fetchone()
+            twice = db.execute("SELECT COUNT(*) FROM (SELECT sm.message_id FROM summary_messages sm JOIN summaries s"
+                               " ON s.id = sm.summary_id WHERE s.state = 'published' GROUP BY 1 HAVING COUNT(*) > 1)"
+                               ).fetchone()[0]
+        finally:
+            db.close()
+        assert stored[0] == stored[1] and twice == 0, (name, stored, twice)
 
 
 def test_the_scripts_exercise_the_fast_paths(tmp_path, recorded, monkeypatch):
