@@ -118,3 +118,56 @@ def test_slash_grep_finds_live_messages_below_the_threshold(tmp_path):
         assert CANARY in grep, grep
         assert "[active context]" in grep, grep
         assert "messages stored 0;" not in status, status
+
+
+def test_a_resumed_transcript_of_originals_keeps_our_summaries(tmp_path):
+    """The host crashed between our committed pass and its own write of the compacted list
+    (state.db still holds the originals as the live transcript): the resumed session hands
+    the originals back. They stand for our summary again (ingest_replay.py): no message is
+    summarised twice, and lcm doctor stays healthy."""
+    import sqlite3
+
+    from lossless_context.ops.doctor import run_doctor
+    from lossless_context.store import open_store
+
+    router = Router(chat=ChatResponder(reply_chars=30_000), summariser=SummariserResponder(max_chars=2000))
+    with FakeOpenAI(responder=router) as srv:
+        run = run_hermes(srv, _turns(), engine="lcm", workdir=tmp_path, extra_config={"lcm": {"summarizer": "extractive"}})
+        assert run.ok, run.describe()
+        sid = run.result["session_id"]
+        store_path = run.hermes_home / "lcm" / "lcm.db"
+        lcm = sqlite3.connect(store_path)
+        assert lcm.execute("SELECT COUNT(*) FROM summaries WHERE kind = 'leaf'").fetchone()[0]  # a pass committed
+        lcm.close()
+        # the crash: the archived originals are the live transcript again, the compacted rows gone
+        host_db = sqlite3.connect(run.hermes_home / "state.db")
+        with host_db:
+            archived = set(host_db.execute("SELECT role, content FROM messages WHERE session_id = ? AND compacted = 1",
+                                           (sid,)).fetchall())
+            active = host_db.execute("SELECT id, role, content FROM messages WHERE session_id = ? AND active = 1"
+                                     " ORDER BY id", (sid,)).fetchall()
+            # the compacted list the host wrote: the head and tail again and our summary between
+            end = max(i for i, role, content in active
+                      if (role, content) in archived or str(content).startswith("<lcm-summary"))
+            assert archived and any(str(c).startswith("<lcm-summary") for _, _, c in active)
+            host_db.execute("DELETE FROM messages WHERE session_id = ? AND active = 1 AND id <= ?", (sid, end))
+            host_db.execute("UPDATE messages SET active = 1, compacted = 0 WHERE session_id = ? AND compacted = 1",
+                            (sid,))
+        host_db.close()
+        again = run_hermes(srv, ["Question 9: and the invoices?", "Question 10: and the refunds?"], engine="lcm",
+                           hermes_home=run.hermes_home, home=run.home, session_id=sid, resume=True,
+                           extra_config={"lcm": {"summarizer": "extractive"}})
+        assert again.ok, again.describe()
+        assert any("<lcm-summary" in str(m.get("content")) for m in again.messages)
+    store = open_store(str(store_path))
+    try:
+        rep = run_doctor(store)
+        assert rep.ok, rep.render_text()
+        lcm = sqlite3.connect(store_path)
+        twice = lcm.execute("SELECT COUNT(*) FROM (SELECT sm.message_id FROM summary_messages sm JOIN summaries s"
+                            " ON s.id = sm.summary_id WHERE s.state = 'published' GROUP BY 1 HAVING COUNT(*) > 1)"
+                            ).fetchone()[0]
+        lcm.close()
+        assert twice == 0
+    finally:
+        store.close()
