@@ -97,10 +97,11 @@ def test_a_replayed_history_keeps_its_summaries(tmp_path, request, backend):
     assert_connected(engine.store, SID)
 
 
-def test_a_replay_in_parts_keeps_its_summaries(tmp_path):
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_replay_in_parts_keeps_its_summaries(tmp_path, request, backend):
     """A host that rebuilds the list a turn at a time: the first calls see only part of a
     summary's span (the context loses it then); the pass that would summarise it finds it."""
-    location = tmp_path / "l.db"
+    location = _location(request, tmp_path, backend)
     turns = _turns(700, seed=8)
     before, _ = _first_process(location, turns)
     host = _host(location, turns)
