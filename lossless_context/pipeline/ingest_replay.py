@@ -72,10 +72,9 @@ def fold_replayed(store: Store, session_id: str, context: Sequence[ContextEntry]
         if node in carried or not tree.read(node):
             return
         span = tree.span(node)
-        i = at.get(span[0]) if span else None
-        if i is not None and i + len(span) <= len(slots) and all(
-                slots[i + k].kind in ("m", "x") and slots[i + k].refs[0] == mid for k, mid in enumerate(span)):
-            runs.append((i, i + len(span), node))
+        i, k = _matched(slots, at, span)
+        if span and k == len(span):
+            runs.append((i, i + k, node))
             return
         for kid in tree.children[node][0]:
             place(kid)
@@ -94,8 +93,14 @@ def fold_replayed(store: Store, session_id: str, context: Sequence[ContextEntry]
                 if sid in recs and recs[sid].session_id == session_id:
                     placed = len(runs)
                     place(sid)
-                    if len(runs) == placed and sid in tree.children and _ends_inside(slots, at, tree.span(sid)):
-                        begun.add(tree.span(sid)[0])
+                    if len(runs) == placed and sid in tree.children:
+                        # the list ends inside the leaf's span: its first messages, in order,
+                        # are the list's last (not a message missing in between: a host that
+                        # dropped one would keep every later pass from summarising after it)
+                        span = tree.span(sid)
+                        i, k = _matched(slots, at, span)
+                        if k and i + k == len(slots):
+                            begun.add(span[0])
     if not runs:
         return None, _hold(slots, begun)
     runs.sort()
@@ -126,17 +131,17 @@ def fold_replayed(store: Store, session_id: str, context: Sequence[ContextEntry]
     return out, _hold(out, begun)
 
 
-def _ends_inside(slots: Sequence[Slot], at: dict[int, int], span: list[int]) -> bool:
-    """Whether the list ends inside ``span``: its first messages, in order, are the list's last
-    (the rest not sent yet). Not when a message is missing in between: a host that dropped
-    one would keep every later pass from summarising anything after it."""
+def _matched(slots: Sequence[Slot], at: dict[int, int], span: Sequence[int]) -> tuple[int, int]:
+    """Where ``span``'s first message stands among the message slots, and how many of its
+    messages follow there in order (0 if it is not in the list)."""
     i = at.get(span[0]) if span else None
     if i is None:
-        return False
+        return 0, 0
     k = 0
-    while k < len(span) and i + k < len(slots) and slots[i + k].refs and slots[i + k].refs[0] == span[k]:
+    while (k < len(span) and i + k < len(slots) and slots[i + k].kind in ("m", "x")
+           and slots[i + k].refs[0] == span[k]):
         k += 1
-    return i + k == len(slots) and k < len(span)
+    return i, k
 
 
 def _hold(slots: Sequence[Slot], begun: set[int]) -> int | None:
