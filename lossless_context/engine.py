@@ -30,7 +30,7 @@ from .contract.lifecycle import SessionLifecycle, session_lock
 from .messages import role_of, summary_node_ids, tool_call_ids
 from .contract.hooks_r19 import HostSignals
 from .contract.hooks_main import NewHostHooks
-from .contract.passbudget import pass_budget, plausible_overhead
+from .contract.passbudget import effective_host, pass_budget, plausible_overhead
 from .store import Store, open_store
 from .summarizers.costs import SpendLedger
 from .pipeline.stubs import stub_policy
@@ -83,6 +83,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
         self._model = ""
         self._provider = ""
         self._overhead = 0  # host tokens outside the message list (system prompt, tool schemas)
+        self._max_output_tokens: int | None = None  # the provider's output reservation (update_model)
         self._no_progress_at: int | None = None
         self._pending: dict[str, str] = {}
         # Per session: (context version, context entries, Resume) left by the last ingest,
@@ -176,7 +177,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
         new._init_runtime_state()
         for attr in ("last_prompt_tokens", "last_completion_tokens", "last_total_tokens",
                      "threshold_tokens", "context_length", "compression_count",
-                     "protect_first_n", "protect_last_n", "last_real_prompt_tokens"):
+                     "protect_first_n", "protect_last_n", "last_real_prompt_tokens", "_max_output_tokens"):
             setattr(new, attr, getattr(self, attr))
         for key in ("_threshold_percent", "_threshold_explicit", "_summary_target_ratio"):
             if key in self.__dict__:  # explicit settings survive the copy, and stay explicit
@@ -191,17 +192,23 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
         memo[id(self)] = new
         return new
 
-    def clone_for_agent(self) -> "LCMEngine":
+    def clone_for_agent(self, *args: Any, **kwargs: Any) -> "LCMEngine":
         return self._fresh()
 
     # -- budgets ---------------------------------------------------------------------------
 
     def update_model(self, model: str, context_length: int, base_url: str = "", api_key: Any = "",
-                     provider: str = "", api_mode: str = "") -> None:
+                     provider: str = "", api_mode: str = "", max_tokens: Any = None, **kwargs: Any) -> None:
+        """A model (re)configured. `max_tokens`, the output the provider reserves out of the same
+        window (newer hosts pass it), leaves `context_length - max_tokens` for the request: the
+        threshold is taken from that. None keeps the reservation already known (as the host's
+        own compressor does); unknown keywords of a newer host are accepted and ignored."""
         self._model, self._provider = model or "", provider or ""
         self._runtime = {"model": model, "provider": provider, "base_url": base_url,
                          "api_key": api_key, "api_mode": api_mode}
         self.context_length = int(context_length or 0)
+        if max_tokens is not None:
+            self._max_output_tokens = _positive_int(max_tokens)
         # An explicitly set threshold_percent > compression.model_thresholds > our config.
         frac = self.explicit_threshold_percent()
         if frac is None:
@@ -209,10 +216,17 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
         if frac is None:
             frac = self.config.threshold
         self._set_threshold_percent(frac)
-        self.threshold_tokens = int(self.context_length * frac)
+        self.threshold_tokens = int(self.input_window() * frac)
         self._escalator = None  # the host summariser follows the new runtime
 
-    def update_from_response(self, usage: Dict[str, Any]) -> None:
+    def input_window(self) -> int:
+        """Tokens a request may take: the window less the output the provider reserves of it
+        (the whole window when no reservation is known or it would leave nothing)."""
+        reserve = self._max_output_tokens or 0
+        window = int(self.context_length or 0)
+        return window - reserve if 0 < reserve < window else window
+
+    def update_from_response(self, usage: Dict[str, Any], *args: Any, **kwargs: Any) -> None:
         if not isinstance(usage, dict) or not usage:
             return
         def _int(*keys: str) -> int | None:
@@ -236,7 +250,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
         elif p is not None and c is not None:
             self.last_total_tokens = p + c
 
-    def should_compress(self, prompt_tokens: Optional[int] = None) -> bool:
+    def should_compress(self, prompt_tokens: Optional[int] = None, *args: Any, **kwargs: Any) -> bool:
         tokens = prompt_tokens if prompt_tokens is not None else self.last_prompt_tokens
         if not isinstance(tokens, (int, float)) or tokens < 0 or self.threshold_tokens <= 0:
             return False
@@ -247,13 +261,13 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
             return False
         return True
 
-    def should_compress_preflight(self, messages: List[Dict[str, Any]]) -> bool:
+    def should_compress_preflight(self, messages: List[Dict[str, Any]], *args: Any, **kwargs: Any) -> bool:
         try:
             return self.should_compress(estimate_messages_tokens(messages) + self._overhead)
         except Exception:
             return False
 
-    def has_content_to_compress(self, messages: List[Dict[str, Any]]) -> bool:
+    def has_content_to_compress(self, messages: List[Dict[str, Any]], *args: Any, **kwargs: Any) -> bool:
         try:
             slots = _cheap_slots(messages)
             h = Compactor.head_end(slots, self.protect_first_n)
@@ -496,7 +510,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
                 host_tokens = ours + overhead
                 fast = (cfg.background_compaction and esc.model is not None and not force
                         and host_tokens < cfg.hard_threshold * (self.context_length or host_tokens + 1))
-                pb = pass_budget(cfg.host, time_budget=cfg.compaction_time_budget,
+                pb = pass_budget(effective_host(cfg.host), time_budget=cfg.compaction_time_budget,
                                  summary_timeout=cfg.summary_timeout,
                                  progress_visible=isinstance(esc.model, HostSummarizer),
                                  message_count=len(messages))
@@ -610,7 +624,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
 
     # -- status -------------------------------------------------------------------------------------------
 
-    def get_status(self) -> Dict[str, Any]:
+    def get_status(self, *args: Any, **kwargs: Any) -> Dict[str, Any]:
         status = super().get_status()
         with self._stats_lock:
             status.update({f"lcm_{k}": v for k, v in self._stats.items()})
@@ -642,7 +656,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
 
     # -- tools (lcm_grep, lcm_describe, lcm_expand, lcm_expand_query) ----------------------------------
 
-    def get_tool_schemas(self) -> List[Dict[str, Any]]:
+    def get_tool_schemas(self, *args: Any, **kwargs: Any) -> List[Dict[str, Any]]:
         from .tools import TOOL_SCHEMAS
 
         return copy.deepcopy(TOOL_SCHEMAS)
@@ -653,6 +667,13 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
         if not self._fork:
             self._mark_live()
         return dispatch(self, name, args, **kwargs)
+
+
+def _positive_int(value: Any) -> int | None:
+    """A positive token count, or None ("no reservation") for anything else."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        return None
+    return int(value) if 0 < value < 1e12 else None
 
 
 def _truthy(fn: Callable[[], bool]) -> bool:

@@ -8,6 +8,7 @@ own (called by our CLI, plugin or tests, never by the host).
 
 from __future__ import annotations
 
+import copy
 import inspect
 
 from lossless_context import LCMEngine
@@ -90,3 +91,64 @@ def test_the_checks_fail_on_a_missing_argument():
 
     assert _accepts(Impl().f, Spec.f) == ["b"]
     assert _accepts(Loose().f, Spec.f) == []
+
+
+# What the host passes to each declared method (a realistic call), for the check below.
+_MSGS = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi there"}]
+_CALLS = {
+    "update_model": ((), {"model": "m", "context_length": 64_000, "max_tokens": 8_192}),
+    "bind_session_state": ((), {"session_db": None, "session_id": "s-kw"}),
+    "on_session_start": (("s-kw",), {"platform": "cli"}),
+    "clone_for_agent": ((), {}),
+    "should_compress_preflight": ((_MSGS,), {}),
+    "should_defer_preflight_to_real_usage": ((1_000,), {}),
+    "should_compress": ((1_000,), {}),
+    "should_compress_info": ((1_000,), {}),
+    "get_active_compression_failure_cooldown": ((), {}),
+    "pending_compression_operation": ((_MSGS,), {}),
+    "get_automatic_compaction_status_message": ((), {"phase": "compress", "default_message": "x"}),
+    "compress": ((list(_MSGS),), {"current_tokens": 100}),
+    "prune_tool_results_only": ((list(_MSGS),), {"current_tokens": 100}),
+    "has_content_to_compress": ((_MSGS,), {}),
+    "update_from_response": (({"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12},), {}),
+    "select_context": ((list(_MSGS),), {"budget_tokens": 0}),
+    "on_turn_complete": ((list(_MSGS),), {"usage": None}),
+    "get_tool_schemas": ((), {}),
+    "handle_tool_call": (("lcm_describe", {"id": "m1"}), {"messages": list(_MSGS)}),
+    "get_status": ((), {}),
+    "on_session_end": (("s-kw", list(_MSGS)), {}),
+    "on_session_reset": ((), {}),
+}
+
+
+def test_every_host_hook_takes_keywords_a_newer_host_adds(tmp_path, caplog):
+    """A newer host may pass a keyword nobody declared yet (upstream forwards `max_tokens` to
+    update_model without a signature check): every hook takes **kwargs and still works."""
+    import logging
+
+    e = _engine(tmp_path)
+    hooks = sorted(DECLARED - {"__deepcopy__"})  # (copy.deepcopy passes the memo only)
+    assert set(_CALLS) == set(hooks), "a declared hook has no sample call here"
+    caplog.set_level(logging.WARNING, logger="lossless_context")
+    for name in hooks:
+        impl = getattr(e, name)
+        assert any(p.kind is p.VAR_KEYWORD for p in inspect.signature(impl).parameters.values()), name
+        args, kw = _CALLS[name]
+        impl(*args, **kw, hermes_future_keyword=1)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+def test_update_model_reserves_the_output_it_is_given(tmp_path):
+    """`max_tokens` is carved out of the window before the threshold is taken (as the host's own
+    compressor does); None keeps the reservation already known; junk means no reservation."""
+    e = _engine(tmp_path)
+    assert e.threshold_tokens == int(64_000 * 0.75)
+    e.update_model(model="m", context_length=64_000, max_tokens=16_000)
+    assert e.threshold_tokens == int(48_000 * 0.75) and e.input_window() == 48_000
+    e.update_model(model="m2", context_length=64_000)  # a switch that does not say: kept
+    assert e.threshold_tokens == int(48_000 * 0.75)
+    assert copy.deepcopy(e).threshold_tokens == e.threshold_tokens and e.clone_for_agent().input_window() == 48_000
+    e.update_model(model="m", context_length=64_000, max_tokens=True)  # not a number: no reservation
+    assert e.threshold_tokens == int(64_000 * 0.75)
+    e.update_model(model="m", context_length=64_000, max_tokens=64_000)  # would leave nothing: the window
+    assert e.threshold_tokens == int(64_000 * 0.75)

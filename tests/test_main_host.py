@@ -24,6 +24,19 @@ from tests.support.fake_openai import Fail, FailureSequence, FakeOpenAI, Summari
 from tests.support.newhost import MARKER, MainHost, host_aux_client, status_message
 
 
+@pytest.fixture(autouse=True)
+def _the_simulated_host_resolves_its_block_as_configured(monkeypatch, request):
+    """MainHost simulates 0.20, which applies its `compression:` block as written; the engine
+    would otherwise ask the installed host (0.22 raises the silence budget to 300 s)."""
+    from lossless_context.contract import passbudget
+
+    if "installed_host" not in request.node.name:
+        monkeypatch.setattr(passbudget, "compression_timeouts", lambda block: None)
+    passbudget._resolved.cache_clear()
+    yield
+    passbudget._resolved.cache_clear()
+
+
 def _engine(path, host: HostCompression | None = None, **kw):
     cfg = LCMConfig.load({"store": str(path), "summarizer": "extractive", **kw}, read_file=False)
     if host is not None:
@@ -63,6 +76,38 @@ def test_pass_budget_follows_the_host_timeouts():
     off = pass_budget(HostCompression(context_timeout_seconds=0), time_budget=240, summary_timeout=60,
                       progress_visible=False, message_count=10)
     assert off.seconds == 240 and off.host_limit == 0
+
+
+def _installed_host_line() -> str:
+    import importlib.util
+
+    if importlib.util.find_spec("agent.conversation_compression_deadline") is not None:
+        return "0.22"
+    if importlib.util.find_spec("agent.conversation_compression") is not None:
+        return "0.20"
+    return "0.19"
+
+
+@pytest.mark.parametrize("aux_timeout", [None, 450])
+def test_a_pass_is_planned_against_the_silence_budget_the_installed_host_applies(tmp_path, monkeypatch, aux_timeout):
+    """0.22 raises the silence budget to the compression model's own timeout (300 s at least):
+    a pass planned for 0.20's 120 s would give up on the model early; 0.20 and 0.19.0 keep it."""
+    from lossless_context.contract import passbudget
+
+    if aux_timeout is not None:
+        (tmp_path / "config.yaml").write_text(f"auxiliary:\n  compression:\n    timeout: {aux_timeout}\n")
+    monkeypatch.setenv("HERMES_HOME", str(tmp_path))
+    passbudget._resolved.cache_clear()
+    try:
+        host = passbudget.effective_host(HostCompression())
+        budget = pass_budget(host, time_budget=240, summary_timeout=60, progress_visible=False, message_count=100)
+    finally:
+        passbudget._resolved.cache_clear()
+    line = _installed_host_line()
+    silence = {"0.22": max(300, aux_timeout or 0)}.get(line, 120)
+    assert host.context_timeout_seconds == silence and budget.host_limit == silence
+    assert budget.seconds == min(240, silence / 2)
+    assert host.hygiene_timeout_seconds == 30  # (hygiene keeps its own budget)
 
 
 def test_host_compression_block_is_read_like_the_host_reads_it(tmp_path):

@@ -287,3 +287,30 @@ def test_objective_and_todo_state_after_the_real_hosts_compress(tmp_path):
         assert block, "the host's /compress went through our engine"
         assert "backfill LEDGERPLAN rows" in block or any(
             "backfill LEDGERPLAN rows" in str(m.get("content")) and m.get("role") == "tool" for m in run.messages)
+
+
+def test_prune_keeps_the_hosts_row_keys(tmp_path):
+    """The newer host commits what `prune_tool_results_only` returns as its own rows: a stubbed
+    row keeps every key the host put on it (`_db_persisted`, `message_uid`, `_tool_call_uid`,
+    its timestamp …) with only the content changed — as the host's own prune does — or the
+    host writes it to its session database a second time."""
+    from tests.support.newhost import stamp
+
+    e = _engine(str(tmp_path / "p.db"), tool_stub_keep_results=1, tool_stub_keep_tokens=2000)
+    e.update_model(model="m", context_length=64_000)
+    e.bind_session_state(None, "pr")
+    msgs = [stamp({"role": "user", "content": "Objective: get the whole build green."})]
+    for i in range(14):
+        msgs += [stamp(m) for m in _turn(i)]
+    for n, m in enumerate(msgs):
+        m.update({"_db_persisted": True, "timestamp": 1_700_000_000 + n, "finish_reason": "stop"})
+    before = [dict(m) for m in msgs]
+    out, n = e.prune_tool_results_only(msgs, current_tokens=40_000)
+    assert n > 0 and out is not msgs and len(out) == len(msgs)
+    assert msgs == before  # the host's own list is left as it was
+    stubbed = [(o, m) for o, m in zip(before, out) if o["content"] != m["content"]]
+    assert len(stubbed) == n and all(STUB_MARK in m["content"] for _o, m in stubbed)
+    for orig, m in stubbed:
+        assert {k: v for k, v in m.items() if k != "content"} == {k: v for k, v in orig.items() if k != "content"}
+    assert all(m is o for m, o in zip(out, msgs) if m["content"] == o["content"])
+    assert pairing_problems(out) == []

@@ -73,7 +73,7 @@ class ContextEngine(ABC):
         }
 
     def update_model(self, model: str, context_length: int, base_url: str = "", api_key: str = "",
-                     provider: str = "", api_mode: str = "") -> None:
+                     provider: str = "", api_mode: str = "", **kwargs: Any) -> None:
         self.context_length = context_length
         self.threshold_tokens = int(context_length * self.threshold_percent)
 

@@ -170,7 +170,8 @@ class NewHostHooks:
         except Exception as exc:
             log.warning("lcm: on_turn_complete ingestion failed (the host keeps its copy): %s", exc)
 
-    def prune_tool_results_only(self, messages: List[Dict[str, Any]], current_tokens: Optional[int] = None):
+    def prune_tool_results_only(self, messages: List[Dict[str, Any]], current_tokens: Optional[int] = None,
+                                *args: Any, **kwargs: Any) -> Any:
         # Tier 0 only (stubs.py): old tool results become stubs, the originals stay in the store.
         try:
             from ..pipeline.stubs import prune, stub_policy

@@ -122,7 +122,8 @@ class HostSignals:
         except Exception:
             return None
 
-    def should_compress_info(self, prompt_tokens: Optional[int] = None) -> "tuple[bool, str | None]":
+    def should_compress_info(self, prompt_tokens: Optional[int] = None, *args: Any,
+                             **kwargs: Any) -> "tuple[bool, str | None]":
         try:
             tokens = _number(prompt_tokens if prompt_tokens is not None else self.last_prompt_tokens)  # type: ignore[attr-defined]
             threshold = _number(self.threshold_tokens) or 0  # type: ignore[attr-defined]
@@ -139,7 +140,7 @@ class HostSignals:
 
     # -- preflight ---------------------------------------------------------------------------
 
-    def should_defer_preflight_to_real_usage(self, rough_tokens: int) -> bool:
+    def should_defer_preflight_to_real_usage(self, rough_tokens: int, *args: Any, **kwargs: Any) -> bool:
         try:
             rough = _number(rough_tokens)
             threshold = _number(self.threshold_tokens) or 0  # type: ignore[attr-defined]
@@ -156,7 +157,8 @@ class HostSignals:
         except Exception:
             return False
 
-    def pending_compression_operation(self, messages: List[Dict[str, Any]] | None = None) -> None:
+    def pending_compression_operation(self, messages: List[Dict[str, Any]] | None = None, *args: Any,
+                                      **kwargs: Any) -> None:
         return None  # every LCM pass is a compaction; it never asks for a sanitation-only pass
 
     # -- status line -------------------------------------------------------------------------

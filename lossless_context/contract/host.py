@@ -25,13 +25,19 @@ hermes_constants.get_hermes_home   HERMES_HOME with the host's profile rules (`h
 agent.usage_pricing                a price estimate for summariser spend (`usage_pricer`)
 agent.model_metadata               the host's rough token estimate, which decides when it
   .estimate_messages_tokens_rough  compresses (`rough_estimator`; the demo's host driver)
+resolve_context_compression_       the silence budget and ceiling the host really applies to
+  timeouts (agent.conversation_    a pass (`compression_timeouts`; 0.22 raises the silence
+  compression_deadline, 0.22;      budget to the compression model's own timeout, 300 s at
+  agent.conversation_compression,  least), contract/passbudget.py
+  0.20)
 =================================  ==========================================================
 """
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 
 def context_engine_class() -> type | None:
@@ -122,3 +128,23 @@ def rough_estimator() -> tuple[Callable[[list], int], Callable[[dict], int] | No
     except Exception:
         _estimate_message_chars = None
     return estimate_messages_tokens_rough, _estimate_message_chars
+
+
+_TIMEOUT_MODULES = ("agent.conversation_compression_deadline",  # 0.22
+                    "agent.conversation_compression")  # 0.20 (0.19.0 runs no pass under a timeout)
+
+
+def compression_timeouts(block: Mapping[str, Any]) -> tuple[float, float] | None:
+    """(silence budget, ceiling) in seconds as the installed host resolves its `compression:`
+    block `block` for a pass, or None when the host has no such resolution (0.19.0, no host)."""
+    for name in _TIMEOUT_MODULES:
+        try:
+            fn = getattr(importlib.import_module(name), "resolve_context_compression_timeouts")
+        except Exception:
+            continue
+        try:
+            idle, ceiling = fn(dict(block))
+            return float(idle), float(ceiling)
+        except Exception:
+            return None
+    return None

@@ -208,7 +208,7 @@ class SessionLifecycle:
             with self._stats_lock:
                 self._stats["compactions"] += 1
 
-    def on_session_end(self, session_id: str, messages: List[Dict[str, Any]]) -> None:
+    def on_session_end(self, session_id: str, messages: List[Dict[str, Any]], *args: Any, **kwargs: Any) -> None:
         # Also fired before every committed compaction: flush only, never close shared things.
         try:
             if isinstance(messages, list) and messages:
@@ -216,7 +216,7 @@ class SessionLifecycle:
         except Exception as exc:
             log.warning("lcm: on_session_end flush failed (nothing lost from the host): %s", exc)
 
-    def on_session_reset(self) -> None:
+    def on_session_reset(self, *args: Any, **kwargs: Any) -> None:
         super().on_session_reset()
         self._conversation_id = None  # the next session names its own conversation (or none)
         self._no_progress_at = None

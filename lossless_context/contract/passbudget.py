@@ -2,7 +2,10 @@
 
 A newer host runs the whole pass on a worker thread and throws its result away when the
 pass stays *silent* longer than `compression.context_timeout_seconds` (120 s), or runs past
-`context_total_ceiling_seconds` (600 s); gateway hygiene uses 30 s. Only progress reported
+`context_total_ceiling_seconds` (600 s); gateway hygiene uses 30 s. The 0.22 line raises the
+silence budget to the compression model's own timeout (`auxiliary.compression.timeout`,
+at least 300 s): `effective_host` asks the installed host how it resolves the block, so a
+pass is planned against the budget that really applies. Only progress reported
 through the host's own auxiliary client extends the silence budget. So a pass plans to end
 in half of whatever budget applies: model calls stop at that deadline (each call's own
 timeout is cut to what is left), the rest of the pass is summarised deterministically, and
@@ -15,11 +18,14 @@ from it is bounded by a share of the window and re-derived on every call.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from ..config import HostCompression
+from .host import compression_timeouts
 
 SAFETY = 0.5  # share of a host budget a pass plans to use
 # A hygiene pass is huge (5,000 messages): its deterministic rest can itself take seconds.
@@ -34,6 +40,23 @@ class PassBudget:
     call_timeout: float  # cap on one model call
     host_limit: float  # the host budget that applies (0: the host runs no timeout)
     hygiene: bool  # the pass is as large as a gateway hygiene pass
+
+
+def effective_host(host: HostCompression) -> HostCompression:
+    """`host` with the silence budget and ceiling the installed host applies to a pass (0.22:
+    `max(context_timeout_seconds, min(max(auxiliary.compression.timeout, 300), ceiling))`);
+    as configured when the host resolves nothing (0.19.0, no host: 0.20's reading)."""
+    resolved = _resolved(float(host.context_timeout_seconds), float(host.context_total_ceiling_seconds))
+    if resolved is None:
+        return host
+    idle, ceiling = resolved
+    return dataclasses.replace(host, context_timeout_seconds=idle, context_total_ceiling_seconds=ceiling)
+
+
+@functools.lru_cache(maxsize=8)
+def _resolved(idle: float, ceiling: float) -> tuple[float, float] | None:
+    # Once per configuration and process: the host reads its auxiliary config to answer.
+    return compression_timeouts({"context_timeout_seconds": idle, "context_total_ceiling_seconds": ceiling})
 
 
 def pass_budget(host: HostCompression, *, time_budget: float, summary_timeout: float,

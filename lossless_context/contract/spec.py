@@ -1,6 +1,9 @@
 """The host contract, declared: every method Hermes calls on a context engine and every attribute
 it reads or writes, with when it happens and what the engine promises.
 
+Every hook the engine implements also takes `**kwargs` (a newer host may pass a keyword this list
+does not name yet; tests/test_contract.py calls each one so).
+
 Nothing here runs; it is the list the engine is checked against (tests/test_contract.py: each
 declared method and attribute exists on `LCMEngine` with a compatible signature, and every public
 method of the installed host's `ContextEngine` is declared here). R19 = hermes-agent 0.19.0 (PyPI);
@@ -42,9 +45,10 @@ class HostCalls:
 
     # -- construction ----------------------------------------------------------------------------
     def update_model(self, model: str, context_length: int, base_url: str = "", api_key: Any = "",
-                     provider: str = "", api_mode: str = "") -> None:
+                     provider: str = "", api_mode: str = "", max_tokens: Optional[int] = None) -> None:
         """R19. At construction and on every model switch or fallback; `api_key` may be a callable.
-        Recomputes the threshold; never raises."""
+        Recomputes the threshold; never raises. `max_tokens` (newer hosts, forwarded without a
+        signature check): the provider's output reservation, taken out of the window first."""
 
     def bind_session_state(self, session_db: Any = None, session_id: Optional[str] = None) -> None:
         """R19 (when defined). After update_model, and positionally on /new, /resume, /branch: the

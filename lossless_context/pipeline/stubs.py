@@ -384,12 +384,16 @@ def prune(store: Any, slots: list[Slot], host: list[Any], policy: StubPolicy) ->
     originals = [s.msg for s in slots]
     apply_stubs(store, slots, records, policy)
     n = 0
-    for s in slots:
+    for s, original in zip(slots, originals):
         rec = records.get(s.refs[0]) if s.kind == "m" else None
         if rec is not None and rec.large and rec.exploration and s.msg is not None:
             rep = large_representation(s.msg, rec.id, rec.tokens, rec.exploration)
             if rep.get("content") != s.msg.get("content"):
-                s.msg = rep
+                # The host commits this list as its own rows: every key it keeps on the row
+                # (`_db_persisted`, `message_uid`, `_tool_call_uid`, its timestamp …) stays, only
+                # the content changes (as the host's own prune does); without them it would
+                # write the row to its session database a second time.
+                s.msg = {**original, **rep} if isinstance(original, dict) else rep
                 n += 1
     out = swap_stubs(host, originals, slots, store)
     if out is None or estimate_messages_tokens(host) - estimate_messages_tokens(out) < PRUNE_MIN_RECLAIM:
