@@ -384,9 +384,10 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
             version = self.store.context_version(sid)
         elif res.context_written or not same or (res.changed and folded is None):
             version = self.store.set_context(sid, entries)
-        if not for_pass:
-            # The host's full list: what it rolled back (undo, retry) leaves search (forget.py).
-            forget.retract_rolled_back(self.store, ctx, entries, res.new_ids)
+        # The host's full list (a pass's too): what it rolled back (undo, retry) leaves search
+        # (forget.py); a manual /compress of a prefix hides the tail the host re-appends only
+        # until its next list holds it again.
+        forget.retract_rolled_back(self.store, ctx, entries, res.new_ids)
         if res.new_ids:
             arm = self.semantic_arm()
             if arm is not None:

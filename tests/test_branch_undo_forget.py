@@ -157,3 +157,43 @@ def test_forget_removes_a_session_and_repairs_a_branch_that_shared_it(location):
                            {"role": "assistant", "content": "ok"}, {"role": "user", "content": "after the forget"}])
     assert _grep(b, "after the forget")
     assert run_doctor(p.store).ok
+
+
+def test_an_undo_that_reaches_a_pass_takes_the_message_out_of_search(location):
+    """Issue #40 item 1: on 0.19.0 the list after an /undo usually reaches the engine through
+    compress(); the rollback rule runs there too."""
+    e = _engine(location)
+    e.bind_session_state(None, "UP")
+    base = _turns("chat", 8, big=9_000)
+    oops = [{"role": "user", "content": "my password is OOPS-PASS-4471"},
+            {"role": "assistant", "content": "I will remember OOPS-PASS-4471"}]
+    e.on_session_end("UP", base + oops)
+    assert _grep(e, "OOPS-PASS-4471")
+    after = base + _turns("later", 2, big=9_000)  # /undo, then a new turn: over the threshold
+    out = e.compress(after, current_tokens=estimate_messages_tokens(after))
+    assert out != after  # a real pass
+    assert _grep(e, "OOPS-PASS-4471") == []
+    e.on_session_start("UP", boundary_reason="compression", old_session_id="UP")
+    assert _grep(e, "OOPS-PASS-4471") == []
+    assert run_doctor(e.store).ok
+
+
+def test_a_manual_compress_of_a_prefix_keeps_the_tail_once(location):
+    """/compress here N hands compress() a prefix (the host re-appends the verbatim tail): the
+    tail is hidden at most until the host's next list, never stored twice or lost."""
+    e = _engine(location)
+    e.bind_session_state(None, "PC")
+    hist = _turns("early", 10, big=8_000) + [{"role": "user", "content": "tail fact TAILWORD-77"},
+                                             {"role": "assistant", "content": "ok TAILWORD-77"}]
+    e.on_session_end("PC", hist)
+    before = _grep(e, "TAILWORD-77")
+    assert len(before) == 2
+    head, tail = hist[:-2], hist[-2:]
+    out = e.compress(head, current_tokens=estimate_messages_tokens(hist), force=True)
+    assert out != head
+    e.on_session_end("PC", head)
+    e.on_session_start("PC", boundary_reason="compression", old_session_id="PC")
+    e.on_session_end("PC", out + tail + _turns("next", 1))
+    assert sorted(_grep(e, "TAILWORD-77")) == sorted(before)
+    assert e.store.stats()["messages"] == len(hist) + 2
+    assert run_doctor(e.store).ok
