@@ -38,7 +38,7 @@ def export(store: Path, home: Path, out: Path, *session: str) -> list[str]:
     ok(run_lcm("--store", str(store), "export", *session, "-o", str(out), home=home))
     lines = out.read_text().splitlines()
     header = json.loads(lines[0])
-    assert header["format"] == "lossless-context" and header["version"] == 1
+    assert header["format"] == "lossless-context" and header["version"] == 2
     return lines
 
 

@@ -380,3 +380,25 @@ def test_ten_thousand_messages_stay_lazy(tmp_path):
     assert re.search(r"show 100 earlier \(9,9\d\d before\)", dom2)
     print(f"10k view: generated in {gen:.1f}s, {page.stat().st_size / 1e6:.1f} MB, first render {load:.1f}s, "
           f"{c.elements} elements")
+
+
+def test_an_undone_message_is_marked_and_never_found(tmp_path):
+    """Issue #40 item 3: the page lists a message the host rolled back as "undone", without
+    its text, and its search does not find it."""
+    from lossless_context import LCMEngine
+
+    store = tmp_path / "lcm.db"
+    e = LCMEngine(store=str(store), summarizer="extractive")
+    e.update_model("m", 64_000)
+    e.bind_session_state(None, "V")
+    base = [{"role": "user", "content": "hello there"}, {"role": "assistant", "content": "hi"}]
+    e.on_session_end("V", base + [{"role": "user", "content": "my pin is PIN-77123"},
+                                  {"role": "assistant", "content": "noted PIN-77123"}])
+    e.on_session_end("V", base)  # /undo
+    e.store.close()
+    page = tmp_path / "view.html"
+    ok(run_lcm("--store", str(store), "view", "V", "-o", str(page), home=tmp_path))
+    assert "PIN-77123" not in page.read_text()
+    dom = rendered(dump_dom(tmp_path, page))
+    assert dom.count(">undone<") == 2 and "2 undone" in dom
+    assert "no match" in rendered(dump_dom(tmp_path, page, "#q=PIN-77123"))

@@ -1,6 +1,8 @@
 """`lcm export` / `lcm import jsonl`: the whole store or one lineage as versioned JSONL.
 
-Format ``lossless-context`` version 1 — one JSON object per line, UTF-8, ASCII-escaped:
+Format ``lossless-context`` version 2 — one JSON object per line, UTF-8, ASCII-escaped
+(version 1, read too, had no ``retracted``: an older lcm refuses a version-2 file rather than
+make what the user undid searchable again):
 
 1. Header (always the first line)::
 
@@ -17,7 +19,9 @@ Format ``lossless-context`` version 1 — one JSON object per line, UTF-8, ASCII
 
 3. ``{"type": "message", "id", "session_id", "seq", "uid", "ident", "role", "tokens",
    "created_at", "large", "exploration", "supersedes", "absorbed": [uid, ...],
-   "aliases": [ident, ...], "text", "raw"}`` — by id. ``aliases`` are other identities the
+   "aliases": [ident, ...], "retracted": true (only when), "text", "raw"}`` — by id.
+   ``retracted``: the host rolled the message back (undo, retry): kept, hidden from search,
+   and hidden again in the store it is imported into. ``aliases`` are other identities the
    host has shown this message under (e.g. after repairing it); alignment uses them. ``raw`` is the message exactly as the host gave it (the stored JSON,
    parsed); a stored value that is not JSON is written as ``"raw_text"`` instead.
 
@@ -49,6 +53,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import IO, Any, Callable, Iterable, Iterator, Sequence
@@ -57,7 +62,7 @@ from ..messages import safe_json
 from ..store.base import Store
 
 FORMAT = "lossless-context"
-VERSION = 1
+VERSION = 2
 _CITE_RE = re.compile(r"\[([ms])(\d+)\]")
 
 
@@ -173,6 +178,10 @@ class StoreSQL:
             out.setdefault(mid, []).append(uid)
         return out
 
+    def retracted(self) -> set[int]:
+        """Ids of the messages the host rolled back (hidden from search)."""
+        return {r[0] for r in self.rows("SELECT message_id FROM message_retractions")}
+
     def aliases(self) -> dict[int, list[str]]:
         out: dict[int, list[str]] = {}
         try:
@@ -274,6 +283,7 @@ def iter_export(store: Store, session_id: str | None = None) -> Iterator[str]:
         yield _dump({"type": "session", **s})
     absorbed = db.absorbed()
     aliases = db.aliases()
+    retracted = db.retracted()
     for r in db.message_rows(scope):
         (mid, sess, seq, uid, ident, role, tokens, created_at, large, exploration, supersedes, text, raw) = r
         key, val = _raw_field(raw)
@@ -281,7 +291,8 @@ def iter_export(store: Store, session_id: str | None = None) -> Iterator[str]:
             "type": "message", "id": mid, "session_id": sess, "seq": seq, "uid": uid, "ident": ident,
             "role": role, "tokens": tokens, "created_at": created_at, "large": bool(large),
             "exploration": exploration, "supersedes": supersedes, "absorbed": absorbed.get(mid, []),
-            "aliases": aliases.get(mid, []), "text": text, key: val,
+            "aliases": aliases.get(mid, []), **({"retracted": True} if mid in retracted else {}),
+            "text": text, key: val,
         })
     for s in summaries:
         yield _dump({"type": "summary", **{k: s[k] for k in (
@@ -471,6 +482,11 @@ class _Importer:
         self.rep.messages_added += 1
 
     def _extras(self, mid: int, m: dict[str, Any]) -> None:
+        if m.get("retracted") is True and self.one(
+                "SELECT 1 FROM message_retractions WHERE message_id=?", (mid,)) is None:
+            # undone in the source: hidden here too (and when it is already here, from now on)
+            self.ex("INSERT INTO message_retractions(message_id, retracted_at) VALUES (?, ?)",
+                    (mid, time.time()))
         for u in m.get("absorbed") or []:
             if self.one("SELECT 1 FROM message_absorbed WHERE message_id=? AND uid=?", (mid, u)) is None:
                 self.ex("INSERT INTO message_absorbed(message_id, uid) VALUES (?, ?)", (mid, u))

@@ -44,10 +44,15 @@ def collect(store: Store, session_id: str) -> dict[str, Any]:
     in_ctx_m = {ref for k, ref in context if k == "m"}
     in_ctx_s = {ref for k, ref in context if k == "s"}
 
+    undone = db.retracted()
     messages: list[dict[str, Any]] = []
     for (mid, sess, _seq, _uid, _ident, role, tokens, created_at, large, _expl, _sup, text, _raw) in db.message_rows(scope):
-        text = text or ""
+        # A message the host rolled back (undo, retry) is listed as undone, without its text:
+        # the page is made to be shared, and its search must not find what the user took back.
+        text = "" if mid in undone else (text or "")
         m: dict[str, Any] = {"i": mid, "r": role, "k": tokens, "t": created_at, "x": text[:MAX_TEXT_CHARS]}
+        if mid in undone:
+            m["u"] = 1
         if len(text) > MAX_TEXT_CHARS:
             m["c"] = len(text)
         if sess != session_id:
@@ -98,7 +103,7 @@ def collect(store: Store, session_id: str) -> dict[str, Any]:
         "generated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "sessions": [{"id": s["id"], "parent": s["parent_id"], "conversation": s["conversation_id"],
                       "compactions": s["compactions"]} for s in sessions],
-        "stats": {"messages": len(messages), "message_tokens": sum(m["k"] or 0 for m in messages),
+        "stats": {"messages": len(messages), "undone": sum(1 for m in messages if m.get("u")), "message_tokens": sum(m["k"] or 0 for m in messages),
                   "summaries": len(out_s), "by_depth": by_depth, "context_items": len(context),
                   "context_tokens": ctx_tokens},
         "roots": [[k, i] for _, k, i in roots],
