@@ -11,7 +11,10 @@ import json
 from lossless_context.ops.export import export_jsonl, import_jsonl
 from lossless_context.ops.viewer import collect, render_view
 from lossless_context.store import open_store
-from tests.test_branch_undo_forget import _engine, _grep, _turns, location  # noqa: F401  (fixture)
+from tests import test_branch_undo_forget as undo
+from tests.test_branch_undo_forget import _engine, _grep, _turns
+
+location = undo.location  # the fixture: SQLite and PostgreSQL
 
 SECRET = "OOPS-SECRET-5521"
 

@@ -8,6 +8,12 @@ branch that shared the parent's history, a summary over both) is repaired: a del
 summary in its context is replaced by the surviving parts under it, in order, so that
 session keeps all of its own history. Children of the session hang from its parent.
 
+`plan_forget_messages` / `forget_messages` remove single messages (or whole turns) for good:
+the rows, their index entries, vectors and aliases; every summary built over them is rebuilt
+without them (deterministically, keeping its id, so the host's summary block and citations
+stay valid; its earlier texts go), a summary left with nothing under it is deleted and the
+contexts that held it repaired; then the store is scrubbed (`Store.scrub`).
+
 `retract_rolled_back` is the undo/retry rule: messages that were at the end of the
 session's active context and are no longer in the host's list, while everything before
 them still is, were rolled back by the host. They are kept but hidden from search
@@ -19,9 +25,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from .assemble import Slot
+from .compaction import source_text
 from .forks import BACKGROUND
-from ..records import ContextEntry
+from ..records import ContextEntry, Source
 from ..store.base import Store
+from ..summarizers.summarize import SummaryRequest, deterministic_summary
+from ..tokens import estimate_text_tokens
 
 
 @dataclass
@@ -63,6 +73,128 @@ def forget_session(store: Store, session_id: str) -> ForgetReport:
             store.discard_pass(staged.pass_id)  # a pending pass may name what goes
     counts = store.forget_records(targets, sorted(mids), sorted(sids), contexts)
     return ForgetReport(targets, counts.get("messages", 0), counts.get("summaries", 0), sorted(contexts))
+
+
+@dataclass
+class MessagesPlan:
+    """What `forget_messages` will do (``lcm forget m123 --dry-run`` shows it)."""
+
+    messages: list[int]
+    sessions: list[str]  # the sessions of those messages
+    rebuilt: list[int] = field(default_factory=list)  # summaries rebuilt without them (ids kept)
+    dropped: list[int] = field(default_factory=list)  # summaries with nothing left under them
+    contexts: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # repaired active contexts
+    texts: dict[int, tuple[str, int, int]] = field(default_factory=dict)  # rebuilt: (text, tokens, n_messages)
+    previews: dict[int, str] = field(default_factory=dict)  # message id -> role and first characters
+    staged_in: list[str] = field(default_factory=list)  # sessions with a staged pass over them
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"messages": [f"m{m}" for m in self.messages], "sessions": self.sessions,
+                "summaries_rebuilt": [f"s{s}" for s in self.rebuilt],
+                "summaries_deleted": [f"s{s}" for s in self.dropped],
+                "contexts_repaired": sorted(self.contexts),
+                "previews": {f"m{k}": v for k, v in self.previews.items()}}
+
+
+def turn_of(store: Store, message_id: int) -> list[int]:
+    """The ids of the turn holding `message_id`: from the user message that opened it (the
+    last one at or before it) up to the next user message of its session."""
+    rec = store.get_messages([message_id]).get(message_id)
+    if rec is None:
+        raise LookupError(f"unknown message m{message_id}")
+    start, cursor = None, rec.seq
+    while start is None:  # back, a window at a time, to the user message that opened the turn
+        after = max(-1, cursor - 257)
+        rows = [r for r in store.session_messages(rec.session_id, after_seq=after, limit=cursor - after)
+                if r.seq <= rec.seq]
+        users = [r.seq for r in rows if r.role == "user"]
+        if users:
+            start = users[-1]
+        elif after < 0 or not rows:
+            start = rows[0].seq if rows else rec.seq
+        cursor = after
+    out: list[int] = []
+    after = start - 1
+    while True:
+        rows = store.session_messages(rec.session_id, after_seq=after, limit=256)
+        for r in rows:
+            if r.role == "user" and r.seq != start:
+                return out
+            out.append(r.id)
+        if len(rows) < 256:
+            return out
+        after = rows[-1].seq
+
+
+def plan_forget_messages(store: Store, message_ids: Sequence[int], turn: bool = False) -> MessagesPlan:
+    """What forgetting these messages (their whole turns with `turn`) takes; nothing is written."""
+    ids: list[int] = []
+    for mid in message_ids:
+        ids.extend(turn_of(store, mid) if turn else [mid])
+    ids = sorted(set(ids))
+    recs = store.get_messages(ids)
+    missing = [f"m{i}" for i in ids if i not in recs]
+    if missing:
+        raise LookupError(f"unknown message {', '.join(missing)}")
+    plan = MessagesPlan(ids, sorted({r.session_id for r in recs.values()}))
+    plan.previews = {i: f"{recs[i].role}: {' '.join((recs[i].text or '').split())[:60]}" for i in ids}
+    gone = set(ids)
+    # every summary over them, up the DAG, bottom up (children before parents)
+    over = store.summaries_over(ids, [])
+    every, frontier = set(over), set(over)
+    while frontier:
+        frontier = store.summaries_over([], sorted(frontier)) - every
+        every |= frontier
+    staged = store.get_summaries(sorted(every), include_staged=True)
+    plan.staged_in = sorted({r.session_id for r in staged.values() if r.state != "published"})
+    nodes = {k: r for k, r in staged.items() if r.state == "published"}  # (a staged pass is discarded)
+    removed: dict[int, int] = {}
+    dropped: set[int] = set()
+    for sid in sorted(nodes, key=lambda k: (nodes[k].depth, k)):
+        kids, msgs = store.summary_children(sid)
+        left_m = [m for m in msgs if m not in gone]
+        left_k = [k for k in kids if k not in dropped]
+        removed[sid] = (len(msgs) - len(left_m)) + sum(removed.get(k, 0) for k in kids)
+        if not left_m and not left_k:
+            dropped.add(sid)
+            continue
+        sources: list[Source] = []
+        if left_m:
+            mrecs = store.get_messages(left_m)
+            for m in left_m:
+                r = mrecs.get(m)
+                text = source_text(Slot("m", [m], None, r.role, r.tokens), mrecs) if r is not None else None
+                if text is not None and r is not None:
+                    sources.append(Source(f"m{m}", r.role, text, None))
+        kid_recs = store.get_summaries(left_k)
+        for k in left_k:
+            text = plan.texts[k][0] if k in plan.texts else (kid_recs[k].text if k in kid_recs else None)
+            if text is not None:
+                sources.append(Source(f"s{k}", "summary", text, None))
+        node = nodes[sid]
+        target = max(32, min(node.tokens, sum(estimate_text_tokens(x.text) for x in sources) // 2 or 32))
+        text = deterministic_summary(SummaryRequest(sources, target, node.kind)) if sources else ""
+        plan.texts[sid] = (text, estimate_text_tokens(text), max(0, node.n_messages - removed[sid]))
+        plan.rebuilt.append(sid)
+    plan.dropped = sorted(dropped)
+    for s in store.list_sessions():
+        _v, ctx = store.get_context(s["id"])
+        if any((e.kind == "m" and e.ref in gone) or (e.kind == "s" and e.ref in dropped) for e in ctx):
+            plan.contexts[s["id"]] = _repaired(store, ctx, gone, dropped)
+    return plan
+
+
+def forget_messages(store: Store, plan: MessagesPlan) -> dict[str, Any]:
+    """Carry out `plan` (from plan_forget_messages, on the same store state)."""
+    store.wait_indexed()
+    touched = set(plan.sessions) | set(plan.contexts)
+    for sess in touched | set(plan.staged_in):
+        for staged in store.staged_passes(sess):
+            store.discard_pass(staged.pass_id)  # a pending pass may hold their text
+    rows = [(sid, *plan.texts[sid]) for sid in plan.rebuilt]
+    store.rewrite_summaries(rows, sorted(touched))
+    counts = store.forget_records([], plan.messages, plan.dropped, plan.contexts)
+    return {**counts, "summaries_rebuilt": len(plan.rebuilt), "scrub": store.scrub()}
 
 
 def _repaired(store: Store, ctx: Sequence[ContextEntry], mids: set[int], sids: set[int]) -> list[tuple[str, int]]:

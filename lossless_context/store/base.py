@@ -482,6 +482,19 @@ class Store(abc.ABC):
         (edges, context items, aliases, staged passes, index rows); children of a deleted
         session hang from its parent afterwards. Returns the counts deleted."""
 
+    def rewrite_summaries(self, rows: Sequence[tuple[int, str, int, int]], sessions: Sequence[str]) -> None:
+        """In one transaction: summaries rebuilt without forgotten messages get their new text
+        (``(id, text, tokens, n_messages)``, the id kept) and lose their earlier texts
+        (``summary_history``); the prepared summaries and continuity state of ``sessions``
+        go too (their text may quote what was forgotten; both are rebuilt as needed)."""
+        raise NotImplementedError
+
+    def scrub(self) -> dict[str, Any]:
+        """After deleting rows for good (``lcm forget``): leave nothing of them on disk that
+        the backend can remove — stale full-text index entries, deleted row versions, old
+        pages. Costs a rewrite of the indexes; returns what was done."""
+        return {}
+
     # -- maintenance ----------------------------------------------------------
     @abc.abstractmethod
     def stats(self, session_id: str | None = None) -> dict[str, Any]: ...

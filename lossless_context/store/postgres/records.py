@@ -206,6 +206,40 @@ class PostgresRecords:
 
         return self._read(run)
 
+    def rewrite_summaries(self, rows: Sequence[tuple[int, str, int, int]], sessions: Sequence[str]) -> None:
+        ids = [int(r[0]) for r in rows]
+        xs = [_t(x) for x in dict.fromkeys(str(x) for x in sessions)]
+
+        def tx(c: Any) -> None:
+            for sid, text, tokens, n in rows:
+                c.execute("UPDATE summaries SET text=%s, tokens=%s, n_messages=%s, level='deterministic',"
+                          " summarizer='extractive' WHERE id=%s", (_t(text), tokens, n, sid))
+            c.execute("DELETE FROM summary_history WHERE summary_id = ANY(%s)", (ids,))
+            c.execute("DELETE FROM presummaries WHERE session_id = ANY(%s)", (xs,))
+            c.execute("DELETE FROM session_continuity WHERE session_id = ANY(%s)", (xs,))
+
+        self._write(tx)
+
+    def scrub(self) -> dict[str, Any]:
+        """VACUUM the tables a forget deletes from: deleted row versions (and their index
+        entries, GIN's included) stay on disk until a vacuum removes them."""
+        tables = ("messages", "message_index", "summaries", "summary_history", "summary_messages",
+                  "summary_parents", "context_items", "presummaries", "session_continuity", "message_vectors")
+
+        def run(c: Any) -> list[str]:
+            c.commit()  # (VACUUM runs outside a transaction)
+            c.autocommit = True
+            try:
+                c.execute("SET statement_timeout = 0")  # (a large table's vacuum may take minutes)
+                for t in tables:
+                    c.execute(f"VACUUM {t}")
+            finally:
+                c.execute("RESET statement_timeout")
+                c.autocommit = False
+            return list(tables)
+
+        return {"vacuumed": self._read(run)}
+
     def forget_records(self, session_ids: Sequence[str], message_ids: Sequence[int], summary_ids: Sequence[int],
                        contexts: dict[str, list[tuple[str, int]]]) -> dict[str, int]:
         x = [_t(s) for s in session_ids]

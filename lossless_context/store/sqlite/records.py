@@ -110,6 +110,34 @@ class SQLiteRecords:
                 part))
         return out
 
+    def rewrite_summaries(self, rows: Sequence[tuple[int, str, int, int]], sessions: Sequence[str]) -> None:
+        from ...messages import clean_text
+
+        with self.tx() as c:
+            for sid, text, tokens, n in rows:
+                c.execute("UPDATE summaries SET text=?, tokens=?, n_messages=?, level='deterministic',"
+                          " summarizer='extractive' WHERE id=?", (clean_text(text), tokens, n, sid))
+            for part in _chunks([r[0] for r in rows]):
+                c.execute(f"DELETE FROM summary_history WHERE summary_id IN ({','.join('?' * len(part))})", part)
+            for sess in dict.fromkeys(str(x) for x in sessions):
+                c.execute("DELETE FROM presummaries WHERE session_id=?", (sess,))
+                c.execute("DELETE FROM session_continuity WHERE session_id=?", (sess,))
+
+    def scrub(self) -> dict[str, Any]:
+        """Rewrite every full-text index without the deleted entries (FTS5 keeps a deleted
+        row's terms in its segments until they merge), VACUUM (deleted cells and free pages
+        keep their bytes otherwise), then checkpoint and truncate the WAL (it may hold the
+        old pages)."""
+        from .merge import TABLES
+
+        with self.tx() as w:
+            for t in TABLES:
+                w.execute(f"INSERT INTO {t}({t}) VALUES ('optimize')")
+        c = self.conn()
+        c.execute("VACUUM")
+        busy, _log, _done = c.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        return {"indexes_rewritten": list(TABLES), "vacuumed": True, "wal_truncated": not busy}
+
     def forget_records(self, session_ids: Sequence[str], message_ids: Sequence[int], summary_ids: Sequence[int],
                        contexts: dict[str, list[tuple[str, int]]]) -> dict[str, int]:
         sessions = [str(s) for s in session_ids]
