@@ -137,15 +137,28 @@ class SQLiteSearch:
 
             if is_msg and all(len(x) >= 3 and _CJK_RE.fullmatch(x) for x in subs):
                 # CJK runs of 3+ characters: the trigram index over messages holding CJK text
-                # (migration 006) instead of a LIKE scan of the whole history.
+                # (migration 006) instead of a LIKE scan of the whole history. The index comes
+                # first (CROSS JOIN), newest match first, then the rows by key: ordered by the
+                # rows' id, a lone session's search was planned as a walk of its messages
+                # newest first with one index probe each (a phrase said once, early: 154-340 ms
+                # at 30,000 messages); a lineage is searched one id range of it at a time.
                 match = " OR ".join('"' + x.replace('"', '""') + '"' for x in subs)
+                by_range = bool(session_ids) and under_summary is None
+                if by_range:
+                    where.append("messages_cjk.rowid BETWEEN ? AND ?")
+                elif under_summary is not None:
+                    where.append("messages_cjk.rowid BETWEEN (SELECT lo FROM span) AND (SELECT hi FROM span)")
                 sql = (
-                    f"{with_sql}SELECT {cols}, 0.0 FROM messages_cjk JOIN {table} {alias}"
+                    f"{with_sql}SELECT {cols}, 0.0 FROM messages_cjk CROSS JOIN {table} {alias}"
                     f" ON {alias}.id = messages_cjk.rowid WHERE messages_cjk MATCH ?"
                     + "".join(f" AND {w}" for w in where)
-                    + f" ORDER BY {alias}.id DESC LIMIT ? OFFSET ?"
+                    + " ORDER BY messages_cjk.rowid DESC LIMIT ? OFFSET ?"
                 )
-                rows = c.execute(sql, (*with_params, match, *params, limit, offset)).fetchall()
+                if by_range:
+                    rows = _newest_in_ranges(c, sql, (match, *params), _session_ranges(c, session_ids or ()),
+                                             limit + offset)[offset:]
+                else:
+                    rows = c.execute(sql, (*with_params, match, *params, limit, offset)).fetchall()
                 keys = ("id", "session_id", "role", "created_at", "text", "rank")
                 return [dict(zip(keys, r)) for r in rows]
             ors = " OR ".join(f"{alias}.text LIKE ? ESCAPE '\\'" for _ in subs)

@@ -1,0 +1,100 @@
+"""Issue #40 item 7: a CJK phrase is found through the trigram index first, whatever its rarity
+and the lineage's shape: the work of a search does not grow with the history.
+
+Work is counted, not timed: SQLite's progress handler counts the virtual-machine steps a
+statement runs (deterministic for the same data). A lone session's phrase said once, early,
+was planned as a walk of the session's messages newest first with an index probe for each:
+ten times the history, ten times the steps.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from lossless_context import LCMEngine
+from lossless_context.pipeline.ingest import new_message
+from lossless_context.store import open_store
+
+RARE = "青龙七号暗号"
+COMMON = "数据库迁移计划"
+
+
+def _store(path: str, n: int) -> None:
+    st = open_store(path)
+    try:
+        st.ensure_session("S", conversation_id="C", platform="cli")
+        rows = []
+        for i in range(n):
+            text = f"message {i} about the deploy queue and the billing worker."
+            if i % 7 == 3:
+                text += " 服务器配置日志队列任务错误报告版本。"
+            if i == 40:
+                text += f" 备注请记住发布前的{RARE}不要外传。"
+            if i % 50 == 25:
+                text += f" 顺便提一下{COMMON}第{i}版已经更新。"
+            rows.append(new_message({"role": "user" if i % 2 == 0 else "assistant", "content": text}, 10**9, 0))
+        for k in range(0, n, 2000):
+            st.append_messages("S", rows[k:k + 2000])
+        st.wait_indexed()
+    finally:
+        st.close()
+
+
+def _steps(path: str, query: str) -> tuple[int, int, list[str]]:
+    """(VM steps of the search's statements, hits, their query plans)."""
+    e = LCMEngine(store=path, summarizer="extractive")
+    e.update_model("m", 64_000)
+    e.on_session_start("S", conversation_id="C", platform="cli")
+    json.loads(e.handle_tool_call("lcm_grep", {"query": "warm up"}))
+    c = e.store.inner.conn() if hasattr(e.store, "inner") else e.store.conn()
+    steps = [0]
+    stmts: list[str] = []
+    c.set_progress_handler(lambda: steps.__setitem__(0, steps[0] + 1) or 0, 100)
+    c.set_trace_callback(stmts.append)
+    try:
+        ans = json.loads(e.handle_tool_call("lcm_grep", {"query": query}))
+    finally:
+        c.set_progress_handler(None, 0)
+        c.set_trace_callback(None)
+    plans = []
+    for s in stmts:
+        if "messages_cjk MATCH" in s and s.lstrip().upper().startswith(("SELECT", "WITH")):
+            plans.append(" | ".join(r[3] for r in c.execute("EXPLAIN QUERY PLAN " + s)))
+    e.store.close()
+    return steps[0], ans["hits"], plans
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cjk")
+    small, large = str(d / "small.db"), str(d / "large.db")
+    _store(small, 2_000)
+    _store(large, 20_000)
+    return small, large
+
+
+@pytest.mark.parametrize("phrase", [RARE, COMMON])
+def test_a_cjk_phrase_costs_the_same_in_a_history_ten_times_longer(stores, phrase):
+    small, large = stores
+    s_steps, s_hits, _ = _steps(small, phrase)
+    l_steps, l_hits, plans = _steps(large, phrase)
+    assert s_hits >= 1 and l_hits >= 1
+    assert plans and all(p.startswith("SCAN messages_cjk VIRTUAL TABLE") for p in plans), plans
+    assert not any("messages_session_id" in p or "TEMP B-TREE" in p for p in plans), plans
+    assert l_steps < 2 * s_steps + 50, (s_steps, l_steps)
+
+
+def test_the_trigram_search_still_respects_the_lineage(tmp_path):
+    path = str(tmp_path / "two.db")
+    _store(path, 500)
+    st = open_store(path)
+    st.ensure_session("OTHER", conversation_id="elsewhere", platform="cli")
+    st.append_messages("OTHER", [new_message({"role": "user", "content": f"他人的{RARE}别看"}, 10**9, 0)])
+    st.close()
+    _steps_, hits, _plans = _steps(path, RARE)
+    assert hits == 1  # the other conversation's message is not in this lineage
+    assert sqlite3.connect(path).execute("SELECT count(*) FROM messages_cjk WHERE messages_cjk MATCH ?",
+                                         (f'"{RARE}"',)).fetchone()[0] == 2
