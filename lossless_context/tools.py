@@ -361,6 +361,8 @@ class _Ctx:
             chain = self.chain(r["kind"], r["id"])
             top = chain[-1] if chain else (r["id"] if r["kind"] == "s" else None)
             key = f"s{top}" if top is not None else "active"
+            if r.get("traffic"):  # earlier searches group apart, after the originals (traffic.py)
+                key = "traffic:" + key
             if key not in groups:
                 g: dict[str, Any] = {"summary_id": key if top is not None else None, "hits": []}
                 if top is None:
@@ -377,6 +379,8 @@ class _Ctx:
             }
             if r.get("folded"):  # summaries that only repeat this original's match (originals.py)
                 hit["folded"] = [f"s{x}" for x in r["folded"]]
+            if r.get("traffic"):  # an earlier lcm tool call, its answer, or a reply quoting it (traffic.py)
+                hit["tool_traffic"] = True
             if r["kind"] == "m" and r["id"] in msgs:
                 raw = msgs[r["id"]].raw
                 content = raw.get("content") if isinstance(raw, dict) else raw
@@ -542,9 +546,10 @@ class _Ctx:
             q = a.get("query") if isinstance(a.get("query"), str) and a.get("query").strip() else prompt
             sub = _Ctx(self.engine, {"query": q, "limit": 20, "scope": "both"})
             sub.scope, sub.current = self.scope, self.current
-            for g in sub.grep()["groups"]:
-                for h in g["hits"]:
-                    ids.append(parse_id(h["id"]))
+            hits = [h for g in sub.grep()["groups"] for h in g["hits"]]
+            if any(not h.get("tool_traffic") for h in hits):
+                hits = [h for h in hits if not h.get("tool_traffic")]  # the originals, not earlier searches
+            ids.extend(parse_id(h["id"]) for h in hits)
         plan = plan_query(prompt)
         excerpts = self._gather(ids, budget, plan)
         answer = None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import traffic
 from .query import QueryPlan
 
 MAX_FOLDS = 30  # summary hits a search checks for originals (bounds the extra queries)
@@ -44,8 +45,12 @@ def fold(store: Any, scope: Any, plan: QueryPlan, ordered: list[dict[str, Any]],
     found = store.search_under_summaries(scope, [(r["id"], sub) for r, _, sub in todo], role=role, since=since,
                                          until=until, limit=PER_SUMMARY * 4) if todo else []
     originals_of: dict[int, list[dict[str, Any]]] = {}
+    traffic.mark(store, [row for rows in found for row in rows], plan.items)
     for (r, m, _), rows in zip(todo, found):
         want = [_flat(plan.items[i]) for i in m]
+        if rows and all(row.get("traffic") for row in rows):
+            r["traffic"] = True  # it matched only by quoting the agent's own searches
+        rows = [row for row in rows if not row.get("traffic")]  # never the agent's own searches
         originals_of[r["id"]] = [row for row in rows if all(w in _flat(row.get("text") or "") for w in want)][
             :PER_SUMMARY]
     out: list[dict[str, Any]] = []

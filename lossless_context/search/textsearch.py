@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from . import originals, ranking
+from . import originals, ranking, traffic
 from .query import QueryPlan, score_hit
 
 BLOCK = 50  # candidates ranked together (see ranked_page)
@@ -94,15 +94,18 @@ def ranked_page(store: Any, scope: Any, plan: QueryPlan, targets: list[str], *, 
             if semantic is not None:
                 rows = semantic.fuse(store, scope, plan.query, rows, **filters)
         rows = rows[:end]
+        if t == "messages":  # the engine's own tool traffic ranks after the originals (traffic.py)
+            traffic.mark(store, rows, plan.items)
         exhausted = exhausted and len(rows) < end
         seqs.append(rows)
     ordered: list[dict[str, Any]] = []
     for b in range(0, end, BLOCK):
         block = [r for rows in seqs for r in rows[b:b + BLOCK]]
-        block.sort(key=lambda r: (-r["score"], -(r.get("created_at") or 0), r["kind"], -r["id"]))
+        block.sort(key=lambda r: (bool(r.get("traffic")), -r["score"], -(r.get("created_at") or 0), r["kind"], -r["id"]))
         ordered.extend(block)
     if "summaries" in targets and "messages" in targets and plan.exact:
         ordered = originals.fold(store, scope, plan, ordered, **filters)
+        ordered.sort(key=lambda r: bool(r.get("traffic")))  # (stable) a summary of searches only, too
     more = len(ordered) > offset + limit or (not exhausted and end < MAX_POOL)
     return ordered[offset:offset + limit], more
 
