@@ -24,6 +24,7 @@ generator version built it. Building 1M takes tens of minutes per backend on two
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import random
@@ -142,6 +143,7 @@ class _Cluster:
         s = self.srv
         if not (s.data / "PG_VERSION").exists():
             s.start()  # initdb + start
+            atexit.unregister(s.stop)  # (the test suite's server deletes its directory at exit)
             return
         s.port = common_free_port()
         s._opts = (f"-c listen_addresses=127.0.0.1 -p {s.port} -k {s.base} -c fsync=off"

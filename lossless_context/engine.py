@@ -23,7 +23,7 @@ from .pipeline.background import BackgroundWorker, presummarize, upgrade_nodes
 from .pipeline.compaction import Budget, Compactor, PassResult
 from .pipeline.dag_balance import node_targets
 from .config import LCMConfig, model_threshold
-from .pipeline.ingest import slots_to_entries
+from .pipeline.ingest import slots_to_entries, times_from_host
 from .pipeline.ingest_fast import align_fast
 from .pipeline.ingest_replay import fold_replayed
 from .contract.lifecycle import SessionLifecycle, session_lock
@@ -388,6 +388,9 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
         # (forget.py); a manual /compress of a prefix hides the tail the host re-appends only
         # until its next list holds it again.
         forget.retract_rolled_back(self.store, ctx, entries, res.new_ids)
+        if res.new_ids and self._session_db is not None and not self._fork:
+            # 0.19.0's lists carry no times: the host's record has when each was said
+            times_from_host(self.store, slots, res.new_ids, lambda: self._host_history(sid))
         if res.new_ids:
             arm = self.semantic_arm()
             if arm is not None:

@@ -337,6 +337,42 @@ def provider_view(msg: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+_DATA_URL = re.compile(r"^data:([\w.+-]+)/([\w.+-]+)(?:;[^,;]*)*;base64,", re.I)
+MEDIA_INLINE_CHARS = 512  # inline media shorter than this (a tiny icon) is shown as it is
+
+
+def _media_label(mime: str, b64_chars: int) -> str:
+    major, _, sub = mime.partition("/")
+    kb = b64_chars * 3 // 4 / 1024
+    size = f"{kb:,.0f} KB" if kb >= 10 else f"{kb:.1f} KB"
+    return f"[{(major or 'media').lower()}: {(sub or major).lower()}, {size}]"
+
+
+def media_shown(value: Any, _depth: int = 0) -> Any:
+    """A copy of a stored message value with inline media (``data:`` URLs, base64 ``source``
+    blocks) replaced by a label such as ``[image: png, 270 KB]``; everything else as it is.
+    What ``lcm_expand`` shows unless the raw form is asked for: a 270 KB image is 23 pages
+    of base64 no reader can use."""
+    if _depth > 32:
+        return value
+    if isinstance(value, str):
+        if len(value) >= MEDIA_INLINE_CHARS and value.startswith("data:"):
+            mo = _DATA_URL.match(value)
+            if mo:
+                return _media_label(f"{mo.group(1)}/{mo.group(2)}", len(value) - mo.end())
+        return value
+    if isinstance(value, list):
+        return [media_shown(v, _depth + 1) for v in value]
+    if isinstance(value, Mapping):
+        data = value.get("data")
+        if (value.get("type") == "base64" and isinstance(data, str) and len(data) >= MEDIA_INLINE_CHARS):
+            mime = value.get("media_type") or value.get("mime_type") or "application/octet-stream"
+            return {**{k: v for k, v in value.items() if k != "data"},
+                    "data": _media_label(str(mime), len(data))}
+        return {k: media_shown(v, _depth + 1) for k, v in value.items()}
+    return value
+
+
 def flatten_content(content: Any, limit: int | None = None, _depth: int = 0) -> str:
     """Plain text of a content value; media parts become short references, never base64."""
     if content is None:

@@ -15,7 +15,7 @@ import time
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Sequence
 
-from .messages import flatten_content, safe_json
+from .messages import flatten_content, media_shown, safe_json
 from .pipeline import forks
 from .search import textsearch
 from .search.query import compile_regex, plan_query, score_hit, snippet
@@ -77,6 +77,8 @@ TOOL_SCHEMAS: list[dict[str, Any]] = [
                 "id": {"type": "string", "description": _ID_DESC},
                 "max_tokens": {"type": "integer", "description": "Page budget (default 4000)."},
                 "cursor": {"type": "string", "description": "next_cursor from a previous page."},
+                "raw": {"type": "boolean", "description": "A message's inline images and files as stored "
+                        "(base64) instead of a label such as [image: png, 270 KB]."},
             },
             "required": ["id"],
         },
@@ -497,22 +499,28 @@ class _Ctx:
 
     def _expand_message(self, rec, budget: int, cur: dict) -> dict[str, Any]:
         raw = _shown(rec.raw) if isinstance(rec.raw, dict) else {"content": rec.raw}
+        if self.args.get("raw") is not True:
+            shown = media_shown(raw)  # inline media as a label (messages.py); raw: true for the bytes
+            if shown != raw:
+                raw = shown
+                cur = {**cur, "media": 1}
         content = raw.get("content")
         paged_field = "content" if isinstance(content, str) else "message_json"
         text = content if isinstance(content, str) else safe_json(raw)
         chars = budget * 4
         off = int(cur.get("c", 0)) if isinstance(cur.get("c", 0), int) else 0
         off = max(0, min(off, len(text)))
+        media = {"media": "inline media shown as labels; pass raw: true for the original"} if cur.get("media") else {}
         if off == 0 and len(text) <= chars:
             return {"id": f"m{rec.id}", "role": rec.role, "time": _iso(rec.created_at), "message": raw,
-                    "truncated": False, "next_cursor": None}
+                    "truncated": False, "next_cursor": None, **media}
         piece = text[off: off + chars]
         end = off + len(piece)
         more = end < len(text)
         out: dict[str, Any] = {
             "id": f"m{rec.id}", "role": rec.role, "time": _iso(rec.created_at),
             "paged_field": paged_field, "offset": off, "total_chars": len(text), "page": piece,
-            "truncated": more, "next_cursor": _enc_cursor({"c": end}) if more else None,
+            "truncated": more, "next_cursor": _enc_cursor({"c": end}) if more else None, **media,
         }
         if off == 0:
             meta = {k: v for k, v in raw.items() if k not in ("content",)} if paged_field == "content" else {}

@@ -396,13 +396,14 @@ def resummarize(app: App, node_id: str, session: str | None, as_json: bool) -> N
               help="Page budget.")
 @click.option("--cursor", default=None, help="next_cursor of a previous page.")
 @click.option("--json", "as_json", is_flag=True, help="Print the tool's raw JSON.")
+@click.option("--raw", is_flag=True, help="Inline images and files as stored (base64), not as a label.")
 @pass_app
 def expand(app: App, node_id: str, session: str | None, max_tokens: int, cursor: str | None,
-           as_json: bool) -> None:
+           as_json: bool, raw: bool) -> None:
     """Open a summary into its children, or a message into its verbatim original."""
 
     engine, _ = app.engine(session)
-    args: dict[str, Any] = {"id": node_id, "max_tokens": max_tokens}
+    args: dict[str, Any] = {"id": node_id, "max_tokens": max_tokens, "raw": raw}
     if cursor:
         args["cursor"] = cursor
     data = _tool(engine, "lcm_expand", args)

@@ -271,19 +271,53 @@ def align(
     return IngestResult(slots, new_ids, changed, slots_to_entries(slots), context_written=bool(rows))
 
 
-def _msg_created_at(msg: Any) -> float:
-    """When the message was said: the host's `timestamp` (epoch seconds, or an ISO string as
-    the released host writes for some rows), else now."""
+def host_time(msg: Any) -> float | None:
+    """The host's `timestamp` of a message (epoch seconds, or an ISO string as the released
+    host writes for some rows), None without a usable one."""
     ts = msg.get("timestamp") if isinstance(msg, dict) else None
     if isinstance(ts, (int, float)) and not isinstance(ts, bool) and 0 < ts < 1e11:
         return float(ts)
     if isinstance(ts, str) and 10 <= len(ts) <= 40:
         try:
             dt = datetime.fromisoformat(ts.replace("Z", "+00:00"))
-            return dt.timestamp() if 0 < dt.timestamp() < 1e11 else time.time()
+            return dt.timestamp() if 0 < dt.timestamp() < 1e11 else None
         except ValueError:
             pass
-    return time.time()
+    return None
+
+
+def _msg_created_at(msg: Any) -> float:
+    """When the message was said: the host's `timestamp`, else now."""
+    ts = host_time(msg)
+    return time.time() if ts is None else ts
+
+
+def times_from_host(store: Store, slots: Sequence[Slot], new_ids: Sequence[int],
+                    host_record: Callable[[], list[Any]]) -> int:
+    """Give rows just stored without a time of their own (0.19.0's live list carries none) the
+    time the host's own record of the session has for them (`host_record()`: its session
+    database, read only), matched by identity, the latest first. Rows of the turn in flight
+    are left at "now" (the host may not have written them yet; now is when they were said),
+    so a turn's tool calls do not read the host's record. Returns the rows re-timed."""
+    new = set(new_ids)
+    last_user = max((i for i, s in enumerate(slots) if s.role == "user"), default=len(slots))
+    want = [(s.refs[0], s.msg) for s in slots[:last_user]
+            if s.kind == "m" and s.refs and s.refs[0] in new and host_time(s.msg) is None]
+    if not want:
+        return 0
+    times: dict[str, list[float]] = {}
+    for m in host_record():
+        ts = host_time(m)
+        if ts is not None:
+            times.setdefault(content_ident(m), []).append(ts)
+    pairs = []
+    for mid, msg in reversed(want):
+        found = times.get(content_ident(msg))
+        if found:
+            pairs.append((mid, found.pop()))
+    if pairs:
+        store.set_message_times(pairs)
+    return len(pairs)
 
 
 def new_message(msg: Any, large_tokens: int, exploration_tokens: int, supersedes: int | None = None,

@@ -482,6 +482,11 @@ class Store(abc.ABC):
         (edges, context items, aliases, staged passes, index rows); children of a deleted
         session hang from its parent afterwards. Returns the counts deleted."""
 
+    def set_message_times(self, pairs: Sequence[tuple[int, float]]) -> None:
+        """Set when messages were said (``(id, epoch seconds)``): the host's own record of a
+        message stored without a time of its own."""
+        raise NotImplementedError
+
     def rewrite_summaries(self, rows: Sequence[tuple[int, str, int, int]], sessions: Sequence[str]) -> None:
         """In one transaction: summaries rebuilt without forgotten messages get their new text
         (``(id, text, tokens, n_messages)``, the id kept) and lose their earlier texts

@@ -206,6 +206,14 @@ class PostgresRecords:
 
         return self._read(run)
 
+    def set_message_times(self, pairs: Sequence[tuple[int, float]]) -> None:
+        if not pairs:
+            return
+        ids, times = [int(i) for i, _t in pairs], [float(t) for _i, t in pairs]
+        self._write(lambda c: c.execute(
+            "UPDATE messages m SET created_at = x.t FROM unnest(%s::bigint[], %s::float8[]) AS x(id, t)"
+            " WHERE m.id = x.id", (ids, times)))
+
     def rewrite_summaries(self, rows: Sequence[tuple[int, str, int, int]], sessions: Sequence[str]) -> None:
         ids = [int(r[0]) for r in rows]
         xs = [_t(x) for x in dict.fromkeys(str(x) for x in sessions)]

@@ -110,6 +110,11 @@ class SQLiteRecords:
                 part))
         return out
 
+    def set_message_times(self, pairs: Sequence[tuple[int, float]]) -> None:
+        if pairs:
+            with self.tx() as c:
+                c.executemany("UPDATE messages SET created_at=? WHERE id=?", [(float(t), int(i)) for i, t in pairs])
+
     def rewrite_summaries(self, rows: Sequence[tuple[int, str, int, int]], sessions: Sequence[str]) -> None:
         from ...messages import clean_text
 
