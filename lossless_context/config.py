@@ -58,6 +58,7 @@ class LCMConfig:
     compaction_time_budget: float = 240.0  # seconds a pass may spend on model calls
     lock_timeout: float = 30.0
     store_retry_seconds: float = 30.0  # after a store failure, calls fail fast this long (store/guard.py)
+    store_timeout: float = 10.0  # client-side bound of one PostgreSQL store call (store/postgres/deadline.py)
     background_compaction: bool = False
     soft_threshold: float = 0.6
     hard_threshold: float = 0.9  # above this fraction of the window compress() blocks on the model
@@ -215,6 +216,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "compaction_time_budget": _range(0.1, 100_000),
     "lock_timeout": _range(0, 3600),
     "store_retry_seconds": _range(0, 86_400),
+    "store_timeout": _range(0.5, 3600),
     "background_concurrency": _range(1, 64),
     "tool_stub_keep_results": _range(0, 100_000),
     "tool_stub_keep_tokens": _range(0, 10_000_000),

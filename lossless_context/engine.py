@@ -26,7 +26,7 @@ from .config import LCMConfig, model_threshold
 from .pipeline.ingest import slots_to_entries, times_from_host
 from .pipeline.ingest_fast import align_fast
 from .pipeline.ingest_replay import fold_replayed
-from .contract.lifecycle import SessionLifecycle, session_lock
+from .contract.lifecycle import SessionLifecycle, held, session_lock
 from .messages import role_of, summary_node_ids, tool_call_ids
 from .contract.hooks_r19 import HostSignals
 from .contract.hooks_main import NewHostHooks
@@ -132,10 +132,19 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
                     shared = fam["stores"].get(location)
                     if shared is None:
                         # Every call goes through the location's circuit breaker (store/guard.py).
-                        shared = fam["stores"][location] = GuardedStore(location, open_store,
-                                                                        self.config.store_retry_seconds)
+                        bound = self.config.store_timeout
+                        shared = fam["stores"][location] = GuardedStore(
+                            location, lambda loc: open_store(loc, call_timeout=bound),
+                            self.config.store_retry_seconds)
                     self._store = shared
         return self._store  # type: ignore[return-value]
+
+    def store_busy_for(self, thread_id: int | None = None) -> float:
+        """Seconds the store call now running on `thread_id` (any thread: the oldest) has
+        waited; 0 when none runs or the store is not open."""
+        store = self._store
+        fn = getattr(store, "busy_for", None) if store is not None else None
+        return float(fn(thread_id)) if callable(fn) else 0.0
 
     def semantic_arm(self) -> SemanticArm | None:
         """The semantic arm of lcm_grep (search/semantic.py) when ``semantic`` is on and its
@@ -347,10 +356,14 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
 
     # -- ingestion -----------------------------------------------------------------------------------
 
-    def ingest(self, messages: List[Any], session_id: str | None = None) -> list[Slot]:
-        """Store whatever is new in `messages` and return the aligned slots."""
+    def ingest(self, messages: List[Any], session_id: str | None = None,
+               lock_wait: float | None = None) -> list[Slot]:
+        """Store whatever is new in `messages` and return the aligned slots. Waits at most
+        `lock_wait` (default `lock_timeout`) seconds behind a pass on the same session, then
+        raises SessionBusy (the host hands the whole list again later: nothing is lost)."""
         sid = self._route(session_id or self._sid(), messages)
-        with session_lock(self.store.location, sid):
+        wait = self.config.lock_timeout if lock_wait is None else lock_wait
+        with held(self.store.location, sid, wait):
             return self._ingest_locked(sid, messages)[0]
 
     def _ingest_locked(self, sid: str, messages: List[Any],

@@ -21,6 +21,7 @@ from .search import textsearch
 from .search.query import compile_regex, plan_query, score_hit, snippet
 from .tokens import estimate_text_tokens
 from .store.guard import StoreUnavailable
+from .contract.lifecycle import SessionBusy
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import LCMEngine
@@ -28,6 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("lossless_context.tools")
 
 MAX_LIMIT = 100
+LIVE_LOCK_WAIT = 2.0  # a tool call waits this long to store the live list behind a running pass
 DEFAULT_EXPAND_TOKENS = 4000
 MAX_EXPAND_TOKENS = 12000  # ≈ 48 KB: stays under the host's large-result preview cut-off
 HIT_CONTENT_CHARS = 2000
@@ -138,10 +140,13 @@ def dispatch(engine: "LCMEngine", name: str, args: Any, **kwargs: Any) -> str:
         current: set[int] = set()
         if isinstance(live, list) and live:
             try:
-                slots = engine.ingest(live)  # the live list: search sees the current turn too
+                # the live list: search sees the current turn too (not behind a running pass)
+                slots = engine.ingest(live, lock_wait=LIVE_LOCK_WAIT)
                 current = _current_turn(live, slots)
             except StoreUnavailable:
                 raise
+            except SessionBusy as exc:
+                log.debug("lcm: %s searches what is stored: %s", name, exc)
             except Exception as exc:
                 log.warning("lcm: live ingestion before %s failed: %s", name, exc)
         ctx = _Ctx(engine, args)

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional
 from ..pipeline.assemble import large_representation, render_summary, repair
 from ..pipeline.continuity import stored_section
 from ..messages import content_ident, provider_view, role_of
+from ..store.guard import log_hook_failure
 from ..tokens import estimate_messages_tokens
 
 log = logging.getLogger("lossless_context")
@@ -45,7 +46,7 @@ class NewHostHooks:
         try:
             return self._select(request_messages, budget_tokens, kwargs)
         except Exception as exc:
-            log.warning("lcm: select_context failed; leaving the request alone: %s", exc)
+            log_hook_failure("select_context failed; leaving the request alone", exc)
             return None
 
     def _select(self, req: Any, budget_tokens: int, kwargs: dict) -> Optional[list]:
@@ -168,7 +169,7 @@ class NewHostHooks:
                 self.ingest(messages, session_id=sid)  # type: ignore[attr-defined]
                 self.maybe_presummarize(messages, session_id=sid)  # type: ignore[attr-defined]
         except Exception as exc:
-            log.warning("lcm: on_turn_complete ingestion failed (the host keeps its copy): %s", exc)
+            log_hook_failure("on_turn_complete ingestion failed (the host keeps its copy)", exc)
 
     def prune_tool_results_only(self, messages: List[Dict[str, Any]], current_tokens: Optional[int] = None,
                                 *args: Any, **kwargs: Any) -> Any:
@@ -182,5 +183,5 @@ class NewHostHooks:
             slots = self.ingest(messages, session_id=sid)  # type: ignore[attr-defined]
             return prune(self.store, slots, messages, stub_policy(self.config))  # type: ignore[attr-defined]
         except Exception as exc:
-            log.warning("lcm: prune_tool_results_only failed; leaving the list alone: %s", exc)
+            log_hook_failure("prune_tool_results_only failed; leaving the list alone", exc)
             return messages, 0

@@ -9,13 +9,15 @@ taken before any store lock (docs/concurrency.md).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import weakref
-from typing import Any, Dict, List
+from typing import Any, Dict, Iterator, List
 
 from ..pipeline import forks
 from ..store import owners
+from ..store.guard import log_hook_failure
 
 log = logging.getLogger("lossless_context")
 
@@ -30,6 +32,24 @@ def session_lock(location: str, session_id: str) -> threading.RLock:
         if lk is None:
             lk = _SESSION_LOCKS[(location, session_id)] = threading.RLock()
         return lk
+
+
+class SessionBusy(Exception):
+    """Another thread holds the session (a pass is running) longer than the caller may wait.
+    Nothing is lost: the host hands the whole list again on its next call."""
+
+
+@contextlib.contextmanager
+def held(location: str, session_id: str, wait: float) -> Iterator[None]:
+    """The session's lock, waited for at most `wait` seconds (else SessionBusy): no host hook
+    and no command waits unbounded behind a pass."""
+    lock = session_lock(location, session_id)
+    if not lock.acquire(timeout=max(0.0, wait)):
+        raise SessionBusy(f"session {session_id} is busy (a compaction pass has held it for over {wait:g} s)")
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 class SessionLifecycle:
@@ -131,7 +151,7 @@ class SessionLifecycle:
         try:
             self._on_session_start(session_id, **kwargs)
         except Exception as exc:
-            log.warning("lcm: on_session_start failed (continuing): %s", exc)
+            log_hook_failure("on_session_start failed (continuing)", exc)
 
     def _on_session_start(self, session_id: str, **kwargs: Any) -> None:
         if not isinstance(session_id, str) or not session_id:
@@ -168,16 +188,17 @@ class SessionLifecycle:
         if msgs:
             self.ingest(msgs, session_id=session_id)
 
-    def sync_from_host(self) -> int:
+    def sync_from_host(self, lock_wait: float | None = None) -> int:
         """Store what the host holds of the current session and the engine has not seen yet.
 
         Below the compression threshold a 0.19.0 host hands the engine no message list, so a
         slash command would otherwise look at a store without the latest turns. Reads the
-        host's own session record; returns how many messages it holds (0 without one)."""
+        host's own session record; returns how many messages it holds (0 without one).
+        `lock_wait`: at most this long behind a running pass (else SessionBusy)."""
         sid = self._session_id
         msgs = self._host_history(sid) if sid and not self._fork else []
         if msgs:
-            self.ingest(msgs, session_id=sid)
+            self.ingest(msgs, session_id=sid, lock_wait=lock_wait)
         return len(msgs)
 
     def _host_history(self, session_id: str) -> list[Any]:
@@ -194,7 +215,7 @@ class SessionLifecycle:
 
     def _commit(self, source_session: str, target_session: str) -> None:
         """The host adopted our last pass: publish it (the only commit signal)."""
-        with session_lock(self.store.location, source_session):
+        with held(self.store.location, source_session, self.config.lock_timeout):
             stages = self.store.staged_passes(source_session)
             own = self._pending.get(source_session)
             # Our own pass; else the newest stage no other live engine is waiting to commit
@@ -214,7 +235,7 @@ class SessionLifecycle:
             if isinstance(messages, list) and messages:
                 self.ingest(messages, session_id=session_id or self._sid())
         except Exception as exc:
-            log.warning("lcm: on_session_end flush failed (nothing lost from the host): %s", exc)
+            log_hook_failure("on_session_end flush failed (nothing lost from the host)", exc)
 
     def on_session_reset(self, *args: Any, **kwargs: Any) -> None:
         super().on_session_reset()

@@ -9,11 +9,17 @@ from __future__ import annotations
 import json
 import logging
 import shlex
+import threading
+import time
 from typing import Any, Callable
 
 log = logging.getLogger("lossless_context")
 
 COMMAND_HELP = "status | context | doctor | grep <query> | describe <id> | expand <id>"
+# /lcm runs on the host's own thread (the REPL's): it answers within about a second, or says
+# the store is busy, rather than wait behind a pass or on a store that does not answer.
+ANSWER_SECONDS = 1.0  # a store call (or the session lock) waited on longer than this: "busy"
+SYNC_LOCK_WAIT = 0.5  # storing the host's latest turns first waits this long behind a pass
 
 
 def register(ctx: Any) -> None:
@@ -40,16 +46,63 @@ def make_command_handler(engine: Any) -> Callable[[str], str]:
             # The host deep-copies the registered engine per agent and drives only the copies:
             # act on the copy the user's agent drives (the live session), never a review fork.
             live = engine.live_engine() if hasattr(engine, "live_engine") else engine
-            if hasattr(live, "sync_from_host"):
-                try:  # below the threshold the host never handed over its latest turns
-                    live.sync_from_host()
-                except Exception as exc:
-                    log.debug("lcm: reading the host's session before /lcm failed: %s", exc)
-            return run_command(live, raw_args or "")
+            return _answer(live, raw_args or "")
         except Exception as exc:
             return f"lcm: {type(exc).__name__}: {exc}"
 
     return handler
+
+
+def _answer(live: Any, raw_args: str) -> str:
+    """Run the command on a thread of its own and wait while it makes progress: when one of
+    its store calls has waited over ANSWER_SECONDS (a frozen server, a lock held by another
+    process), answer that the store is busy instead. The command then ends by itself within
+    its store calls' bounds; its answer is dropped."""
+    box: dict[str, str] = {}
+
+    def work() -> None:
+        note = ""
+        if hasattr(live, "sync_from_host"):
+            try:  # below the threshold the host never handed over its latest turns
+                live.sync_from_host(lock_wait=SYNC_LOCK_WAIT)
+            except Exception as exc:
+                if type(exc).__name__ == "SessionBusy":
+                    note = "\n(a compaction pass is running: the latest turns are stored when it ends)"
+                log.debug("lcm: reading the host's session before /lcm failed: %s", exc)
+        try:
+            box["out"] = run_command(live, raw_args) + note
+        except Exception as exc:
+            box["out"] = f"lcm: {type(exc).__name__}: {exc}"
+
+    worker = threading.Thread(target=work, name="lcm-command", daemon=True)
+    began = time.monotonic()
+    worker.start()
+    while True:
+        worker.join(0.05)
+        if not worker.is_alive():
+            return box.get("out", "lcm: the command ended without an answer")
+        waited = _store_wait(live, worker.ident)
+        if time.monotonic() - began >= ANSWER_SECONDS and waited >= ANSWER_SECONDS:
+            return _busy_answer(live, waited)
+
+
+def _store_wait(engine: Any, thread_id: int | None) -> float:
+    fn = getattr(engine, "store_busy_for", None)
+    try:
+        return float(fn(thread_id)) if callable(fn) else 0.0
+    except Exception:
+        return 0.0
+
+
+def _busy_answer(engine: Any, waited: float) -> str:
+    try:
+        where = engine.store.location
+    except Exception:
+        where = "?"
+    bound = getattr(getattr(engine, "config", None), "store_timeout", None)
+    limit = f" (every store call gives up after {bound:g} s; the store then counts as down)" if bound else ""
+    return (f"LCM engine — the store at {where} is busy: a store call has waited {waited:.1f} s for an answer"
+            f"{limit}. The session goes on; /lcm status again in a moment.")
 
 
 def run_command(engine: Any, raw_args: str) -> str:

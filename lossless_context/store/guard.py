@@ -49,6 +49,17 @@ class StoreUnavailable(StoreError):
         super().__init__(f"the lcm store at {location} is unavailable: {reason}")
 
 
+def log_hook_failure(what: str, exc: BaseException) -> None:
+    """A host hook that failed and went on: a store outage was already told once (by the
+    breaker, with its reason), so each hook's failure during it is DEBUG, not another WARNING
+    (a turn runs several hooks; one WARNING each made ~8 lines a minute). Anything else is a
+    WARNING."""
+    if isinstance(exc, StoreUnavailable) or type(exc).__name__ == "SessionBusy":
+        log.debug("lcm: %s: %s", what, exc)
+    else:
+        log.warning("lcm: %s: %s", what, exc)
+
+
 def mask_location(location: str) -> str:
     """A DSN without its password (shown to the user)."""
     return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", re.sub(r"(?i)(password=)[^&\s]*", r"\1***", location))
@@ -172,6 +183,14 @@ class GuardedStore:
         self._open_lock = threading.Lock()
         self.breaker = breaker_for(location, cooldown)
         self._close_hooks: list[Callable[[], None]] = []
+        self._in_flight: dict[int, float] = {}  # thread → when its current store call began
+
+    def busy_for(self, thread_id: int | None = None) -> float:
+        """Seconds the store call now running on `thread_id` (default: any thread's oldest)
+        has taken so far; 0 when none runs. `/lcm` answers "busy" from this rather than wait."""
+        calls = dict(self._in_flight)
+        began = calls.get(thread_id) if thread_id is not None else min(calls.values(), default=None)
+        return 0.0 if began is None else max(0.0, time.monotonic() - began)
 
     def add_close_hook(self, fn: Callable[[], None]) -> None:
         """Call ``fn`` when the store is closed, before it closes (a thread that uses the store
@@ -231,8 +250,14 @@ class GuardedStore:
             return attr
         breaker = self.breaker
 
+        in_flight = self._in_flight
+
         def call(*args: Any, **kwargs: Any) -> Any:
             breaker.before_call()
+            me = threading.get_ident()
+            outer = me not in in_flight
+            if outer:
+                in_flight[me] = time.monotonic()
             try:
                 out = attr(*args, **kwargs)
             except Exception as exc:
@@ -242,11 +267,14 @@ class GuardedStore:
                     raise StoreUnavailable(breaker.location, describe(exc)) from exc
                 breaker.succeeded()  # the store answered (the call itself was wrong)
                 raise
+            finally:
+                if outer:
+                    in_flight.pop(me, None)
             if name in _LOCKING:
                 # Making the context manager touched nothing: its entry is the store call, and
                 # only that may tell the breaker the store answered (else every pass during an
                 # outage would "recover" and warn again).
-                return _GuardedContext(out, breaker, self._reset_connections)
+                return _GuardedContext(out, breaker, self._reset_connections, in_flight)
             breaker.succeeded()
             return out
 
@@ -261,10 +289,15 @@ _LOCKING = frozenset({"compaction_lock", "maintenance_connection"})  # methods r
 class _GuardedContext:
     """A store's context manager whose entry counts as a store call."""
 
-    def __init__(self, cm: Any, breaker: Breaker, on_outage: Callable[[], None]) -> None:
-        self._cm, self._breaker, self._on_outage = cm, breaker, on_outage
+    def __init__(self, cm: Any, breaker: Breaker, on_outage: Callable[[], None],
+                 in_flight: dict[int, float]) -> None:
+        self._cm, self._breaker, self._on_outage, self._in_flight = cm, breaker, on_outage, in_flight
 
     def __enter__(self) -> Any:
+        me = threading.get_ident()
+        outer = me not in self._in_flight
+        if outer:
+            self._in_flight[me] = time.monotonic()
         try:
             got = self._cm.__enter__()
         except Exception as exc:
@@ -274,6 +307,9 @@ class _GuardedContext:
                 raise StoreUnavailable(self._breaker.location, describe(exc)) from exc
             self._breaker.succeeded()  # the store answered (the call itself was wrong)
             raise
+        finally:
+            if outer:
+                self._in_flight.pop(me, None)
         self._breaker.succeeded()
         return got
 

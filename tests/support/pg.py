@@ -19,11 +19,13 @@ sets it): then they fail loudly. A server that is found but does not start alway
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import glob
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -166,6 +168,47 @@ class PgServer:
                         "-w", "-t", "60", "-o", self._opts, "start")
         if res.returncode != 0:
             raise RuntimeError(f"pg_ctl start failed:\n{res.stdout}\n{res.stderr}\n{self._log_tail()}")
+
+    def server_pids(self) -> list[int]:
+        """The postmaster and every process it started (backends, background workers)."""
+        try:
+            postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError) as exc:
+            raise RuntimeError(f"no running postmaster in {self.data}: {exc}") from exc
+        pids = [postmaster]
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == postmaster:
+                pids.append(int(entry))
+        return pids
+
+    @contextlib.contextmanager
+    def frozen(self):
+        """The server frozen as a paused VM or a storage stall freezes it: SIGSTOP to the
+        postmaster and its backends (the kernel still accepts connections and acknowledges
+        every packet; nothing answers). Always thawed (SIGCONT) on the way out."""
+        pids = self.server_pids()
+        stopped: list[int] = []
+        try:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                    stopped.append(pid)
+                except ProcessLookupError:
+                    pass
+            yield pids
+        finally:
+            for pid in stopped:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
 
     def _log_tail(self) -> str:
         try:

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from ..base import StoreError
+from .deadline import fired, watch
 from .migrations import MIGRATION_LOCK_KEY, MIGRATIONS, OPTIONAL
 
 try:  # optional dependency: `pip install lossless-context[postgres]`
@@ -44,6 +45,14 @@ LOCK_POOL_MAX = 16
 CONNECT_TIMEOUT = 5.0  # seconds to reach the server
 POOL_TIMEOUT = 5.0  # seconds to wait for a free (or re-established) pooled connection
 STATEMENT_TIMEOUT_MS = 60_000  # one statement; a server that accepts and never answers
+# Client-side bounds (deadline.py): a server that is frozen (a paused VM, SIGSTOP, a storage
+# stall) answers no statement_timeout, keepalive or TCP timeout; these end the call anyway.
+CALL_TIMEOUT = 10.0  # one store call (its statements, its transaction) on the hot path
+CHECK_TIMEOUT = 3.0  # the pool's round trip over a connection that sat idle
+MAINTENANCE_TIMEOUT = 900.0  # lcm doctor, export, import, migrations: whole-store work
+# Dead peers and partitions: the kernel notices an idle connection's peer is gone after
+# about a minute (keepalives), and unacknowledged data fails after the call bound.
+_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
 # JIT off: our statements run in milliseconds, but the planner's cost of a search's pending-rows
 # branch (a table the indexer keeps near-empty, its statistics often stale) crosses
 # jit_above_cost, and compiling then took 270-360 ms of a 4 ms search at 100k messages.
@@ -82,14 +91,17 @@ def _mark_returned(conn: Any) -> None:
     _returned[conn] = time.monotonic()
 
 
-def _check_if_idle(conn: Any) -> None:
+def _check_if_idle(conn: Any, seconds: float = CHECK_TIMEOUT) -> None:
     """Pool check hook: a round trip (``check_connection``) only for a connection that sat
     idle for a while (a server restart or an idle timeout may have ended it); a connection
     in steady use is handed out as is, saving a round trip on every store call. A call
-    that still meets a dead connection fails with StoreError; the pool drops that one."""
+    that still meets a dead connection fails with StoreError; the pool drops that one.
+    The round trip itself is bounded (a frozen server never answers it): past `seconds`
+    the connection is cut, the check fails, and the pool tries another until its timeout."""
     last = _returned.get(conn)
     if last is None or time.monotonic() - last > IDLE_CHECK_SECONDS:
-        ConnectionPool.check_connection(conn)
+        with watch(conn, seconds):
+            ConnectionPool.check_connection(conn)
 
 
 class PostgresConnections:
@@ -97,10 +109,12 @@ class PostgresConnections:
 
     location: str
 
-    def __init__(self, location: str, *, pool_max: int = POOL_MAX) -> None:
+    def __init__(self, location: str, *, pool_max: int = POOL_MAX, call_timeout: float = CALL_TIMEOUT) -> None:
+        """`call_timeout`: the client-side bound of one store call (seconds)."""
         self._dsn = location
         self.location = _mask_dsn(location)
         self._pool_max = max(POOL_MIN, int(pool_max))
+        self._call_timeout = max(0.1, float(call_timeout))
         self._pool: Any = None
         self._lock_pool: Any = None
         self._pool_lock = threading.Lock()
@@ -129,6 +143,9 @@ class PostgresConnections:
                     try:
                         self._migrate(conn)
                     except psycopg.Error as exc:
+                        if conn.closed:  # cut by its deadline: the server did not answer
+                            raise StoreError(f"cannot open store {self.location}: timeout: no answer"
+                                             f" ({str(exc).strip()})") from exc
                         raise StoreError(f"cannot migrate store {self.location}: {str(exc).strip()}") from exc
                 self._pool = self._new_pool(POOL_MIN, self._pool_max, "lcm")
                 self._lock_pool = self._new_pool(0, LOCK_POOL_MAX, "lcm-locks")
@@ -157,7 +174,8 @@ class PostgresConnections:
 
     def _conn_kwargs(self) -> dict[str, Any]:
         """Connection parameters for every connection: autocommit, and the connect and
-        statement timeouts unless the DSN sets its own."""
+        statement timeouts, TCP keepalives and the TCP user timeout unless the DSN sets
+        its own."""
         kwargs: dict[str, Any] = {"autocommit": True}
         try:
             given = psycopg.conninfo.conninfo_to_dict(self._dsn)
@@ -167,59 +185,82 @@ class PostgresConnections:
             kwargs["connect_timeout"] = int(CONNECT_TIMEOUT)
         if "options" not in given:
             kwargs["options"] = _SESSION_OPTIONS
+        for key, value in _KEEPALIVES.items():
+            if key not in given:
+                kwargs[key] = value
+        if "tcp_user_timeout" not in given and psycopg.pq.version() >= 120000:  # (libpq 12+)
+            kwargs["tcp_user_timeout"] = int(self._call_timeout * 1000)
         return kwargs
 
     def _new_pool(self, min_size: int, max_size: int, name: str) -> Any:
         # Opened without waiting: the server was just reached; the pool fills in the background.
         pool = ConnectionPool(
             self._dsn, min_size=min_size, max_size=max_size, open=False, name=name,
-            kwargs=self._conn_kwargs(), check=_check_if_idle,
+            kwargs=self._conn_kwargs(), check=self._check,
             timeout=POOL_TIMEOUT, num_workers=1,
         )
         pool.open(wait=False)
         return pool
 
+    def _check(self, conn: Any) -> None:
+        _check_if_idle(conn, min(CHECK_TIMEOUT, self._call_timeout))
+
+    def _expired(self, seconds: float, exc: BaseException | None = None) -> StoreError:
+        why = f" ({str(exc).strip().splitlines()[0]})" if exc is not None and str(exc).strip() else ""
+        return StoreError(f"store {self.location}: timeout: the server did not answer within {seconds:g} s"
+                          f" (client-side bound){why}")
+
     @contextlib.contextmanager
-    def _connection(self) -> Iterator[Any]:
+    def _connection(self, seconds: float | None = None) -> Iterator[Any]:
+        """A pooled connection for one store call, bounded by `seconds` on the client side
+        (the call bound by default): past it the connection is cut (deadline.py) and the
+        call fails with a StoreError saying so — an outage for the store's breaker."""
         pool, _ = self._pools()
+        bound = self._call_timeout if seconds is None else float(seconds)
+        w = None
         try:
             with pool.connection() as conn:
                 try:
-                    yield conn
+                    with watch(conn, bound) as w:
+                        yield conn
+                    if fired(w):
+                        conn.close()  # (it answered just as it was cut: never hand it out again)
                 finally:
                     _mark_returned(conn)
         except PoolTimeout as exc:
             raise StoreError(f"store {self.location}: no connection available: {exc}") from exc
-        except psycopg.OperationalError as exc:
-            if isinstance(exc, pg_errors.TransactionRollback):
+        except psycopg.Error as exc:
+            if fired(w):
+                raise self._expired(bound, exc) from exc
+            if not isinstance(exc, psycopg.OperationalError) or isinstance(exc, pg_errors.TransactionRollback):
                 raise
             raise StoreError(f"store {self.location}: {exc}") from exc
 
     def maintenance_connection(self) -> contextlib.AbstractContextManager[Any]:
         """A pooled connection for the SQL checks of operations (`lcm doctor`): reads only;
-        changes go through the store's own methods."""
-        return self._connection()
+        changes go through the store's own methods. Bounded by MAINTENANCE_TIMEOUT."""
+        return self._connection(MAINTENANCE_TIMEOUT)
 
     def read_sql(self, fn: Callable[[Any], T]) -> T:
         """`fn(connection)` for the SQL of operations (export, doctor): reads only."""
-        return self._read(fn)
+        return self._read(fn, MAINTENANCE_TIMEOUT)
 
     def write_sql(self, fn: Callable[[Any], T]) -> T:
         """`fn(connection)` in one transaction, for operations that write rows as they are
         (import): the store's own methods are used for everything else."""
-        return self._write(fn)
+        return self._write(fn, MAINTENANCE_TIMEOUT)
 
-    def _read(self, fn: Callable[[Any], T]) -> T:
-        with self._connection() as conn:
+    def _read(self, fn: Callable[[Any], T], seconds: float | None = None) -> T:
+        with self._connection(seconds) as conn:
             return fn(conn)
 
-    def _write(self, fn: Callable[[Any], T]) -> T:
+    def _write(self, fn: Callable[[Any], T], seconds: float | None = None) -> T:
         """Run `fn(conn)` in one transaction; deadlocks and serialisation failures retry."""
         if pg_errors is None:  # psycopg missing: the install hint, not an AttributeError below
             self._pools()
         for attempt in range(WRITE_RETRIES):
             try:
-                with self._connection() as conn:
+                with self._connection(seconds) as conn:
                     with conn.transaction():
                         return fn(conn)
             except pg_errors.TransactionRollback as exc:  # rolled back: safe to run again
@@ -235,9 +276,12 @@ class PostgresConnections:
                 done = {r[0] for r in conn.execute("SELECT name FROM lcm_migrations")}
             return [name for name, _ in MIGRATIONS if name not in done]
 
-        if not pending():
-            return
-        with conn.transaction():
+        with watch(conn, self._call_timeout):  # every open asks this: the hot path's bound
+            if not pending():
+                return
+        # Migrating may build indexes over a large table (and wait for another process's
+        # migration): bounded, but by the maintenance bound.
+        with watch(conn, MAINTENANCE_TIMEOUT), conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS lcm_migrations"
@@ -271,12 +315,25 @@ class PostgresConnections:
     def reset_connections(self) -> None:
         """After an outage: drop the pools. The next call then connects directly (it fails
         fast and clearly, or the store is back at once) instead of waiting on a pool's
-        reconnect back-off, and no pool keeps retrying (and logging) in the background."""
-        self._drop_pools(timeout=0.0)
+        reconnect back-off, and no pool keeps retrying (and logging) in the background.
+        The pools close on a thread of their own: the caller does not wait for their workers
+        (one may be inside a connect to a server that does not answer), and they get the time
+        to stop quietly."""
+        pools = self._take_pools()
+        if any(p is not None for p in pools):
+            threading.Thread(target=self._close_pools, args=(pools, CONNECT_TIMEOUT + 1.0),
+                             name="lcm-pg-close", daemon=True).start()
 
     def _drop_pools(self, timeout: float) -> None:
+        self._close_pools(self._take_pools(), timeout)
+
+    def _take_pools(self) -> tuple[Any, Any]:
         with self._pool_lock:
             pools, self._pool, self._lock_pool = (self._pool, self._lock_pool), None, None
+        return pools
+
+    @staticmethod
+    def _close_pools(pools: tuple[Any, Any], timeout: float) -> None:
         for p in pools:
             if p is not None:
                 try:
@@ -297,22 +354,33 @@ class PostgresConnections:
         acquired = False
         try:
             deadline = time.monotonic() + max(0.0, timeout)
+            w = None
             try:
                 while True:
-                    if conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]:
+                    with watch(conn, self._call_timeout) as w:
+                        got = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]
+                    if fired(w):  # (answered as it was cut: whatever it said, the session is gone)
+                        raise self._expired(self._call_timeout)
+                    if got:
                         acquired = True
                         break
                     if time.monotonic() >= deadline:
                         break
                     time.sleep(0.02)
-            except psycopg.OperationalError as exc:
+            except psycopg.Error as exc:
+                if fired(w):
+                    raise self._expired(self._call_timeout, exc) from exc
+                if not isinstance(exc, psycopg.OperationalError):
+                    raise
                 raise StoreError(f"store {self.location}: compaction lock failed: {exc}") from exc
             yield acquired
         finally:
-            clean = True
-            if acquired:
+            clean = not conn.closed
+            if acquired and clean:
                 try:
-                    clean = bool(conn.execute("SELECT pg_advisory_unlock(%s)", (key,)).fetchone()[0])
+                    with watch(conn, self._call_timeout) as w:
+                        clean = bool(conn.execute("SELECT pg_advisory_unlock(%s)", (key,)).fetchone()[0])
+                    clean = clean and not fired(w)
                 except psycopg.Error:
                     clean = False
             if not clean:
