@@ -241,3 +241,32 @@ def test_connections_carry_keepalives_and_a_tcp_user_timeout():
     assert kw["keepalives"] == 1 and kw["keepalives_idle"] > 0 and kw["tcp_user_timeout"] == 7000
     own = PostgresConnections("postgresql://u@127.0.0.1:1/db?keepalives=0&tcp_user_timeout=100")._conn_kwargs()
     assert "keepalives" not in own and "tcp_user_timeout" not in own  # the DSN's own settings win
+
+
+def test_a_short_deadline_is_kept_behind_a_long_one():
+    """The watchdog sleeps until the earliest deadline: a call with a short bound registered
+    while a long one is watched (the pool's idle check inside a long maintenance call's
+    process) must still be cut at its own bound. Real sockets, no server."""
+    import socket
+    from types import SimpleNamespace
+
+    from lossless_context.store.postgres.deadline import fired, watch
+
+    long_a, long_b = socket.socketpair()
+    short_a, short_b = socket.socketpair()
+    try:
+        def conn(s: socket.socket) -> Any:
+            return SimpleNamespace(pgconn=SimpleNamespace(socket=s.fileno()))
+
+        with watch(conn(long_b), 3600):
+            pass  # the watchdog thread runs, and has nothing to watch again
+        with watch(conn(long_a), 3600):
+            threading.Event().wait(0.5)  # (lets the thread go to sleep until the long deadline)
+            with watch(conn(short_a), 0.2) as w:
+                assert _returns(lambda: short_a.recv(1)) == b""  # cut: EOF, not a hang
+            assert fired(w)
+        long_b.send(b"x")
+        assert long_a.recv(1) == b"x"  # the long one was left alone
+    finally:
+        for s in (long_a, long_b, short_a, short_b):
+            s.close()

@@ -10,7 +10,7 @@ connection", the connection is dropped (never reused), and the caller turns the 
 an outage (:func:`fired` tells it that the deadline, not the server, ended the call).
 
 Registering a call costs one lock round and a dict entry; the thread sleeps until the
-earliest deadline and is woken only when a call is registered while it had nothing to do.
+earliest deadline and is woken only by a call whose deadline comes before that.
 """
 
 from __future__ import annotations
@@ -39,20 +39,21 @@ class _Watchdog:
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._watches: dict[int, Watch] = {}
-        self._idle = True  # the thread waits without a timeout (nothing to watch)
+        self._wake_at = float("inf")  # when the thread wakes next (inf: nothing to watch)
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
 
     def add(self, w: Watch) -> None:
         with self._cond:
             if self._pid != os.getpid():  # a forked child: the parent's thread is not here
-                self._pid, self._thread, self._watches, self._idle = os.getpid(), None, {}, True
+                self._pid, self._thread, self._watches = os.getpid(), None, {}
+                self._wake_at = float("inf")
             self._watches[id(w)] = w
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="lcm-pg-deadline", daemon=True)
                 self._thread.start()
-            elif self._idle:
-                self._idle = False
+            elif w.expires < self._wake_at:  # (calls of one bound in a row: no wake-up at all)
+                self._wake_at = w.expires
                 self._cond.notify()
 
     def remove(self, w: Watch) -> None:
@@ -69,11 +70,11 @@ class _Watchdog:
                         w.fired = True
                         _shut(w.fd)
                 if not self._watches:
-                    self._idle = True
+                    self._wake_at = float("inf")
                     self._cond.wait()
                     continue
-                self._idle = False
-                self._cond.wait(max(0.0, min(w.expires for w in self._watches.values()) - now) + 0.01)
+                self._wake_at = min(w.expires for w in self._watches.values())
+                self._cond.wait(max(0.0, self._wake_at - now) + 0.01)
 
 
 def _shut(fd: int) -> None:
