@@ -33,7 +33,8 @@ from .contract.hooks_main import NewHostHooks
 from .contract.passbudget import effective_host, pass_budget, plausible_overhead
 from .store import Store, open_store
 from .summarizers.costs import SpendLedger
-from .pipeline.stubs import stub_policy
+from .pipeline.stubs import calls_by_id, stub_policy
+from .pipeline.stub_prep import StubPreparer, pass_running
 from .search.semantic import SemanticArm, SemanticUnavailable, load_embedder
 from .store.guard import GuardedStore, StoreUnavailable, trim_without_store
 from .summarizers.summarize import Escalator, HostSummarizer, ModelSummarizer, OpenAISummarizer, guard_for
@@ -408,6 +409,8 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
             arm = self.semantic_arm()
             if arm is not None:
                 arm.notify()  # new messages to embed (in the arm's thread, off this path)
+            if cfg.tool_stubs:
+                self._prepare_stubs(slots, res.new_ids)
         if not for_pass and res.resume is not None:
             res.resume.version = version
             with self._aligned_lock:
@@ -415,6 +418,19 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
                 while len(self._aligned) > ALIGNED_SESSIONS:
                     self._aligned.popitem(last=False)
         return slots, version, len(entries), hold
+
+    def _prepare_stubs(self, slots: list[Slot], new_ids: List[int]) -> None:
+        """Hand the new tool results to the stub preparer (stub_prep.py): their tier-0 stubs
+        are made between passes, not by the pass that first finds them old."""
+        new, policy = set(new_ids), stub_policy(self.config)
+        results = [s for s in slots if s.kind == "m" and s.role == "tool" and s.refs[0] in new
+                   and (s.text_tokens or s.tokens) >= policy.min_tokens]
+        if not results:
+            return
+        calls = calls_by_id(slots)
+        store = self.store
+        StubPreparer.for_store(store.location, store, policy).submit(
+            [(s.refs[0], calls.get(s.result_for or "")) for s in results])
 
     def _adopt_or_drop_stage(self, sid: str, body: List[Any], for_pass: bool) -> None:
         """Without a commit signal, the host's list itself tells whether it adopted a stage."""
@@ -501,7 +517,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
             self._note("another pass for this session is running")
             return messages
         try:
-            with self.store.compaction_lock(sid, cfg.lock_timeout) as got:
+            with pass_running(), self.store.compaction_lock(sid, cfg.lock_timeout) as got:
                 if not got:
                     self._note("another process is compacting this session")
                     return messages

@@ -175,13 +175,15 @@ class NewHostHooks:
                                 *args: Any, **kwargs: Any) -> Any:
         # Tier 0 only (stubs.py): old tool results become stubs, the originals stay in the store.
         try:
+            from ..pipeline.compaction import Compactor
             from ..pipeline.stubs import prune, stub_policy
 
             if not isinstance(messages, list) or not messages:
                 return messages, 0
             sid = self._sid()  # type: ignore[attr-defined]
             slots = self.ingest(messages, session_id=sid)  # type: ignore[attr-defined]
-            return prune(self.store, slots, messages, stub_policy(self.config))  # type: ignore[attr-defined]
+            head = Compactor.head_end(slots, max(0, int(self.protect_first_n)))  # type: ignore[attr-defined]
+            return prune(self.store, slots, messages, stub_policy(self.config), head)  # type: ignore[attr-defined]
         except Exception as exc:
             log_hook_failure("prune_tool_results_only failed; leaving the list alone", exc)
             return messages, 0

@@ -177,10 +177,10 @@ def presummarize(store: Store, esc: Escalator, session_id: str, budget: Budget,
     (tier-0 stubs, which are made once and persisted, and huge messages' representations),
     so the spans match and compress() adopts these summaries."""
     slots, records = context_slots(store, session_id)
-    if stubs is not None:
-        apply_stubs(store, slots, records, stubs)
-    show_representations(slots, records)
     h = Compactor.head_end(slots, budget.protect_first_n)
+    if stubs is not None:
+        apply_stubs(store, slots, records, stubs, head_end=h)
+    show_representations(slots, records)
     t = Compactor.tail_start(slots, h, budget.fresh_tail)
     done = 0
     for kind, chunk, full in plan_region(slots, h, t, records, budget.leaf_chunk):

@@ -140,7 +140,8 @@ class Compactor:
         ids = [s.refs[0] for s in slots if s.kind in ("m", "x")]
         records = self.store.get_messages(ids)
         originals = [s.msg for s in slots]
-        stubbed = apply_stubs(self.store, slots, records, self.stub_policy) if self.stub_policy else 0
+        h = self.head_end(slots, budget.protect_first_n)  # (stubs change no slot's kind or group)
+        stubbed = apply_stubs(self.store, slots, records, self.stub_policy, head_end=h) if self.stub_policy else 0
         if self.continuity_tokens > 0:
             self._cont = continuity.gather(continuity.State.from_json(self.store.get_continuity(session_id)),
                                            slots, records)
@@ -163,7 +164,6 @@ class Compactor:
                 return PassResult(done, pass_id, True, tokens_before=tokens_before,
                                   tokens_after=total_tokens(done), reason="", stubs=stubbed)
         sys_tokens = estimate_message_tokens(system) if system else 0
-        h = self.head_end(slots, budget.protect_first_n)
         head_tokens = sum(s.tokens for s in slots[:h])
         existing = self._existing_nodes(slots)
         tail_budget = max(0, min(budget.fresh_tail,

@@ -10,6 +10,15 @@ A stub is made once and persisted as the message's representation (the store's
 `set_representation`, the same column that holds a huge message's exploration summary),
 so every later pass, `select_context` and the summariser see the very same text: the
 provider's prompt cache keeps hitting, and leaves summarise what the model was shown.
+A result whose stub would not pay (under 30% saved) is decided once too: the verdict is kept
+in the same column while the message is not shown by a representation (`prepare_representations`,
+read only with the policy it was made under), so no later pass — in this process or the next
+`hermes chat -q` — makes that stub again. Whether a stub can pay is first checked on its
+header alone (every stub starts with it), so most small results cost no stub at all.
+
+Tool results in the protected head are old like any other once the conversation has moved
+on: the "newest N results" rule does not keep them (the token window still does), so a large
+result read at the start of a session does not stay verbatim in every context.
 """
 
 from __future__ import annotations
@@ -33,11 +42,18 @@ _ERROR_RE = re.compile(
     r"Traceback \(most recent call last\)|(?:Error|Exception)[:(]|\berror[:\[]|\bERROR\b|\bFATAL\b|"
     r"\bfatal:|\bpanic:|\bFAILED\b|\bFAIL\b|\bfailed\b|exit (?:code|status) [1-9]|Segmentation fault|"
     r"\bERR_[A-Z0-9_]+")
+# A literal each alternative of _ERROR_RE contains (keep the two in step).
+_ERROR_WORDS = re.compile(r"Traceback|Error|Exception|error|ERROR|FATAL|fatal:|panic:|FAIL|failed|exit |"
+                          r"Segmentation fault|ERR_")
 _PATH_RE = re.compile(r"(?<![\w/.-])(?:\.{0,2}/)?(?:[\w.-]+/)+[\w.-]+|\b[\w-]+\.(?:py|js|ts|tsx|go|rs|java|c|h|cpp|"
                       r"md|json|ya?ml|toml|sh|sql|txt|cfg|ini|lock|html|css)\b")
 _ID_RE = re.compile(r"\b[A-Z][A-Z0-9]*(?:[-_][A-Z0-9]+)+\b|\b[0-9a-f]{7,40}\b|"
                     r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
-_NUM_RE = re.compile(r"(?<![\w.])\d[\d,_.]*\d(?![\w.])|(?<![\w.])\d(?![\w.])")
+_PATH_EXT_RE = re.compile(_PATH_RE.pattern.split("|", 1)[1])  # _PATH_RE's second form (the first needs a "/")
+# A number of two digits or more, not glued to a word or a dot: _facts keeps those of 3+ digits.
+# (It starts with the digit, so the scan jumps from digit to digit; the look-behind then
+# checks the character before it.)
+_NUM_RE = re.compile(r"\d(?<![\w.]\d)[\d,_.]*\d(?![\w.])")
 _EXIT_KEYS = ("exit_code", "returncode", "return_code", "status_code")
 
 
@@ -53,6 +69,38 @@ class StubPolicy:
     head_lines: int = 2
     tail_lines: int = 2
     redact: bool = True  # secrets out of the stub (it stands in the model's context like a summary)
+
+
+    def key(self) -> str:
+        """What a kept verdict depends on (a changed setting decides again)."""
+        return f"v1.{self.stub_tokens}.{self.head_lines}.{self.tail_lines}.{int(self.redact)}"
+
+
+# Kept verdicts, stored with a message no representation shows (never shown themselves):
+# "<DECLINED> <policy key>]" — a stub would not pay; "<PREPARED> <policy key>]\n<stub>" — the
+# stub, made when the result was stored (stub_prep.py), shown once the result is old.
+DECLINED = "[lcm: no tool-output stub"
+PREPARED = "[lcm: prepared tool-output stub"
+
+
+def declined_mark(policy: StubPolicy) -> str:
+    return f"{DECLINED} {policy.key()}]"
+
+
+def prepared_text(policy: StubPolicy, stub: str | None) -> str:
+    """The kept verdict for `stub_for`'s answer (None: not worth a stub)."""
+    return declined_mark(policy) if stub is None else f"{PREPARED} {policy.key()}]\n{stub}"
+
+
+def _kept_verdict(note: str, policy: StubPolicy) -> tuple[bool, str | None]:
+    """(known, stub) of a kept verdict made under `policy`; (False, None) for anything else
+    (none, another policy's)."""
+    if note == declined_mark(policy):
+        return True, None
+    head = f"{PREPARED} {policy.key()}]\n"
+    if note.startswith(head):
+        return True, note[len(head):]
+    return False, None
 
 
 def stub_policy(cfg: Any) -> StubPolicy:
@@ -101,13 +149,16 @@ def _cap(line: str, limit: int = _LINE_CAP) -> str:
 def error_lines(lines: Sequence[str]) -> list[tuple[int, str]]:
     """(line number, line) of every error line; a Python traceback is kept whole (its frames
     up to the exception line), because the frames are what the agent needs to act on it."""
-    # One regex scan over the joined text (not one per line): this runs on every old tool
-    # result of a first pass, before the first model call, inside the host's silence budget.
+    # One scan for the literal words every error pattern contains (a scan of _ERROR_RE itself,
+    # whose alternatives start with look-arounds, tries every position: 25x slower), then
+    # _ERROR_RE on the lines holding one. No error pattern spans a line, so the lines found
+    # are the lines _ERROR_RE matches in the joined text.
     text = "\n".join(ln[:4000] for ln in lines)
     starts = [0]
     for ln in lines[:-1]:
         starts.append(starts[-1] + min(len(ln), 4000) + 1)
-    hits = sorted({bisect.bisect_right(starts, m.start()) - 1 for m in _ERROR_RE.finditer(text)})
+    near = sorted({bisect.bisect_right(starts, m.start()) - 1 for m in _ERROR_WORDS.finditer(text)})
+    hits = [i for i in near if _ERROR_RE.search(lines[i][:4000])]
     out: list[tuple[int, str]] = []
     n, done = len(lines), -1
     for i in hits:
@@ -133,7 +184,8 @@ def _facts(text: str, budget_chars: int, code: bool = False) -> list[str]:
     numbers of source code, where they are mostly line numbers and constants."""
     sample = text if len(text) <= 400_000 else text[:200_000] + "\n" + text[-200_000:]
     out: list[str] = []
-    for label, rx, limit in (("paths", _PATH_RE, 16), ("ids", _ID_RE, 16), ("numbers", _NUM_RE, 16)):
+    paths = _PATH_RE if "/" in sample else _PATH_EXT_RE
+    for label, rx, limit in (("paths", paths, 16), ("ids", _ID_RE, 16), ("numbers", _NUM_RE, 16)):
         if label == "numbers" and code:
             continue
         seen: dict[str, None] = {}
@@ -166,6 +218,20 @@ def _same_line(a: str, b: str) -> bool:
     return strip(a) == strip(b)
 
 
+def _header(call: tuple[str, str] | None, kind: str, chars: int, n_lines: int | None, tokens: int,
+            error: bool) -> str:
+    lines = "" if n_lines is None else f"{n_lines:,}"
+    return (f"{STUB_MARK} {_call_text(call)} · {kind}, {chars:,} chars, {lines} lines, "
+            f"~{tokens:,} tokens{' · ERROR' if error else ''}")
+
+
+def header_floor(content: str, call: tuple[str, str] | None, tokens: int) -> str:
+    """The part of `make_stub(content, call, …, tokens)`'s text known without reading the
+    content (its header minus the kind, line count and error flag): every stub of it holds
+    these characters in this order, so its size is a floor of the stub's."""
+    return _header(call, "", len(content), None, tokens, False)
+
+
 def make_stub(content: str, call: tuple[str, str] | None, policy: StubPolicy, tokens: int | None = None) -> str:
     """The stub of one tool result (deterministic: same input, same text).
 
@@ -176,15 +242,17 @@ def make_stub(content: str, call: tuple[str, str] | None, policy: StubPolicy, to
     lines = body.split("\n")
     n_lines = len(lines) - (1 if body.endswith("\n") else 0)
     hint = _path_hint(call)
-    from ..summarizers.explore import detect_kind, explore  # (first stub: keeps the plugin's load light)
+    from ..summarizers.explore import classify, detect_kind, explore  # (first stub: keeps the plugin's load light)
 
-    kind = detect_kind(body[:8192], hint)
+    # The kind is read from the first 8 KB; a body no longer than that is classified once for
+    # the header and the sketch both (the classification parses JSON: half a stub's cost).
+    classified = classify(body, hint) if len(body) <= 8192 else None
+    kind = classified[0] if classified is not None else detect_kind(body[:8192], hint)
     code = kind.startswith("code:")
     errs = [] if code else error_lines(lines)  # in source code, "raise ValueError" is no error
     orig_tokens = tokens if tokens is not None else estimate_text_tokens(content)
     budget = min(policy.stub_tokens, max(32, orig_tokens // 4)) * 4
-    header = (f"{STUB_MARK} {_call_text(call)} · {kind}, {len(content):,} chars, {n_lines:,} lines, "
-              f"~{orig_tokens:,} tokens{' · ERROR' if errs or _failed(json_facts) else ''}")
+    header = _header(call, kind, len(content), n_lines, orig_tokens, bool(errs or _failed(json_facts)))
     parts = [header]
     if json_facts:
         parts.extend(_cap(f, _ERROR_LINE_CAP) for f in json_facts)
@@ -217,7 +285,7 @@ def make_stub(content: str, call: tuple[str, str] | None, policy: StubPolicy, to
         parts.pop()
     if room > 240:
         # The type-aware sketch (JSON shape, code definitions, log levels…), minus what we have.
-        sketch = explore(body, max_tokens=max(50, room // 4), hint=hint)
+        sketch = explore(body, max_tokens=max(50, room // 4), hint=hint, classified=classified)
         for line in sketch.split("\n")[1:]:
             if not line.strip() or line.endswith(":") or any(_same_line(line, p) for p in parts):
                 continue
@@ -257,7 +325,8 @@ def is_stub(exploration: str | None) -> bool:
 # -- choosing what to stub --------------------------------------------------------------------
 
 
-def _calls_by_id(slots: Sequence[Slot]) -> dict[str, tuple[str, str]]:
+def calls_by_id(slots: Sequence[Slot]) -> dict[str, tuple[str, str]]:
+    """(tool name, arguments) of every tool call the slots' assistant messages make, by call id."""
     out: dict[str, tuple[str, str]] = {}
     for s in slots:
         msg = s.msg
@@ -277,9 +346,12 @@ def _calls_by_id(slots: Sequence[Slot]) -> dict[str, tuple[str, str]]:
     return out
 
 
-def candidates(slots: Sequence[Slot], policy: StubPolicy, start: int = 0) -> list[int]:
+def candidates(slots: Sequence[Slot], policy: StubPolicy, start: int = 0, head_end: int = 0) -> list[int]:
     """Indexes of tool-result slots (from `start`) old enough to be stubbed: outside the
-    newest `keep_results` results and the newest `keep_tokens` tokens, and big enough."""
+    newest `keep_results` results and the newest `keep_tokens` tokens, and big enough.
+    Slots before `head_end` (the protected head) are kept by the token window only: the
+    newest-results rule keeps a session's recent work in view, and a head result is the
+    oldest output of the conversation however few results came after it."""
     out: list[int] = []
     results = used = 0
     for i in range(len(slots) - 1, start - 1, -1):
@@ -287,7 +359,7 @@ def candidates(slots: Sequence[Slot], policy: StubPolicy, start: int = 0) -> lis
         if s.kind != "m":
             used += s.tokens
             continue
-        recent = results < policy.keep_results or used < policy.keep_tokens
+        recent = used < policy.keep_tokens or (results < policy.keep_results and i >= head_end)
         used += s.tokens
         if s.role != "tool":
             continue
@@ -298,39 +370,65 @@ def candidates(slots: Sequence[Slot], policy: StubPolicy, start: int = 0) -> lis
     return out
 
 
+def _pays(rep_tokens: int, tokens: int) -> bool:
+    """Does a representation of `rep_tokens` save at least 30% of the original's `tokens`?"""
+    return rep_tokens * 10 <= tokens * 7
+
+
+def stub_for(rec: MessageRecord, msg: Mapping[str, Any], call: tuple[str, str] | None,
+             policy: StubPolicy) -> str | None:
+    """The stub `rec` is shown by (redacted when the policy says so), or None when a stub
+    would save under 30% of it. Decided on the header alone when that already rules it out."""
+    content = rec.raw.get("content") if isinstance(rec.raw, Mapping) else None
+    text = content if isinstance(content, str) else rec.text
+    if not _pays(estimate_message_tokens(large_representation(msg, rec.id, rec.tokens,
+                                                              header_floor(text, call, rec.tokens))), rec.tokens):
+        return None  # (the floor's representation is never larger than the stub's)
+    stub = make_stub(text, call, policy, rec.tokens)
+    if policy.redact:
+        from ..summarizers.redact import redact  # (first stub: keeps the plugin's load light)
+
+        stub = redact(stub)  # its fact lines keep `KEY=value` lines whole: never a secret's value
+    if not _pays(estimate_message_tokens(large_representation(msg, rec.id, rec.tokens, stub)), rec.tokens):
+        return None  # would save under 30%: not worth hiding the original
+    return stub
+
+
 def apply_stubs(store: Any, slots: list[Slot], records: dict[int, MessageRecord], policy: StubPolicy,
-                start: int = 0) -> int:
+                start: int = 0, head_end: int = 0) -> int:
     """Stub the old tool results of `slots` in place (and persist each new stub once).
 
     Returns how many slots are shown as stubs now. A result already shown by a
-    representation (a huge message, or a stub of an earlier pass) keeps it unchanged;
-    a stub not clearly smaller than its original is not made.
+    representation (a huge message, or a stub of an earlier pass) keeps it unchanged, and
+    one an earlier pass found not worth a stub (a kept verdict of this policy) is not
+    looked at again; a stub not clearly smaller than its original is not made.
     """
     if not policy.enabled:
         return 0
     calls: dict[str, tuple[str, str]] | None = None
     made: list[tuple[int, str]] = []
+    mark = declined_mark(policy)
+    declined: list[tuple[int, str]] = []
     shown = 0
-    for i in candidates(slots, policy, start):
+    for i in candidates(slots, policy, start, head_end):
         s = slots[i]
         rec = records.get(s.refs[0])
         if rec is None or s.msg is None or rec.role != "tool":
             continue
         if rec.large and rec.exploration:
             continue  # already represented (compaction shows it)
-        if calls is None:
-            calls = _calls_by_id(slots)
-        content = rec.raw.get("content") if isinstance(rec.raw, Mapping) else None
-        text = content if isinstance(content, str) else rec.text
-        stub = make_stub(text, calls.get(s.result_for or ""), policy, rec.tokens)
-        if policy.redact:
-            from ..summarizers.redact import redact  # (first stub: keeps the plugin's load light)
-
-            stub = redact(stub)  # its fact lines keep `KEY=value` lines whole: never a secret's value
-        rep = large_representation(s.msg, rec.id, rec.tokens, stub)
-        if estimate_message_tokens(rep) * 10 > rec.tokens * 7:
-            continue  # would save under 30%: not worth hiding the original
-        made.append((rec.id, stub))
+        known, stub = _kept_verdict(rec.exploration, policy) if rec.exploration else (False, None)
+        if not known:
+            if calls is None:
+                calls = calls_by_id(slots)
+            stub = stub_for(rec, s.msg, calls.get(s.result_for or ""), policy)
+            if stub is None:
+                declined.append((rec.id, mark))
+                rec.exploration = mark
+        if stub is not None:
+            made.append((rec.id, stub))
+    if declined:
+        store.prepare_representations(declined)
     if made:
         applied = store.set_representations(made)
         for mid, stub in made:
@@ -374,15 +472,17 @@ def swap_stubs(host: list[Any], originals: Sequence[Any], slots: Sequence[Slot],
 PRUNE_MIN_RECLAIM = 2000  # tokens a host-triggered prune must save (each commit breaks the prompt cache)
 
 
-def prune(store: Any, slots: list[Slot], host: list[Any], policy: StubPolicy) -> tuple[list[Any], int]:
+def prune(store: Any, slots: list[Slot], host: list[Any], policy: StubPolicy,
+          head_end: int = 0) -> tuple[list[Any], int]:
     """The host's `prune_tool_results_only`: tier 0 alone, no model call. Returns the host's
-    list itself and 0 unless new stubs save at least PRUNE_MIN_RECLAIM tokens."""
+    list itself and 0 unless new stubs save at least PRUNE_MIN_RECLAIM tokens. `head_end`:
+    the end of the protected head (candidates())."""
     if not policy.enabled:
         return host, 0
     slots = [copy.copy(s) for s in slots]  # (the engine may keep the ingest's slots for its next call)
     records = store.get_messages([s.refs[0] for s in slots if s.kind == "m"])
     originals = [s.msg for s in slots]
-    apply_stubs(store, slots, records, policy)
+    apply_stubs(store, slots, records, policy, head_end=head_end)
     n = 0
     for s, original in zip(slots, originals):
         rec = records.get(s.refs[0]) if s.kind == "m" else None

@@ -174,6 +174,12 @@ class Store(abc.ABC):
         verbatim). Returns the ids it set; one that already had one keeps it (stable)."""
 
     @abc.abstractmethod
+    def prepare_representations(self, pairs: Sequence[tuple[int, str]]) -> None:
+        """Keep a note with each message that is not shown by a representation (`large`
+        stays false, so nothing shows it): tier 0's verdict that a stub would not pay
+        (stubs.py). A message shown by a representation keeps it untouched."""
+
+    @abc.abstractmethod
     def session_messages(self, session_id: str, after_seq: int = -1, limit: int = 1000) -> list[MessageRecord]: ...
 
     def session_messages_in(self, session_id: str, ranges: Sequence[tuple[int, int]]) -> list[MessageRecord]:

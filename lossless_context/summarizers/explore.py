@@ -15,7 +15,7 @@ import json
 import re
 from typing import Any, Callable, Iterable
 
-__all__ = ["detect_kind", "explore"]
+__all__ = ["classify", "detect_kind", "explore"]
 
 _SAMPLE = 65_536  # chars looked at to classify
 _JSON_PARSE_LIMIT = 8_000_000  # json.loads is C-fast; beyond this, scan text instead
@@ -218,16 +218,23 @@ def _classify(text: str, hint: str | None) -> tuple[str, Any]:
     return "text", None
 
 
+def classify(text: str, hint: str | None = None) -> tuple[str, Any]:
+    """`detect_kind`'s kind with what `explore` needs besides (the parsed JSON), for a caller
+    that wants both the kind and `explore(text, classified=...)` of the same text without
+    classifying it twice. Never raises."""
+    try:
+        return _classify(text if isinstance(text, str) else str(text), hint)
+    except Exception:  # pragma: no cover - classification must not fail
+        return "text", None
+
+
 def detect_kind(text: str, hint: str | None = None) -> str:
     """Classify `text` as "json", "yaml", "csv", "tsv", "code:<lang>", "log" or "text".
 
     `hint` (a tool or file name) settles ties: an extension such as ``.py`` or
     ``.yaml`` is trusted unless the content is clearly JSON.  Never raises.
     """
-    try:
-        return _classify(text if isinstance(text, str) else str(text), hint)[0]
-    except Exception:  # pragma: no cover - classification must not fail
-        return "text"
+    return classify(text, hint)[0]
 
 
 # ---- describers: each returns [(priority, line)] in display order; 0 is kept first --------
@@ -667,12 +674,14 @@ def _fit(header: str, body: Iterable[tuple[int, str]], max_chars: int) -> str:
 _DESCRIBERS: dict[str, Callable[[str], Lines]] = {"yaml": _describe_yaml, "log": _describe_log}
 
 
-def explore(text: str, max_tokens: int = 600, hint: str | None = None) -> str:
+def explore(text: str, max_tokens: int = 600, hint: str | None = None,
+            classified: tuple[str, Any] | None = None) -> str:
     """Describe a large text in at most `max_tokens` tokens ((len+3)//4).
 
     Always states the detected kind and the size (chars, lines, estimated
     tokens), then a kind-specific sketch.  Deterministic; bounded work on
-    multi-megabyte input; never raises.  `hint` is a tool or file name.
+    multi-megabyte input; never raises.  `hint` is a tool or file name;
+    `classified`, `classify(text, hint)` when the caller has it already.
     """
     try:
         budget = int(max_tokens) * 4
@@ -688,10 +697,7 @@ def explore(text: str, max_tokens: int = 600, hint: str | None = None) -> str:
     n_lines = text.count("\n") + (1 if text and not text.endswith("\n") else 0)
     size = f"{len(text):,} chars, {n_lines:,} lines, ~{(len(text) + 3) // 4:,} tokens"
     hint_s = f" (hint: {_short(hint, 60)})" if isinstance(hint, str) and hint.strip() else ""
-    try:
-        kind, parsed = _classify(text, hint)
-    except Exception:  # pragma: no cover - classification must not fail
-        kind, parsed = "text", None
+    kind, parsed = classified if classified is not None else classify(text, hint)
     header = f"[explore] kind: {kind}; {size}{hint_s}"
     try:
         if kind == "json":

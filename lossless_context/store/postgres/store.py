@@ -361,6 +361,16 @@ class PostgresStore(PostgresRecords, PostgresSearch, PostgresCosts, PostgresVect
 
         return self._write(tx)
 
+    def prepare_representations(self, pairs: Sequence[tuple[int, str]]) -> None:
+        if not pairs:
+            return
+        first: dict[int, str] = {}
+        for mid, text in pairs:
+            first.setdefault(int(mid), _t(text))
+        self._write(lambda c: c.execute(
+            "UPDATE messages m SET exploration=u.t FROM unnest(%s::bigint[], %s::text[]) AS u(id, t)"
+            " WHERE m.id = u.id AND NOT m.large", (list(first), list(first.values()))))
+
     def aliases_for(self, message_ids: Sequence[int]) -> dict[str, int]:
         ids = list(dict.fromkeys(int(i) for i in message_ids))
         if not ids:

@@ -72,3 +72,10 @@ class SQLiteCosts:
                 if cur.rowcount:
                     done.add(int(mid))
         return done
+
+    def prepare_representations(self, pairs: Sequence[tuple[int, str]]) -> None:
+        if not pairs:
+            return
+        with self.tx() as c:
+            c.executemany("UPDATE messages SET exploration=? WHERE id=? AND large=0",
+                          [(clean_text(text), int(mid)) for mid, text in pairs])
