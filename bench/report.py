@@ -96,6 +96,10 @@ def render(res: dict[str, Any]) -> str:
         L += recall_demo(parts["recall_demo"])
     if "grep_scale" in parts:
         L += grep_scale(parts["grep_scale"])
+    from .report_cost import pass_cost
+
+    if "pass_cost" in parts:
+        L += pass_cost(parts["pass_cost"])
     profiles = _profiles(parts)
     if profiles:
         L += profiles

@@ -27,14 +27,17 @@ def test_bench_quick_writes_results(tmp_path: Path) -> None:
 
     for heading in ("## Machine", "## Summary", "## 1. Scale curves", "## 2. Side by side",
                     "## 3. Summary quality", "## 4. SQLite vs PostgreSQL", "## 5. Zero-wait compaction", "## 6. Long sessions",
-                    "## How to run"):
+                    "## 7. The cost of a pass", "## How to run"):
         assert heading in md, heading
     assert data["meta"]["mode"] == "quick"
     m = data["machine"]
     assert m["cpu_model"] and _num(m["cores"]) and _num(m["ram_gb"]) and m["python"] and m["sqlite"]
 
     parts = data["parts"]
-    assert set(parts) == {"scale", "side_by_side", "quality", "backends", "background", "long_sessions", "realtalk", "recall_demo"}
+    assert set(parts) == {"scale", "side_by_side", "quality", "backends", "background", "long_sessions", "realtalk",
+                          "recall_demo", "pass_cost"}
+    for p in parts["pass_cost"]["points"]:
+        assert p["after"]["late_passes"] > 0 and _num(p["after"]["engine_ms"]["p50"]), p
     assert "skipped" in parts["realtalk"]  # no REALTALK data in CI: reported, not failed
     demo = parts["recall_demo"]["sessions"][0]
     assert demo["after"]["questions"] > 0

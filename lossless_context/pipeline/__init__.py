@@ -5,7 +5,8 @@
                      (`ingest_fast`: identity memo, pipelined store, `gcpause`; `ingest_resume`:
                      resuming where the last call ended) — tests/test_ingest_oracle.py checks
                      that both store and return the same;
-2. `stubs`         — tier 0: old tool results shown as stubs, before any summary;
+2. `stubs`         — tier 0: old tool results shown as stubs, before any summary (`stub_prep`:
+                     each result's stub made when it is stored, in a thread, off the pass);
 3. `digest`        — what a summariser is sent of each message;
 4. `compaction`    — pick the span, build leaf and condensed nodes (`dag_balance`,
                      `dag_rebalance` keep the DAG a hierarchy; `continuity` keeps the task in view);
