@@ -45,3 +45,81 @@ def test_an_undo_whose_next_list_reaches_a_pass_is_not_searchable(tmp_path):
         assert "compress" in names[names.index("handle_tool_call"):], "a pass ran after the undo"
         assert not any(SECRET in str(m.get("content")) for m in run.messages)
         assert _store_hits(run, SECRET) == []
+
+
+def _context_shape(db, sid: str) -> tuple[int, int, list[int], int]:
+    """(context items, their tokens, the summaries in it, messages stored twice)."""
+    import collections
+    import sqlite3
+
+    c = sqlite3.connect(db)
+    try:
+        idents = [r[0] for r in c.execute("SELECT ident FROM messages WHERE session_id=? ORDER BY seq", (sid,))]
+        ctx = c.execute("SELECT message_id, summary_id FROM context_items WHERE session_id=? ORDER BY pos",
+                        (sid,)).fetchall()
+        tokens = sum(c.execute("SELECT tokens FROM messages WHERE id=?", (m,)).fetchone()[0] if m else
+                     c.execute("SELECT tokens FROM summaries WHERE id=?", (s,)).fetchone()[0] for m, s in ctx)
+    finally:
+        c.close()
+    twice = sum(v - 1 for v in collections.Counter(idents).values() if v > 1)
+    return len(ctx), tokens, [s for _m, s in ctx if s], twice
+
+
+def test_import_after_a_crash_takes_the_active_transcript_and_doctor_repairs_old_copies(tmp_path):
+    """0.19.0 keeps each compaction's archived rows (active=0, compacted=1) and re-persists the
+    head and tail: `lcm import hermes --all` after a crash must add only the turns never handed
+    over, and `lcm doctor --repair` removes the copies an earlier importer stored."""
+    import shutil
+
+    from lossless_context import LCMEngine
+    from lossless_context.hermes.importer import _session_rows, open_readonly, reconstruct, state_db_path
+    from lossless_context.ops.doctor import run_doctor
+    from tests.test_cli import ok, run_lcm
+
+    with FakeOpenAI(responder=Router(chat=ChatResponder(reply_chars=30_000), summariser=SummariserResponder())) as srv:
+        turns = [f"Turn {i}: keep going with the billing refactor." for i in range(14)]
+        run = run_hermes(srv, turns, engine="lcm", workdir=tmp_path, end_session=False,  # killed: no flush at exit
+                         extra_config={"lcm": {"summarizer": "extractive"}})
+        assert run.ok, run.describe()
+    sid = run.result["session_id"]
+    db = run.hermes_home / "lcm" / "lcm.db"
+    old = tmp_path / "earlier.db"
+    for suffix in ("", "-wal"):
+        if (db.parent / (db.name + suffix)).exists():
+            shutil.copyfile(db.parent / (db.name + suffix), old.parent / (old.name + suffix))
+    items, _tokens, sums, twice = _context_shape(db, sid)
+    assert sums and twice == 0
+    said = 2 * len(turns)  # a user message and a reply per turn
+    ok(run_lcm("--store", str(db), "import", "hermes", "--all", home=run.hermes_home))
+    items, tokens, sums, twice = _context_shape(db, sid)
+    assert twice == 0 and len(sums) == len(set(sums)), (items, sums, twice)
+    assert tokens < 64_000, tokens
+    import sqlite3
+
+    assert sqlite3.connect(db).execute("SELECT count(*) FROM messages WHERE session_id=?", (sid,)).fetchone()[0] == said
+    assert run_doctor(_open(db)).ok
+    ok(run_lcm("--store", str(db), "import", "hermes", "--all", home=run.hermes_home))  # again: nothing new
+    assert _context_shape(db, sid) == (items, tokens, sums, twice)
+
+    # what an earlier importer did: every row, archived copies and re-persisted head included
+    conn = open_readonly(state_db_path(run.hermes_home))
+    msgs, _info = reconstruct(_session_rows(conn, sid), [])
+    conn.close()
+    e = LCMEngine(store=str(old), summarizer="extractive")
+    e.update_model("m", 64_000)
+    e.ingest(msgs, session_id=sid)
+    e.store.close()
+    _items, bad_tokens, _sums, bad_twice = _context_shape(old, sid)
+    assert bad_twice > 0 and bad_tokens > 64_000  # the damage the issue measured
+    rep = run_doctor(_open(old))
+    assert not rep.ok and any(c.name == "no message stored twice by an import" and not c.ok for c in rep.checks)
+    ok(run_lcm("--store", str(old), "doctor", "--repair", home=run.hermes_home))
+    _items, fixed_tokens, fixed_sums, fixed_twice = _context_shape(old, sid)
+    assert fixed_twice == 0 and len(fixed_sums) == len(set(fixed_sums)) and fixed_tokens < 64_000
+    assert run_doctor(_open(old)).ok
+
+
+def _open(path):
+    from lossless_context.store import open_store
+
+    return open_store(str(path))

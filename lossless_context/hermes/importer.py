@@ -9,8 +9,16 @@ stripped, as the host does), `tool_calls`, `tool_call_id`, `tool_name`, `timesta
 the assistant reasoning fields. Matching the host's resume view means a session resumed
 later with the lcm engine aligns with what was imported instead of being stored twice.
 
-History that the built-in compressor archived (`active = 0, compacted = 1`) is imported
-too — it is exactly what lossless context exists to keep. The compressor's own summary
+A session the store already holds, or whose live transcript holds our summary block (the
+lcm engine compacted it), is imported from its *active* transcript only — what the host would
+resume: the engine aligns it with the rows and summaries already stored, so only turns never
+handed over are added. The rows the host archived at each of our compactions (`active = 0,
+compacted = 1`) and the head and tail it re-persisted are copies of what the store holds
+(0.19.0 keeps them; importing them stored every turn two or three times, and the session's
+active context grew past the window).
+
+For any other session, history that the built-in compressor archived (`active = 0,
+compacted = 1`) is imported too — it is exactly what lossless context exists to keep. The compressor's own summary
 messages are skipped (the summary DAG replaces them), and so are the protected head and
 tail messages it re-inserted as copies after each compaction. Rewound rows (`active = 0,
 compacted = 0`, "the user took it back") are not part of the conversation and are skipped.
@@ -30,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import quote
 
-from ..messages import content_ident
+from ..messages import content_ident, summary_node_ids
 
 _CONTENT_JSON_PREFIX = "\x00json:"
 COMPRESSOR_PREFIXES = ("[CONTEXT COMPACTION", "[CONTEXT SUMMARY]:")
@@ -75,6 +83,7 @@ class SessionImport:
     skipped_summaries: int = 0
     skipped_copies: int = 0
     skipped_rewound: int = 0
+    skipped_archived: int = 0  # rows the host archived at our compactions (the store holds them)
 
 
 @dataclass
@@ -301,7 +310,16 @@ def import_hermes(engine: Any, hermes_home: Path, session_ids: list[str] | None 
             if parent and parent not in lineage_idents and parent in by_id:
                 pmsgs, _ = reconstruct(_session_rows(conn, parent), [])
                 before = [content_ident(m) for m in pmsgs]
-            msgs, info = reconstruct(rows, before)
+            active = [r for r in rows if r.get("_active")]
+            live = [row_to_message(r) for r in active]
+            if _ours(store, sid, live):
+                # the host's active transcript: our summary block stands for what it archived
+                msgs = [m for m in live if not is_compressor_summary(m)]
+                info = SessionImport(sid, parent, len(rows), len(msgs), 0,
+                                     skipped_summaries=len(live) - len(msgs),
+                                     skipped_archived=len(rows) - len(active))
+            else:
+                msgs, info = reconstruct(rows, before)
             info.session_id, info.parent_id = sid, parent
             lineage_idents[sid] = before + [content_ident(m) for m in msgs]
             store.ensure_session(sid, parent_id=parent, platform=meta.get("source") or None,
@@ -313,6 +331,14 @@ def import_hermes(engine: Any, hermes_home: Path, session_ids: list[str] | None 
         return report
     finally:
         conn.close()
+
+
+def _ours(store: Any, sid: str, live: list[dict[str, Any]]) -> bool:
+    """Whether the session's active transcript is to be aligned with what the store holds:
+    the store knows the session's messages, or the transcript carries our summary block."""
+    if any(summary_node_ids(m) for m in live):
+        return True
+    return store.get_session(sid) is not None and store.stats(sid)["messages"] > 0
 
 
 def _ingest(engine: Any, store: Any, sid: str, msgs: list[dict[str, Any]]) -> int:
@@ -344,6 +370,8 @@ def print_report(console: Any, rep: HermesImportReport) -> None:
             skipped.append(f"{s.skipped_copies} re-inserted copies")
         if s.skipped_rewound:
             skipped.append(f"{s.skipped_rewound} rewound")
+        if s.skipped_archived:
+            skipped.append(f"{s.skipped_archived} archived (already stored)")
         t.add_row(s.session_id, s.parent_id or "-", str(s.rows), str(s.messages), str(s.added),
                   ", ".join(skipped) or "-")
     console.print(t)

@@ -6,7 +6,8 @@ DAG, no summary without sources, no leftover staged work. Reported as informatio
 of a turn the host did not keep, and summary chains deeper than ⌈log_fanin(leaves)⌉ + 1
 (made before balanced condensation). Repairs only what is safe: rebuild indexes, drop stale
 staged passes, re-attach unreachable messages to their session's active context, rebalance
-chains in place (dag_rebalance.py); nothing is ever deleted that holds user data.
+chains in place (dag_rebalance.py), delete the summaries and messages an earlier engine or
+import made again (the originals stay); nothing is ever deleted that holds user data.
 """
 
 from __future__ import annotations
@@ -235,6 +236,7 @@ def _sqlite(store: Any, repair: bool) -> DoctorReport:
         chk.repaired = True
 
     _multi_leaf_check(store, rep, repair, lambda sql: _q(store.conn(), sql))
+    _copies_check(store, rep, repair, lambda sql, *p: _q(store.conn(), sql, *p))
     return rep
 
 
@@ -294,11 +296,12 @@ def _postgres(store: Any, repair: bool, rep: DoctorReport) -> DoctorReport:
         store.reattach_messages(by_session)
         chk.repaired = True
 
-    def rows(sql: str) -> list[tuple]:
+    def rows(sql: str, *params: Any) -> list[tuple]:
         with store.maintenance_connection() as c:
-            return q(c, sql)
+            return q(c, sql.replace("?", "%s"), *params)
 
     _multi_leaf_check(store, rep, repair, rows)
+    _copies_check(store, rep, repair, rows)
     return rep
 
 
@@ -322,6 +325,109 @@ def _multi_leaf_check(store: Any, rep: DoctorReport, repair: bool, rows: Callabl
     chk = rep.add(name, False, detail + f"; deleted {len(dropped)} copies no context reaches (every message is"
                   " still stored)" + (f"; still under two leaves: {', '.join(f'm{r[0]}' for r in left)}" if left else ""))
     chk.repaired = not left
+
+
+SQL_TWICE = ("SELECT session_id, ident FROM messages GROUP BY session_id, ident HAVING COUNT(*) > 1"
+             " ORDER BY session_id LIMIT 100000")
+SQL_SESSION_ROWS = ("SELECT m.id, m.ident, m.tokens, EXISTS (SELECT 1 FROM summary_messages sm"
+                    " WHERE sm.message_id = m.id) FROM messages m WHERE m.session_id = ? ORDER BY m.seq")
+COPY_TOKENS = 50  # a message this long said again word for word is a copy, not the user repeating
+COPY_RUN = 3  # ... and so is a run of this many repeats in a row, or of two with a long one in it
+# (a short "continue" / "ok" pair said again is not)
+
+
+def _copies_check(store: Any, rep: DoctorReport, repair: bool, rows: Callable[..., list[tuple]]) -> None:
+    """Messages an earlier `lcm import hermes` stored again: it read 0.19.0's archived rows and
+    the head and tail the host re-persists at each compaction as new turns. A copy repeats an
+    earlier message of its session word for word and is long, or part of a run of three or
+    more such repeats; one under a summary is left alone. ``--repair`` deletes the copies (the originals
+    stay) and points the contexts that held them at the originals."""
+    name = "no message stored twice by an import"
+    sessions = sorted({str(r[0]) for r in rows(SQL_TWICE)})
+    copies: dict[int, int] = {}  # copy -> original
+    by_session: dict[str, list[int]] = {}
+    for sid in sessions:
+        found = _copies(rows(SQL_SESSION_ROWS, sid))
+        if found:
+            copies.update(found)
+            by_session[sid] = sorted(found)
+    if not copies:
+        rep.add(name, True)
+        return
+    first = next(iter(by_session))
+    detail = (f"{len(copies)} copies in {len(by_session)} session(s), e.g. m{by_session[first][0]} of {first} repeats"
+              f" m{copies[by_session[first][0]]}")
+    if not repair:
+        rep.add(name, False, detail + "; `lcm doctor --repair` deletes the copies (the originals stay)")
+        return
+    contexts: dict[str, list[tuple[str, int]]] = {}
+    for s in store.list_sessions():
+        _v, ctx = store.get_context(s["id"])
+        fixed = _deduped(store, [(e.kind, e.ref) for e in ctx], copies)
+        if fixed != [(e.kind, e.ref) for e in ctx]:
+            contexts[s["id"]] = fixed
+    store.forget_records([], sorted(copies), [], contexts)
+    chk = rep.add(name, False, detail + f"; deleted them, repaired {len(contexts)} context(s)")
+    chk.repaired = True
+
+
+def _copies(session_rows: list[tuple]) -> dict[int, int]:
+    """Copies among a session's rows (id, ident, tokens, under a summary), in order."""
+    first: dict[str, int] = {}
+    pos_of: dict[int, int] = {}
+    dup: dict[int, int] = {}  # row position -> position of the first with its identity
+    for i, (mid, ident, _tokens, _under) in enumerate(session_rows):
+        pos_of[mid] = i
+        if ident in first:
+            dup[i] = first[ident]
+        else:
+            first[ident] = i
+    def long(i: int) -> bool:
+        return (session_rows[i][2] or 0) >= COPY_TOKENS
+
+    copy_run: dict[int, bool] = {}  # position -> its run of repeats in a row makes it a copy
+    for i in sorted(dup):
+        if i in copy_run:  # (inside a run met already)
+            continue
+        k = i
+        while k + 1 in dup and dup[k + 1] == dup[k] + 1:
+            k += 1
+        run = range(i, k + 1)
+        verdict = len(run) >= COPY_RUN or (len(run) > 1 and any(long(x) for x in run))
+        for x in run:
+            copy_run[x] = verdict
+    out: dict[int, int] = {}
+    for i, j in dup.items():
+        if session_rows[i][3]:  # under a summary: left alone
+            continue
+        if copy_run.get(i) or long(i):
+            out[int(session_rows[i][0])] = int(session_rows[j][0])
+    return out
+
+
+def _deduped(store: Any, ctx: list[tuple[str, int]], copies: dict[int, int]) -> list[tuple[str, int]]:
+    """A context without copies: each item once, a copy replaced by its original unless the
+    context already holds that original (itself, or under one of its summaries)."""
+    covered: set[int] = set()
+    stack = [ref for k, ref in ctx if k == "s"]
+    seen_s: set[int] = set()
+    while stack:
+        node = stack.pop()
+        if node in seen_s:
+            continue
+        seen_s.add(node)
+        kids, mids = store.summary_children(node)
+        stack.extend(kids)
+        covered.update(mids)
+    out: list[tuple[str, int]] = []
+    have: set[tuple[str, int]] = set()
+    for k, ref in ctx:
+        item = (k, copies.get(ref, ref)) if k == "m" else (k, ref)
+        if item in have or (item[0] == "m" and item[1] in covered):
+            continue
+        have.add(item)
+        out.append(item)
+    return out
 
 
 def _duplicate_summaries(store: Any, rows: Callable[[str], list[tuple]]) -> set[int]:
