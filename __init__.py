@@ -4,19 +4,21 @@ The host clones this repository into $HERMES_HOME/plugins/lcm/ and imports this 
 `register(ctx)` hands the host a context engine through `ctx.register_context_engine`,
 taken from the `lossless_context` package in this same checkout (an installed copy of the
 package is used only when one is already imported). Importing this file does nothing else:
-no sys.path change, no store, no config read. A missing dependency is reported with the
-command that installs it into the host's own Python.
+no sys.path change, no store, no config read. The engine needs nothing beyond the standard
+library (config.yaml is read with ruamel.yaml, which every Hermes ships, or PyYAML); when it
+cannot load, the reason goes to the host's log at WARNING and to `hermes plugins list`.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import sys
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
 _PACKAGE = "lossless_context"
-_REQUIRES = ("yaml",)  # what the engine needs at run time beyond the standard library
+_MIN_PYTHON = (3, 11)
 
 
 def _load_package():
@@ -26,7 +28,7 @@ def _load_package():
         return mod
     init = _HERE / _PACKAGE / "__init__.py"
     if not init.is_file():
-        raise ImportError(f"lcm plugin: {init} is missing; this checkout is incomplete")
+        raise ImportError(f"lcm plugin: {init} is missing; this checkout is incomplete (clone it again)")
     spec = importlib.util.spec_from_file_location(_PACKAGE, init, submodule_search_locations=[str(init.parent)])
     if spec is None or spec.loader is None:
         raise ImportError(f"lcm plugin: cannot load {init}")
@@ -40,22 +42,27 @@ def _load_package():
     return mod
 
 
-def _check_requirements() -> None:
-    missing = [name for name in _REQUIRES if importlib.util.find_spec(name) is None]
-    if missing:
-        pip = {"yaml": "pyyaml"}
+def _check_python() -> None:
+    if sys.version_info < _MIN_PYTHON:
         raise ImportError(
-            "lcm plugin: missing Python package(s) " + ", ".join(pip.get(m, m) for m in missing)
-            + f" in the host's Python ({sys.executable}); install with: {sys.executable} -m pip install "
-            + " ".join(pip.get(m, m) for m in missing))
+            f"lcm plugin: needs Python {'.'.join(map(str, _MIN_PYTHON))}+; the host runs {sys.version.split()[0]} "
+            f"({sys.executable})")
 
 
 def register(ctx) -> None:
-    """Register the LCM context engine (and the /lcm command) with the host."""
-    _check_requirements()
-    _load_package()
-    from lossless_context.hermes.plugin import register as _register
+    """Register the LCM context engine (and the /lcm command) with the host.
 
+    A failure is logged at WARNING (hosts log a plugin's exception at DEBUG only, then fall back
+    to the built-in compressor in silence) and raised, so the host records it for `hermes
+    plugins list`."""
+    try:
+        _check_python()
+        _load_package()
+        from lossless_context.hermes.plugin import register as _register
+    except Exception as exc:
+        logging.getLogger("lossless_context").warning(
+            "lcm plugin (%s) cannot load, so Hermes uses its built-in compressor: %s", _HERE, exc)
+        raise
     _register(ctx)
 
 

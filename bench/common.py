@@ -168,28 +168,14 @@ def extrapolate(fit: dict[str, Any] | None, x: float) -> float | None:
 
 # -- memory & time ------------------------------------------------------------------------
 
-def _status_kb(key: str) -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
 def peak_rss_mb() -> float:
-    kb = _status_kb("VmHWM")
-    if kb is None:
-        import resource
+    """The process's peak resident set (the kernel's high-water mark, VmHWM on Linux)."""
+    import resource
 
-        kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # ru_maxrss is in kilobytes on Linux and in bytes on macOS
+    kb = peak / 1024 if sys.platform == "darwin" else peak
     return round(kb / 1024, 1)
-
-
-def rss_mb() -> float | None:
-    kb = _status_kb("VmRSS")
-    return None if kb is None else round(kb / 1024, 1)
 
 
 def ms_since(t0: float) -> float:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -88,9 +89,9 @@ class LCMConfig:
         cfg = cls()
         env = os.environ if environ is None else environ
         if read_file:
-            block = _read_yaml_block(home or hermes_home(), cfg.warnings)
-            cfg._apply(block, "config.yaml lcm.")
-            cfg.host = HostCompression.from_block(_read_yaml_block(home or hermes_home(), [], "compression"))
+            data = _read_config_file(home or hermes_home(), cfg.warnings)
+            cfg._apply(_block(data, "lcm", cfg.warnings), "config.yaml lcm.")
+            cfg.host = HostCompression.from_block(_block(data, "compression", []))
         env_vals = {}
         for f in _fields():
             key = "LCM_" + f.name.upper()
@@ -264,22 +265,60 @@ def _coerce(name: str, typ: Any, raw: Any) -> tuple[bool, Any, str]:
     return True, value, ""
 
 
-def _read_yaml_block(home: Path, warnings: list[str], key: str = "lcm") -> Mapping[str, Any]:
+class NoYamlParser(ImportError):
+    """Neither ruamel.yaml nor PyYAML is importable."""
+
+
+def load_yaml(text: str) -> Any:
+    """Parse YAML text the way Hermes reads its config.yaml (YAML 1.1: `yes`/`no`/`on`/`off` are
+    booleans), with whichever parser the host's Python has: ruamel.yaml (every Hermes ships it;
+    the 0.22 line ships no PyYAML), else PyYAML. Raises NoYamlParser when there is neither, and
+    the parser's own error for a broken document."""
+    try:
+        from ruamel.yaml import YAML
+    except ImportError:
+        YAML = None
+    if YAML is not None:
+        import warnings
+
+        parser = YAML(typ="safe", pure=True)
+        parser.version = (1, 1)
+        with warnings.catch_warnings():  # ruamel warns about 1.1 floats such as `1e3` (it reads them)
+            warnings.simplefilter("ignore")
+            return parser.load(text)
+    try:
+        import yaml
+    except ImportError:
+        raise NoYamlParser("no YAML parser in this Python (install ruamel.yaml)") from None
+    return yaml.safe_load(text)
+
+
+def _read_config_file(home: Path, warnings: list[str]) -> Mapping[str, Any]:
+    """The whole of `home/config.yaml` ({} when absent or unreadable, with a warning)."""
     path = home / "config.yaml"
     if not path.is_file():
         return {}
     try:
-        import yaml
-
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = load_yaml(path.read_text(encoding="utf-8")) or {}
+    except NoYamlParser as exc:
+        warnings.append(f"cannot read {path}: {exc}; {sys.executable} -m pip install ruamel.yaml; "
+                        "the defaults and LCM_* variables are used")
+        return {}
     except Exception as exc:  # a broken config must not stop the engine
         warnings.append(f"cannot read {path}: {exc}")
         return {}
-    block = data.get(key) if isinstance(data, dict) else None
+    if not isinstance(data, Mapping):
+        warnings.append(f"{path} is not a mapping; ignored")
+        return {}
+    return data
+
+
+def _block(data: Mapping[str, Any], key: str, warnings: list[str]) -> Mapping[str, Any]:
+    block = data.get(key)
     if block is None:
         return {}
-    if not isinstance(block, dict):
-        warnings.append(f"`{key}:` in {path} must be a mapping; ignored")
+    if not isinstance(block, Mapping):
+        warnings.append(f"`{key}:` in config.yaml must be a mapping; ignored")
         return {}
     return block
 

@@ -10,6 +10,37 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.support.pg import pg_dsn, pg_fresh_dsn, pg_server  # noqa: E402,F401  (PostgreSQL fixtures)
+from tests.support import hosts as _hosts  # noqa: E402
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "hosts(*labels): run only on these Hermes hosts (default: all of "
+                            + ", ".join(_hosts.LABELS) + ")")
+
+
+def pytest_generate_tests(metafunc):
+    """A test that uses `hermes_host` runs once per Hermes host (tests/support/hosts.py)."""
+    if "hermes_host" not in metafunc.fixturenames:
+        return
+    marker = metafunc.definition.get_closest_marker("hosts")
+    labels = [lb for lb in _hosts.LABELS if marker is None or lb in marker.args]
+    metafunc.parametrize("hermes_host", labels, indirect=True, ids=[f"hermes{lb}" for lb in labels])
+
+
+@pytest.fixture
+def hermes_host(request):
+    """The Hermes host this run of the test drives (a `tests.support.hosts.Host`); `run_hermes`
+    inside the test drives it too. A host that is not available skips the test (fails under
+    LCM_REQUIRE_HERMES=1, except the optional 0.20 mirror)."""
+    label = getattr(request, "param", "0.19")
+    try:
+        host = _hosts.get(label)
+    except _hosts.HostUnavailable as exc:
+        if _hosts.required() and not _hosts.optional_label(label):
+            pytest.fail(f"Hermes {label} is required (LCM_REQUIRE_HERMES) but unavailable: {exc}")
+        pytest.skip(f"Hermes {label}: {exc}")
+    with _hosts.driving(host):
+        yield host
 
 
 @pytest.fixture(autouse=True)

@@ -8,14 +8,17 @@ host's own threshold logic fires compaction several times.
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from tests.support.fake_openai import (ChatResponder, FakeOpenAI, Router, ScriptedResponder, SummariserResponder,
                                        ToolCall, looks_like_summary_request)
-from tests.support.hermes_host import hermes_available, run_hermes
+from tests.support.hermes_host import run_hermes
 
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not hermes_available(), reason="hermes-agent not importable")]
+# every test runs on each Hermes host (tests/support/hosts.py): 0.19, 0.22, and 0.20 when a mirror is given
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("hermes_host")]
 
 CANARY = "QX-7781-PELICAN"
 
@@ -90,27 +93,35 @@ def test_lcm_slash_command_and_manual_compress(tmp_path):
         assert "LCM engine" in status and "messages stored" in status, run.turns[7]
         assert "step" in grep and "m1" in grep, grep
         assert "healthy" in doctor, doctor
-        last = srv.chat_requests[-1].messages
+        last = srv.agent_requests[-1].messages
         assert any("<lcm-summary" in str(m.get("content")) for m in last)
 
 
-def test_bundled_location_install(tmp_path):
+def _lcm_cli(host, *args: str) -> subprocess.CompletedProcess:
+    """The `lcm` command line in the host's own Python (what the host will import)."""
+    return subprocess.run([host.python, "-m", "lossless_context.cli", *args], capture_output=True, text=True,
+                          timeout=300, stdin=subprocess.DEVNULL)
+
+
+def test_bundled_location_install(tmp_path, hermes_host):
     """`lcm install --mode bundled` puts the plugin in the host's own plugins/context_engine/lcm/;
     the host then loads it by `context.engine: lcm` alone (no plugins.enabled entry)."""
-    from lossless_context.hermes.install import bundled_folder, install, uninstall
-
-    folder = bundled_folder()
+    folder = Path(subprocess.run(
+        [hermes_host.python, "-c", "from lossless_context.hermes.install import bundled_folder; print(bundled_folder())"],
+        capture_output=True, text=True, check=True, timeout=120).stdout.strip())
     home = tmp_path / "home-for-install"
-    uninstall(home)  # a copy left by an interrupted run (refuses to touch a folder that is not ours)
+    # a copy left by an interrupted run (uninstall refuses to touch a folder that is not ours)
+    assert _lcm_cli(hermes_host, "uninstall", "--hermes-home", str(home)).returncode == 0
     assert not folder.exists()
     try:
-        install(home, mode="bundled")
+        r = _lcm_cli(hermes_host, "install", "--mode", "bundled", "--hermes-home", str(home))
+        assert r.returncode == 0, r.stdout + r.stderr
         assert (folder / "__init__.py").is_file() and (folder / "plugin.yaml").is_file()
         with FakeOpenAI(responder=Router(chat=ChatResponder(reply_chars=300))) as srv:
             run = run_hermes(srv, ["hello", "again"], engine="lcm", plugin_mode="none", workdir=tmp_path)
             assert run.ok, run.describe()
             assert run.engine_name == "lcm" and run.engine["class"] == "lossless_context.engine.LCMEngine"
-            assert all("lcm_grep" in r.tool_names for r in srv.chat_requests)
+            assert all("lcm_grep" in r.tool_names for r in srv.agent_requests)
     finally:
-        uninstall(home)
+        _lcm_cli(hermes_host, "uninstall", "--hermes-home", str(home))
     assert not folder.exists()

@@ -123,33 +123,76 @@ def test_hermes_plugins_install_from_a_local_git_url(tmp_path):
     assert "lcm" in listed.stdout
 
 
-def test_root_plugin_import_has_no_side_effects_and_reports_missing_dependencies(tmp_path):
-    probe = textwrap.dedent('''
-        import importlib.util, json, sys
-        before = set(sys.modules); path = list(sys.path)
-        spec = importlib.util.spec_from_file_location("hermes_plugins.lcm_probe", sys.argv[1])
-        mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
-        new = sorted(m for m in set(sys.modules) - before if "lossless" in m)
-        # a missing dependency: register() says which package and how to install it
-        import importlib.util as iu
-        real = iu.find_spec
-        iu.find_spec = lambda name, *a: None if name == "yaml" else real(name, *a)
-        try:
-            mod.register(object())
-            err = ""
-        except ImportError as exc:
-            err = str(exc)
-        print(json.dumps({"new": new, "path_same": path == sys.path, "err": err,
-                          "has_register": callable(mod.register)}))
-    ''')
-    r = subprocess.run([sys.executable, "-c", probe, str(ROOT / "__init__.py")], capture_output=True, text=True,
-                       timeout=120, cwd=str(tmp_path))
+ROOT_PROBE = textwrap.dedent('''
+    import builtins, importlib.util, json, logging, sys
+    records = []
+    class Keep(logging.Handler):
+        def emit(self, record): records.append((record.levelname, record.getMessage()))
+    logging.getLogger("lossless_context").addHandler(Keep())
+    before = set(sys.modules); path = list(sys.path)
+    spec = importlib.util.spec_from_file_location("hermes_plugins.lcm_probe", sys.argv[1])
+    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
+    new = sorted(m for m in set(sys.modules) - before if "lossless" in m)
+    real_import = builtins.__import__
+    def no_yaml(name, *a, **k):  # a host without PyYAML (the 0.22 line)
+        if name == "yaml" or name.startswith("yaml."):
+            raise ImportError("No module named 'yaml'")
+        return real_import(name, *a, **k)
+    builtins.__import__ = no_yaml
+    class Ctx:
+        engine = None
+        def register_context_engine(self, e): self.engine = e
+        def register_command(self, *a, **k): pass
+    ctx = Ctx()
+    try:
+        mod.register(ctx)
+        err = ""
+    except ImportError as exc:
+        err = str(exc)
+    cfg = ctx.engine.config if ctx.engine is not None else None
+    print(json.dumps({"new": new, "path_same": path == sys.path, "err": err,
+                      "engine": getattr(ctx.engine, "name", None),
+                      "threshold": getattr(cfg, "threshold", None), "warnings": list(getattr(cfg, "warnings", [])),
+                      "records": records}))
+''')
+
+
+def _root_probe(python: str, init: Path, home: Path, cwd: Path) -> dict:
+    env = _env(home)
+    r = subprocess.run([python, "-c", ROOT_PROBE, str(init)], capture_output=True, text=True, timeout=120,
+                       cwd=str(cwd), env=env)
     assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert out["new"] == [] and out["path_same"] and out["has_register"]
-    assert "pyyaml" in out["err"] and "-m pip install pyyaml" in out["err"]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_root_plugin_registers_without_pyyaml_and_has_no_import_side_effects(tmp_path, hermes_host):
+    """The root __init__.py imports nothing at import time; register() works in a host without
+    PyYAML and still reads config.yaml (with ruamel.yaml, which every Hermes ships)."""
+    home = tmp_path / "home" / ".hermes"
+    home.mkdir(parents=True)
+    (home / "config.yaml").write_text("lcm:\n  threshold: 0.7   # from the user's config\n")
+    out = _root_probe(hermes_host.python, ROOT / "__init__.py", home, tmp_path)
+    assert out["new"] == [] and out["path_same"]
+    assert out["err"] == "" and out["engine"] == "lcm"
+    assert out["threshold"] == 0.7 and out["warnings"] == []
+    assert not [r for r in out["records"] if r[0] in ("WARNING", "ERROR")], out["records"]
     text = (ROOT / "__init__.py").read_text()
     assert "register_context_engine" in text and "MemoryProvider" not in text
+
+
+def test_root_plugin_from_an_incomplete_checkout_says_why_at_warning(tmp_path, hermes_host):
+    """What the user needs to know reaches the host's log at WARNING (hosts log a plugin's own
+    exception at DEBUG only), and the error the host records for the plugin names the cause."""
+    folder = tmp_path / "plugins" / "lcm"
+    folder.mkdir(parents=True)
+    shutil.copy2(ROOT / "__init__.py", folder / "__init__.py")
+    shutil.copy2(ROOT / "plugin.yaml", folder / "plugin.yaml")  # no lossless_context/ beside them
+    home = tmp_path / "home" / ".hermes"
+    home.mkdir(parents=True)
+    out = _root_probe(hermes_host.python, folder / "__init__.py", home, tmp_path)
+    assert "this checkout is incomplete" in out["err"] and out["engine"] is None
+    warned = [m for lvl, m in out["records"] if lvl == "WARNING"]
+    assert warned and "built-in compressor" in warned[0] and "incomplete" in warned[0], out["records"]
 
 
 # -- the name clash -----------------------------------------------------------------------------------

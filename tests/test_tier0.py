@@ -257,14 +257,12 @@ def test_stubbed_output_is_always_valid(tmp_path):
     assert not host.invalid
 
 
-def test_objective_and_todo_state_after_the_real_hosts_compress(tmp_path):
+def test_objective_and_todo_state_after_the_real_hosts_compress(tmp_path, hermes_host):
     """Through hermes-agent's own loop and its /compress: the objective and the state after the
     agent's last `todo` call are in the context the host continues with."""
     from tests.support.fake_openai import ChatResponder, Router, ScriptedResponder, ToolCall
-    from tests.support.hermes_host import hermes_available, run_hermes
+    from tests.support.hermes_host import run_hermes
 
-    if not hermes_available():
-        pytest.skip("hermes-agent not importable")
     todos = [{"id": "1", "content": "write the LEDGERPLAN schema", "status": "completed"},
              {"id": "2", "content": "backfill LEDGERPLAN rows", "status": "in_progress"}]
     chat = ScriptedResponder({"make a plan": ToolCall("todo", {"todos": todos})},

@@ -20,6 +20,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..config import load_yaml
+
 ENGINE = "lcm"
 ENTRY_GROUP = "hermes_agent.plugins"
 _NAME_RE = re.compile(r"""["']lcm["']""")
@@ -69,9 +71,7 @@ def _claims_lcm(folder: Path) -> tuple[bool, bool]:
 
 def _enabled_names(hermes_home: Path) -> tuple[set[str], set[str]]:
     try:
-        import yaml
-
-        data = yaml.safe_load(_reads(hermes_home / "config.yaml")) or {}
+        data = load_yaml(_reads(hermes_home / "config.yaml")) or {}
     except Exception:
         data = {}
     plugins = data.get("plugins") if isinstance(data, dict) else None

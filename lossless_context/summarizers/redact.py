@@ -191,7 +191,7 @@ _NON_VALUES = frozenset(
 _CODE_REF_RE = re.compile(
     r"[A-Za-z_$][\w$]*+(?:\.[A-Za-z_$][\w$]*+)*+\(.*"                # call
     r"|[A-Za-z_$][\w$]*+(?:\.[A-Za-z_$][\w$]*+|\[[^\]]*+\])++"       # attribute/subscript
-    r"|(?:os\.getenv|os\.environ|process\.env|\$ENV\{).*",
+    r"|(?:os\.getenv|os\.environ|\$ENV\{|process\.env).*",
     re.DOTALL,
 )
 _SECRETY_IDENT_RE = re.compile(r"[a-z_][a-z0-9_]*_[a-z0-9_]*")

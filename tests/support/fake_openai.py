@@ -358,8 +358,8 @@ class ChatResponder:
                 lines.append(f"Step {n}.{i}: edited src/module_{n}_{i}.py at line {100 + i} ({' '.join(w[:4])}).")
             elif i % 4 == 3:
                 lines.append(f"Note {n}.{i}: value_{n}_{i} = {n * 1000 + i}; " + " ".join(w))
-            else:
-                lines.append(" ".join(w).capitalize() + ".")
+            else:  # numbered: a reply never repeats a line (newer hosts cut a stream that loops)
+                lines.append(" ".join(w).capitalize() + f" ({n}.{i}).")
             i += 1
         return "\n".join(lines)[: max(self.reply_chars, len(head))]
 
@@ -780,6 +780,12 @@ class FakeOpenAI:
     @property
     def chat_requests(self) -> List[RecordedRequest]:
         return [r for r in self.requests if r.is_chat]
+
+    @property
+    def agent_requests(self) -> List[RecordedRequest]:
+        """The agent loop's own model calls: streamed, and not a summariser's call (a newer host
+        also streams its compression model's calls, and titles a session with calls of its own)."""
+        return [r for r in self.chat_requests if r.body.get("stream") and not looks_like_summary_request(r.body)]
 
     def clear(self) -> None:
         with self._lock:

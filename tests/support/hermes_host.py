@@ -259,6 +259,10 @@ class HostRun:
         return self.result.get("blocked_connections") or []
 
     @property
+    def host_version(self) -> str:
+        return self.result.get("host_version") or ""
+
+    @property
     def plugins(self) -> Dict[str, Any]:
         return self.result.get("plugins") or {}
 
@@ -306,7 +310,7 @@ def run_hermes(
     end_session: bool = True,
     env: Optional[Dict[str, str]] = None,
     timeout: float = 180.0,
-    python: str = DEFAULT_PYTHON,
+    python: Optional[str] = None,
     workdir: Optional[Union[str, Path]] = None,
     log_level: str = "INFO",
     join_background: float = 0.0,
@@ -338,7 +342,14 @@ def run_hermes(
     ``["__config__"]`` to use the "cli" platform toolsets from config like
     ``hermes -z`` does.  ``env``: extra environment for the subprocess.
     ``trace_engine``: record every engine method call (``run.engine_calls``).
+    ``python``: the host's interpreter; by default the host of the running ``hermes_host`` test
+    (tests/support/hosts.py), else this interpreter (or ``LCM_HERMES_PYTHON``).
     """
+    if python is None:
+        from tests.support.hosts import current
+
+        host = current()
+        python = host.python if host is not None else DEFAULT_PYTHON
     if hermes_home is None:
         root = Path(tempfile.mkdtemp(prefix="hermes-harness-", dir=str(workdir) if workdir else None))
         hermes_home = root / "hermes_home"
@@ -627,6 +638,9 @@ def _driver(spec_path: str) -> int:
         from hermes_cli.runtime_provider import resolve_runtime_provider
         from hermes_cli.tools_config import _get_platform_tools
 
+        import hermes_cli
+
+        result["host_version"] = getattr(hermes_cli, "__version__", "")
         cfg = load_config()
         model_cfg = cfg.get("model") or {}
         model = model_cfg.get("default") or model_cfg.get("model") or ""
@@ -751,6 +765,12 @@ def _driver(spec_path: str) -> int:
             result["messages"] = history
             dump()
 
+        # Newer hosts title a session on a daemon thread ("auto-title") that writes the session
+        # database; closing the database under it (and exiting) races with that write.
+        import threading
+
+        for t in [t for t in threading.enumerate() if t.name == "auto-title"]:
+            t.join(timeout=30)
         if spec.get("join_background"):
             # the host's memory/skill review runs on daemon threads named "bg-review"; wait for
             # them so what they did is in the store before this process exits
@@ -811,9 +831,15 @@ def _branch(agent: Any, history: List[Dict[str, Any]], command: str) -> Dict[str
     from hermes_cli.cli_commands_mixin import CLICommandsMixin
 
     class _CLI(CLICommandsMixin):
-        _transfer_session_yolo = hermes_cli_module.HermesCLI._transfer_session_yolo
+        pass
 
+    # 0.19/0.20 call a method of HermesCLI; 0.22 calls tools.approval_yolo.transfer_session_yolo itself
+    transfer = getattr(hermes_cli_module.HermesCLI, "_transfer_session_yolo", None)
+    if transfer is not None:
+        _CLI._transfer_session_yolo = transfer  # type: ignore[attr-defined]
     shell = _CLI()
+    shell._agent_running = False
+    shell.session_start = getattr(agent, "session_start", None)
     shell.conversation_history = list(history)
     shell._session_db = getattr(agent, "_session_db", None)
     shell.session_id = agent.session_id
