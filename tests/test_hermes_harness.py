@@ -39,13 +39,11 @@ def host_calls(run, name=None):
 
 
 def dir_plugin_module(host, key: str) -> str:
-    """The module a directory plugin's code runs as: 0.19 loads it through the general plugin
-    system (`hermes_plugins.<key>`); newer hosts load a context engine folder themselves, keyed by
+    """The module a directory plugin's code runs as: 0.19 and 0.20 load it through the general
+    plugin system (`hermes_plugins.<key>`); 0.22 loads a context engine's folder itself, keyed by
     the folder's name, before the general plugin system."""
     if host.at_least("0.22"):
         return "_hermes_user_context_engine.lcm"
-    if host.at_least("0.20"):
-        return "plugins.context_engine.lcm"
     return "hermes_plugins." + key.replace("-", "_")
 
 
@@ -153,13 +151,13 @@ def test_second_process_resumes_the_session(tmp_path):
 
 
 def test_entry_point_and_directory_plugin_with_same_key(tmp_path, hermes_host):
-    """0.19 lets a pip entry point replace a user plugin folder with the same key; newer hosts
-    load a context engine's folder first, so the folder's engine is the one in use."""
+    """0.19 and 0.20 let a pip entry point replace a user plugin folder with the same key; 0.22
+    loads a context engine's folder first, so the folder's engine is the one in use."""
     with FakeOpenAI(responder=ChatResponder(reply_chars=100)) as srv:
         run = run_hermes(srv, ["hi"], engine="lcm", plugin_mode="directory", plugin_init_source=DUMMY_ENGINE_INIT,
                          hide_entry_point=False, workdir=tmp_path)
         assert run.ok, run.describe()
-        if hermes_host.at_least("0.20"):
+        if hermes_host.at_least("0.22"):
             assert run.engine["class"] == dir_plugin_module(hermes_host, "lcm") + ".DummyEngine"
         else:
             assert run.plugins["lcm"]["source"] == "entrypoint"

@@ -426,6 +426,10 @@ class ScriptedResponder:
     def __call__(self, req: Dict[str, Any]) -> Reply:
         msgs = req.get("messages") or []
         last = msgs[-1] if msgs else {}
+        if not req.get("stream") and not req.get("tools"):
+            # a host's auxiliary call (0.22 titles each session: non-streamed, no tools) is no
+            # turn of the agent loop: answer it without touching the script
+            return self.then(req)
         with self._lock:
             if last.get("role") == "tool":
                 # collect the trailing tool results

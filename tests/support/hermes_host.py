@@ -668,6 +668,24 @@ def _driver(spec_path: str) -> int:
             result["plugin_commands"] = sorted(pm._plugin_commands)
             if spec.get("trace_engine") and ce is not None:
                 _install_tracer(type(ce), calls)
+            if spec.get("trace_engine"):
+                # 0.22 loads a context engine's folder itself (plugins/context_engine, module
+                # `_hermes_user_context_engine.<dir>`, cached in sys.modules): that class is the
+                # one the agent gets, not the plugin manager's copy
+                engine_name = (cfg.get("context") or {}).get("engine") or "compressor"
+                if engine_name != "compressor":
+                    try:
+                        from plugins.context_engine import find_engine_dir, load_context_engine
+
+                        folder = find_engine_dir(engine_name)
+                        if folder is not None and folder.parent.name != "context_engine":
+                            own = load_context_engine(engine_name)
+                            if own is not None:
+                                _install_tracer(type(own), calls)
+                    except ImportError:  # 0.19/0.20: no loader of user engine folders
+                        pass
+                    except Exception as exc:
+                        result["context_engine_loader_error"] = f"{type(exc).__name__}: {exc}"
         except Exception as exc:
             result["plugin_discovery_error"] = f"{type(exc).__name__}: {exc}"
         if spec.get("trace_engine"):
