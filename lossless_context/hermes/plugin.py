@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 log = logging.getLogger("lossless_context")
 
-COMMAND_HELP = "status | context | doctor | grep <query> | describe <id> | expand <id>"
+COMMAND_HELP = "status | context | doctor | grep <query> | describe <id> | expand <id> | cli"
 # /lcm runs on the host's own thread (the REPL's): it answers within about a second, or says
 # the store is busy, rather than wait behind a pass or on a store that does not answer.
 ANSWER_SECONDS = 1.0  # a store call (or the session lock) waited on longer than this: "busy"
@@ -141,6 +141,8 @@ def run_command(engine: Any, raw_args: str) -> str:
 
         report = run_doctor(engine.store, repair=False)
         return report.render_text()
+    if sub == "cli":
+        return cli_hint()
     if sub in ("grep", "search"):
         if not rest:
             return "usage: /lcm grep <query>"
@@ -152,6 +154,39 @@ def run_command(engine: Any, raw_args: str) -> str:
         data = json.loads(engine.handle_tool_call(f"lcm_{sub}", {"id": rest.split()[0]}))
         return json.dumps(data, ensure_ascii=False, indent=2)[:8000]
     return f"usage: /lcm {COMMAND_HELP}"
+
+
+def cli_hint() -> str:
+    """How to run the `lcm` command line against this Hermes: the installed `lcm` script next to
+    the host's Python (pip route), else the package this plugin runs from, with the host's Python
+    (`hermes plugins install` copies no script anywhere)."""
+    import shlex
+    import sys
+    from pathlib import Path
+
+    import lossless_context
+
+    python = Path(sys.executable)
+    script = python.parent / "lcm"
+    if script.is_file() and _installed_distribution():
+        return (f"The lcm command line of this Hermes is {script}\n"
+                f"  e.g. {shlex.quote(str(script))} status   (or put {python.parent} on PATH)")
+    root = Path(lossless_context.__file__).resolve().parent.parent
+    command = f"PYTHONPATH={shlex.quote(str(root))} {shlex.quote(str(python))} -m lossless_context.cli"
+    return ("The lcm command line runs from this plugin's folder with the host's Python:\n"
+            f"  alias lcm={shlex.quote(command)}\n"
+            "then e.g. `lcm status`, `lcm grep WORD`, `lcm doctor` (add the alias to your shell's rc file).\n"
+            f"To install it as a command instead: {shlex.quote(str(python))} -m pip install {shlex.quote(str(root))}")
+
+
+def _installed_distribution() -> bool:
+    from importlib import metadata
+
+    try:
+        metadata.distribution("lossless-context")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def cost_lines(st: dict[str, Any]) -> str:

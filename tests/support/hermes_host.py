@@ -742,6 +742,7 @@ def _driver(spec_path: str) -> int:
             "threshold_tokens": getattr(cc, "threshold_tokens", None),
             "threshold_percent": getattr(cc, "threshold_percent", None),
             "id": id(cc),
+            "file": _source_file(type(cc)),
             "is_registered_object": (cc is get_plugin_manager()._context_engine) if result.get("registered_engine") else None,
         }
         result["session_id"] = agent.session_id
@@ -818,6 +819,16 @@ def _driver(spec_path: str) -> int:
             pass
         dump()
     return 0 if not result.get("driver_error") else 1
+
+
+def _source_file(cls: type) -> Optional[str]:
+    """Where the engine's code was loaded from (an installed package or a plugin folder)."""
+    import inspect
+
+    try:
+        return inspect.getfile(cls)
+    except (TypeError, OSError):
+        return None
 
 
 def _run_command(agent: Any, command: str, history: List[Dict[str, Any]]) -> Dict[str, Any]:

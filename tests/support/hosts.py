@@ -155,7 +155,15 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-def _built_venv(name: str, requirement: list[str]) -> str:
+def clean_host_python(label: str = "0.22") -> str:
+    """A venv with the host alone (no lossless_context): what a user of that host has before
+    installing us; for the install-route tests. Built once under hosts_dir(); raises HostUnavailable."""
+    if label != "0.22":
+        raise HostUnavailable(f"no clean venv recipe for Hermes {label}")
+    return _built_venv("hermes-0.22-clean", [HOST_022_REQUIREMENT], install_repo=False)
+
+
+def _built_venv(name: str, requirement: list[str], install_repo: bool = True) -> str:
     """A venv under hosts_dir() with ``requirement`` and this checkout (editable, no dependencies).
 
     Built once and reused while the requirement and this checkout's pyproject.toml are unchanged
@@ -163,8 +171,9 @@ def _built_venv(name: str, requirement: list[str]) -> str:
     root = hosts_dir()
     venv = root / name
     python = venv / "bin" / "python"
-    stamp_data = {"requirement": requirement, "repo": str(REPO_ROOT),
-                  "pyproject": hashlib.sha256((REPO_ROOT / "pyproject.toml").read_bytes()).hexdigest(),
+    stamp_data = {"requirement": requirement, "repo": str(REPO_ROOT) if install_repo else "",
+                  "pyproject": hashlib.sha256((REPO_ROOT / "pyproject.toml").read_bytes()).hexdigest()
+                  if install_repo else "",
                   "base": sys.version.split()[0]}
     stamp = venv / ".lcm-host.json"
     if _stamp_ok(stamp, stamp_data) and python.exists():
@@ -179,7 +188,8 @@ def _built_venv(name: str, requirement: list[str]) -> str:
         if not python.exists():
             steps.append([sys.executable, "-m", "venv", str(venv)])
         steps.append([str(python), "-m", "pip", "install", "-q", *requirement])
-        steps.append([str(python), "-m", "pip", "install", "-q", "--no-deps", "-e", str(REPO_ROOT)])
+        if install_repo:
+            steps.append([str(python), "-m", "pip", "install", "-q", "--no-deps", "-e", str(REPO_ROOT)])
         for cmd in steps:
             try:
                 r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=_clean_env(),
