@@ -378,3 +378,35 @@ def test_no_rival_no_report(tmp_path):
     assert resolve(home).lines() == []
     r = CliRunner().invoke(lcm_main, ["install", "--hermes-home", str(home)])
     assert r.exit_code == 0 and "claims" not in r.stderr + r.output
+
+
+@pytest.mark.hosts("0.22")
+def test_the_catalog_entry_draft_matches_the_plugin_and_the_hosts_catalog_parser(tmp_path, hermes_host):
+    """docs/catalog-entry.yaml parses as a catalog entry with the host's own parser (the pin
+    filled in), and says what plugin.yaml and pyproject.toml say (version, requires_hermes,
+    capabilities)."""
+    import tomllib
+
+    entry = load_yaml((ROOT / "docs" / "catalog-entry.yaml").read_text())
+    manifest = load_yaml((ROOT / "plugin.yaml").read_text())
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert entry["version"] == manifest["version"] == version
+    assert entry["requires_hermes"] == manifest["requires_hermes"]
+    for key in ("provides_tools", "provides_hooks", "requires_env"):
+        assert entry["capabilities"][key] == manifest.get(key, []), key
+    assert manifest["python_runtime"] == "external"
+    probe = textwrap.dedent('''
+        import json, sys
+        from hermes_cli.plugin_catalog import entry_from_mapping
+        data = json.loads(sys.argv[1])
+        data["sha"] = "a" * 40  # the owner pins a release commit
+        e = entry_from_mapping(data, "lossless-context.yaml")
+        print(json.dumps(e.to_dict() if e is not None else None))
+    ''')
+    r = subprocess.run([hermes_host.python, "-c", probe, json.dumps(entry)], capture_output=True, text=True,
+                       timeout=300, cwd=str(tmp_path), env=_env(tmp_path / "h"))
+    assert r.returncode == 0, r.stderr
+    parsed = json.loads(r.stdout.strip().splitlines()[-1])
+    assert parsed is not None, r.stderr  # the host logs why it rejects an entry
+    assert parsed["name"] == "lossless-context" and parsed["category"] == "memory"
+    assert parsed["version"] == version and parsed["requires_hermes"] == manifest["requires_hermes"]
