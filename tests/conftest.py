@@ -23,7 +23,12 @@ def pytest_generate_tests(metafunc):
     if "hermes_host" not in metafunc.fixturenames:
         return
     marker = metafunc.definition.get_closest_marker("hosts")
-    labels = [lb for lb in _hosts.LABELS if marker is None or lb in marker.args]
+    labels = [lb for lb in _hosts.selected() if marker is None or lb in marker.args]
+    if not labels:  # narrowed away (LCM_HOSTS): one skipped instance says so
+        skipped = [pytest.param(lb, marks=pytest.mark.skip(reason="host not selected (LCM_HOSTS)"))
+                   for lb in _hosts.LABELS if marker is None or lb in marker.args][:1]
+        metafunc.parametrize("hermes_host", skipped, indirect=True, ids=[f"hermes{p.values[0]}" for p in skipped])
+        return
     metafunc.parametrize("hermes_host", labels, indirect=True, ids=[f"hermes{lb}" for lb in labels])
 
 

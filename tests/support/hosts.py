@@ -13,7 +13,7 @@ package (the entry point `hermes_agent.plugins: lcm` included):
   checkout of upstream at 0.20 (installed editable into a venv under ``.hosts/``): PyPI has no 0.20.
 
 A test asks for the fixture ``hermes_host`` (tests/conftest.py) and runs once per available host;
-``@pytest.mark.hosts("0.22")`` narrows it. Inside such a test ``run_hermes`` drives that host
+``@pytest.mark.hosts("0.22")`` narrows it; ``LCM_HOSTS=0.19,0.22`` narrows a whole run. Inside such a test ``run_hermes`` drives that host
 without being told (``hermes_host.run(...)`` says it explicitly). A host that is missing skips, or
 fails under ``LCM_REQUIRE_HERMES=1`` (0.20 is optional unless its variables are set).
 """
@@ -99,6 +99,12 @@ def hosts_dir() -> Path:
     return Path(os.environ.get("LCM_HOSTS_DIR") or REPO_ROOT / ".hosts")
 
 
+def selected() -> tuple[str, ...]:
+    """The host labels this run drives: all of LABELS, or those listed in LCM_HOSTS ("0.19,0.22")."""
+    only = {x.strip() for x in os.environ.get("LCM_HOSTS", "").split(",") if x.strip()}
+    return tuple(lb for lb in LABELS if not only or lb in only)
+
+
 def required() -> bool:
     """Missing hosts fail instead of skipping (CI)."""
     return os.environ.get("LCM_REQUIRE_HERMES", "") not in ("", "0")
@@ -173,8 +179,7 @@ def _built_venv(name: str, requirement: list[str], install_repo: bool = True) ->
     python = venv / "bin" / "python"
     stamp_data = {"requirement": requirement, "repo": str(REPO_ROOT) if install_repo else "",
                   "pyproject": hashlib.sha256((REPO_ROOT / "pyproject.toml").read_bytes()).hexdigest()
-                  if install_repo else "",
-                  "base": sys.version.split()[0]}
+                  if install_repo else ""}
     stamp = venv / ".lcm-host.json"
     if _stamp_ok(stamp, stamp_data) and python.exists():
         return str(python)
