@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..store.base import Store
 from .stubs import StubPolicy, prepared_text, stub_for
@@ -47,10 +47,10 @@ class pass_running:  # noqa: N801 - a context manager used like a statement
                 _IDLE.notify_all()
 
 
-def _wait_for_passes(timeout: float) -> None:
+def _wait_for_passes(timeout: float, stopped: Callable[[], bool] = lambda: False) -> None:
     with _LOCK:
         if _PASSES:
-            _IDLE.wait_for(lambda: _PASSES == 0, timeout=timeout)
+            _IDLE.wait_for(lambda: _PASSES == 0 or stopped(), timeout=timeout)
 
 
 class StubPreparer:
@@ -64,6 +64,7 @@ class StubPreparer:
         self._thread: threading.Thread | None = None
         self.prepared = 0  # verdicts written (stubs and "not worth one")
         self.busy = False
+        self.stopped = False  # its store closed: nothing more is read or written
 
     @classmethod
     def for_store(cls, location: str, store: Store, policy: StubPolicy) -> "StubPreparer":
@@ -71,12 +72,20 @@ class StubPreparer:
             p = _PREPARERS.get(location)
             if p is None or p.store is not store or p.policy != policy:
                 p = _PREPARERS[location] = cls(store, policy)
+                hook = getattr(store, "add_close_hook", None)
+                if hook is not None:
+                    # Closing a store closes the connections its threads use: a batch under way
+                    # on a connection closed under it crashes the process. So the store's close
+                    # first stops this thread (guard.GuardedStore runs the hook before closing).
+                    hook(p.stop)
             return p
 
     def submit(self, items: Sequence[tuple[int, tuple[str, str] | None]]) -> None:
         if not items:
             return
         with self._cv:
+            if self.stopped:
+                return  # (a pass makes the stubs it needs itself)
             self._todo.extend(items)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="lcm-stub-prep", daemon=True)
@@ -93,9 +102,27 @@ class StubPreparer:
         with self._cv:
             return self._cv.wait_for(lambda: not self._todo and not self.busy, timeout=timeout)
 
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop for good, waiting (bounded) for the batch under way: the store is closing."""
+        with self._cv:
+            self.stopped = True
+            self._todo.clear()
+            self._cv.notify_all()
+        with _LOCK:
+            _IDLE.notify_all()  # a batch waiting for passes to end gives up now
+            for loc, p in list(_PREPARERS.items()):
+                if p is self:
+                    _PREPARERS.pop(loc)
+        with self._cv:
+            if not self._cv.wait_for(lambda: not self.busy, timeout=timeout):
+                log.debug("lcm: the stub preparer did not stop within %.0f s", timeout)
+
     def _run(self) -> None:
         while True:
             with self._cv:
+                if self.stopped:
+                    self._thread = None
+                    return
                 if not self._todo:
                     self._cv.wait(timeout=30.0)
                     if not self._todo:
@@ -113,7 +140,9 @@ class StubPreparer:
                     self._cv.notify_all()
 
     def _prepare(self, batch: list[tuple[int, tuple[str, str] | None]]) -> None:
-        _wait_for_passes(60.0)
+        _wait_for_passes(60.0, self._stopping)
+        if self.stopped:
+            return
         records = self.store.get_messages([mid for mid, _ in batch])
         out: list[tuple[int, str]] = []
         for mid, call in batch:
@@ -122,11 +151,16 @@ class StubPreparer:
                 continue  # gone, shown by a representation already, or decided before
             if rec.tokens < self.policy.min_tokens:
                 continue  # never stubbed
-            _wait_for_passes(60.0)  # (between stubs: a pass that starts meanwhile goes first)
+            _wait_for_passes(60.0, self._stopping)  # (between stubs: a pass that starts meanwhile goes first)
+            if self.stopped:
+                return
             out.append((mid, prepared_text(self.policy, stub_for(rec, rec.raw, call, self.policy))))
-        if out:
+        if out and not self.stopped:
             self.store.prepare_representations(out)
             self.prepared += len(out)
+
+    def _stopping(self) -> bool:
+        return self.stopped
 
 
 def drop(location: str) -> None:
