@@ -1,4 +1,8 @@
-"""Drive the REAL Hermes Agent loop (hermes-agent 0.19.0) offline, against a fake provider.
+"""Drive the REAL Hermes Agent loop offline, against a fake provider.
+
+The host is whichever Python runs the driver: by default the host of the running ``hermes_host``
+test (0.19.0, 0.20.0 or 0.22.2: tests/support/hosts.py), else this interpreter. Line numbers
+quoted below are 0.19.0's.
 
 Usage (from a test)::
 
