@@ -30,6 +30,8 @@ from .contract.lifecycle import SessionLifecycle, held, session_lock
 from .messages import role_of, summary_node_ids, tool_call_ids
 from .contract.hooks_r19 import HostSignals
 from .contract.hooks_main import NewHostHooks
+from .contract.notices import StoreNotices
+from .contract.units import ProviderUnits
 from .contract.passbudget import effective_host, pass_budget, plausible_overhead
 from .store import Store, open_store
 from .summarizers.costs import SpendLedger
@@ -45,7 +47,8 @@ log = logging.getLogger("lossless_context")
 ALIGNED_SESSIONS = 4  # sessions whose last alignment an engine keeps (see _ingest_locked)
 
 
-class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # type: ignore[misc]
+class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, StoreNotices,
+                base_class()):  # type: ignore[misc]
     """Lossless Context Management: verbatim store + summary DAG + recall tools."""
 
     protect_first_n: int = 3
@@ -253,6 +256,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
             self.awaiting_real_usage_after_compression = False
             if p > 0:
                 self.last_real_prompt_tokens = p
+                self._observe_usage(p)  # (the count of the list a pass returned: units.py)
         if c is not None:
             self.last_completion_tokens = c
         if t is not None:
@@ -264,6 +268,10 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
         tokens = prompt_tokens if prompt_tokens is not None else self.last_prompt_tokens
         if not isinstance(tokens, (int, float)) or tokens < 0 or self.threshold_tokens <= 0:
             return False
+        return self._over_threshold(self._in_provider_units(tokens))  # (a rough figure: units.py)
+
+    def _over_threshold(self, tokens: float) -> bool:
+        """`tokens` (the provider's units) calls for a pass."""
         if tokens < self.threshold_tokens:
             return False
         # After a pass that could not shrink anything, wait for real growth: no loops.
@@ -273,7 +281,8 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
 
     def should_compress_preflight(self, messages: List[Dict[str, Any]], *args: Any, **kwargs: Any) -> bool:
         try:
-            return self.should_compress(estimate_messages_tokens(messages) + self._overhead)
+            rough = estimate_messages_tokens(messages) + self._overhead
+            return self.threshold_tokens > 0 and self._over_threshold(rough * self.provider_ratio())
         except Exception:
             return False
 
@@ -293,9 +302,13 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
         """A manual /compress on a context already under target still has to shrink it."""
         return min(budget.fresh_tail, int(tokens * 0.3)) if tokens <= budget.target else budget.fresh_tail
 
-    def _budget(self, overhead: int) -> Budget:
+    def _budget(self, overhead: int, scale: float | None = None) -> Budget:
+        """A pass's budget in our estimate's units: the threshold divided by the provider's
+        ratio (`scale`, this session's by default: contract/units.py), less the overhead."""
         cfg = self.config
+        scale = max(1.0, self.provider_ratio() if scale is None else scale)
         threshold = self.threshold_tokens or int((self.context_length or 128_000) * self.threshold_percent)
+        threshold = int(threshold / scale)
         usable = max(2000, threshold - overhead)
         target = max(1000, int(usable * cfg.target_ratio))
         block = max(400, min(int(target * 0.25), 8 * cfg.condensed_summary_tokens))
@@ -306,7 +319,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
             target=target,
             fresh_tail=min(cfg.fresh_tail_tokens, int(target * 0.5)),
             summary_block=block,
-            leaf_chunk=cfg.leaf_chunk_tokens,
+            leaf_chunk=max(500, int(cfg.leaf_chunk_tokens / scale)),  # (the summariser's window)
             leaf_summary=leaf_t,
             condensed_summary=cond_t,
             fanin=cfg.condense_fanin,
@@ -476,7 +489,10 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
             # The session survives without its store: keep it within the window (store/guard.py).
             with self._stats_lock:
                 self._stats["last_reason"] = f"store unavailable: {exc.reason}"
-            return self._trim_without_store(messages)
+            out = self._trim_without_store(messages)
+            if out != messages:  # (the host prints it only after a pass that changed something)
+                self._last_summary_error = self._store_stopped_line(exc)  # once per outage: notices.py
+            return out
         except Exception as exc:
             log.exception("lcm: compress failed; returning the conversation unchanged")
             with self._stats_lock:
@@ -523,24 +539,31 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
                     return messages
                 slots, version, base_len, hold = self._ingest_locked(sid, messages, for_pass=True)
                 ours = estimate_messages_tokens(messages)
-                # The host's figure is a hint: a bounded overhead, re-derived on every call.
-                oh = plausible_overhead(current_tokens, ours, self.context_length or
-                                        int(self.threshold_tokens / max(self.threshold_percent, 0.05)))
+                # The host's figure in the provider's units teaches the session's ratio
+                # (units.py); one that exceeds ours by more than any overhead says nothing
+                # about the overhead. Otherwise it is a hint: a bounded overhead, re-derived
+                # on every call.
+                ratio = self._observe_figure(sid, current_tokens, ours)
+                oh = None if self._figure_is_inflated(current_tokens, ours) else plausible_overhead(
+                    current_tokens, ours, self.context_length or
+                    int(self.threshold_tokens / max(self.threshold_percent, 0.05)))
                 overhead = self._overhead if oh is None else oh
                 self._overhead = overhead
-                budget = self._budget(overhead)
+                budget = self._budget(overhead, ratio)
                 # A session past the host's hygiene message limit is force-compressed by a
                 # gateway: it must shrink (its message count) even when its tokens are few.
-                shrink = force or len(messages) >= max(1, cfg.host.hygiene_hard_message_limit)
+                by_count = len(messages) >= max(1, cfg.host.hygiene_hard_message_limit)
+                shrink = force or by_count
                 if ours <= budget.target:
                     if not shrink:
                         # Nothing to shrink however large the host's figure: wait for growth.
-                        self._no_progress_at = self._host_figure(current_tokens, ours + overhead)
-                        self._note(f"{ours} tokens already within target {budget.target}")
+                        self._no_progress_at = self._host_figure(current_tokens, ours + overhead, ratio)
+                        self._note(f"{ours} tokens already within target {budget.target}"
+                                   + (f" (provider ratio {ratio:.2f})" if ratio > 1 else ""))
                         return messages
                     budget.fresh_tail = self._forced_tail(budget, ours)
                 esc = self._get_escalator()
-                host_tokens = ours + overhead
+                host_tokens = int((ours + overhead) * ratio)
                 fast = (cfg.background_compaction and esc.model is not None and not force
                         and host_tokens < cfg.hard_threshold * (self.context_length or host_tokens + 1))
                 pb = pass_budget(effective_host(cfg.host), time_budget=cfg.compaction_time_budget,
@@ -568,9 +591,16 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
             self._discard_stage(res.pass_id)
             res = PassResult(messages, reason="cancelled by the host", calls=res.calls,
                              tokens_before=res.tokens_before, tokens_after=res.tokens_before)
+        after = estimate_messages_tokens(res.output) if res.progressed else ours
+        if res.progressed and after >= ours and not by_count:
+            # A pass with too little to fold (a manual /compress over one short message) would
+            # put a summary block larger than what it replaces: change nothing instead.
+            self._discard_stage(res.pass_id)
+            res = PassResult(messages, reason=f"the pass could not shrink the context ({ours} -> {after} tokens)",
+                             calls=res.calls, tokens_before=res.tokens_before, tokens_after=res.tokens_before)
         self._record(sid, res, pb, time.monotonic() - t0, overhead)
         if not res.progressed:
-            self._no_progress_at = self._host_figure(current_tokens, ours + overhead)
+            self._no_progress_at = self._host_figure(current_tokens, ours + overhead, ratio)
             self._note(res.reason)
             return messages
         if res.output == messages:
@@ -580,6 +610,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
             self._note("the pass changed nothing")
             return messages
         self._no_progress_at = None
+        self._note_pass_output(sid, estimate_messages_tokens(res.output))
         self._pending[sid] = res.pass_id or ""
         if res.upgrade_ids:
             self._submit_upgrade(sid, res.upgrade_ids, budget)
@@ -591,11 +622,13 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
         self._last_summary_fallback_used = bool(res.failures)
         return res.output
 
-    def _host_figure(self, current_tokens: Any, fallback: int) -> int:
-        """The host's token figure for the no-progress guard, bounded by the window."""
+    def _host_figure(self, current_tokens: Any, fallback: int, ratio: float = 1.0) -> int:
+        """The host's token figure for the no-progress guard, in the provider's units (as
+        should_compress compares it), bounded by the window."""
         if plausible_overhead(current_tokens, 0, 0) is None:
-            return fallback
-        return int(min(current_tokens, self.context_length)) if self.context_length else int(current_tokens)
+            return int(fallback * ratio)
+        figure = int(self._in_provider_units(current_tokens))
+        return int(min(figure, self.context_length)) if self.context_length else figure
 
     def _record(self, sid: str, res: PassResult, pb: Any, seconds: float, overhead: int) -> None:
         self.record_pass({"overhead": overhead,
@@ -638,7 +671,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
         esc = self._get_escalator()
         if esc.model is None:
             return False
-        tokens = estimate_messages_tokens(messages) + self._overhead
+        tokens = (estimate_messages_tokens(messages) + self._overhead) * self.provider_ratio(session_id)
         if tokens < self.config.soft_threshold * self.context_length:
             return False
         sid = session_id or self._sid()
@@ -662,6 +695,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, base_class()):  # t
         with self._stats_lock:
             status.update({f"lcm_{k}": v for k, v in self._stats.items()})
         status["lcm_session_id"] = self._session_id
+        status["lcm_provider_ratio"] = round(self.provider_ratio(), 3)
         status.update(self._spend.status(self._session_id, self._provider))
         passes = self.last_passes()
         status["lcm_last_pass"] = passes[-1] if passes else None

@@ -6,6 +6,7 @@ threshold logic: the host decides when to call compress() with the same arithmet
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Iterable, Mapping
 
 IMAGE_TOKEN_COST = 1500
@@ -87,3 +88,53 @@ def estimate_message_tokens(msg: Any) -> int:
 
 def estimate_messages_tokens(messages: Iterable[Any]) -> int:
     return sum(estimate_message_tokens(m) for m in messages)
+
+
+class ProviderRatio:
+    """The provider's prompt tokens per token of our estimate, learned per session (>= 1).
+
+    Our estimate is ~chars/4; a provider's tokenizer may count far more (about one token per
+    CJK character: ~4x; code's operators and brackets). The host hands us its figures — the
+    provider's own count (after a response, after a tool batch, 0.22's usage-anchored figure)
+    or a rough chars/4 one — and the window is in the provider's units, so a pass plans with
+    the window divided by this ratio.
+
+    One figure is read against our estimate of the messages it counted: what exceeds the
+    estimate by no more than `cap` (a share of the window) may be the host's overhead (system
+    prompt, tool schemas) at ratio 1, so it can only *raise* a ratio learned before (by the
+    least ratio it implies); a larger excess is a denser tokenizer for sure, and sets the ratio
+    (at once when higher; halfway when lower, so one odd figure does not undo it).
+    """
+
+    MAX = 8.0  # no tokenizer counts more than this many tokens per 4 characters
+    SESSIONS = 256  # sessions remembered per engine family
+
+    def __init__(self) -> None:
+        self._by_session: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def get(self, session_id: str | None) -> float:
+        with self._lock:
+            return self._by_session.get(session_id or "", 1.0)
+
+    def observe(self, session_id: str | None, figure: Any, estimate: int, overhead: int, cap: int) -> float:
+        """Learn from one figure of the provider (or the host) for messages we estimate at
+        `estimate` tokens, with `overhead` our estimate of what the host adds; the ratio now."""
+        if isinstance(figure, bool) or not isinstance(figure, (int, float)) or figure != figure:
+            return self.get(session_id)
+        if figure <= 0 or estimate <= 0 or figure == float("inf"):
+            return self.get(session_id)
+        key = session_id or ""
+        with self._lock:
+            r = self._by_session.get(key, 1.0)
+            if figure - estimate <= cap:
+                new = max(r, min(self.MAX, figure / (estimate + max(0, cap))))
+            else:
+                seen = min(self.MAX, max(1.0, figure / (estimate + max(0, overhead))))
+                new = seen if seen > r else (r + seen) / 2
+            new = 1.0 if new < 1.05 else new
+            self._by_session.pop(key, None)
+            self._by_session[key] = new
+            while len(self._by_session) > self.SESSIONS:
+                self._by_session.pop(next(iter(self._by_session)))
+            return new

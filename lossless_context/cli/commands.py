@@ -536,6 +536,10 @@ def doctor(app: App, repair: bool, as_json: bool) -> None:
     from ..config import hermes_home as default_home
 
     _echo_name_clash(default_home())
+    from ..hermes.hostlock import stale_lock_lines
+
+    for line in stale_lock_lines(default_home()):  # (the host's state, not the store's: shown, not failed)
+        click.echo(f"warning: {line}", err=as_json)
     if not rep.ok:
         failed = [c.name for c in rep.checks if not (c.ok or c.repaired)]
         click.echo(f"lcm: the store is unhealthy ({'; '.join(failed)})", err=True)

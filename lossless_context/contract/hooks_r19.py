@@ -172,6 +172,9 @@ class HostSignals:
             size = f" (~{int(tokens):,} tokens)" if tokens else ""
             why = {"idle": " after an idle gap", "preflight": " before this turn",
                    "pre_api": " before the next request"}.get(str(phase), "")
+            store = self._store_pending_lines()  # type: ignore[attr-defined]  # (notices.py)
+            if store:
+                return f"🗜️ {COMPACTION_MARKER}{why} — {store}{size}"
             return (f"🗜️ {COMPACTION_MARKER}{why} — LCM summarises older turns into its DAG; "
                     f"every message stays stored verbatim{size}")
         except Exception:

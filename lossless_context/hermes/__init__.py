@@ -2,6 +2,6 @@
 
 `plugin` (registration, `/lcm` commands, the plugin's entry point), `install` (the three
 install routes), `importer` (backfilling Hermes' own session database), `nameclash` (the
-bundled plugin that shares our name) and `plugin_files/` (the files of a directory install).
+bundled plugin that shares our name), `hostlock` (a stale compression lock in the host's database) and `plugin_files/` (the files of a directory install).
 It imports the core; the core never imports it.
 """

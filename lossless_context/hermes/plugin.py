@@ -120,7 +120,7 @@ def run_command(engine: Any, raw_args: str) -> str:
             return (f"LCM engine — {st['lcm_store_error']}\n"
                     f"session {st.get('lcm_session_id') or '-'}: the context is kept within the window by dropping "
                     f"the oldest turns (the host's own history keeps them); nothing new is stored until the store "
-                    f"is back\n" + _config_lines(st))
+                    f"is back\n" + _config_lines(st) + _host_lock_lines())
         return (
             f"LCM engine — store {st.get('lcm_store')} ({st.get('lcm_backend')})\n"
             f"session {st.get('lcm_session_id') or '-'}; messages stored {st.get('lcm_messages', 0)}; "
@@ -129,7 +129,7 @@ def run_command(engine: Any, raw_args: str) -> str:
             f"summary levels in the context {st.get('compression_count', 0)}; "
             f"summariser calls {st.get('lcm_summarizer_calls', 0)}, failures {st.get('lcm_summarizer_failures', 0)}\n"
             f"context {st.get('last_prompt_tokens', 0)}/{st.get('context_length', 0)} tokens, "
-            f"threshold {st.get('threshold_tokens', 0)}\n"
+            f"threshold {st.get('threshold_tokens', 0)}{_ratio_note(st)}\n"
             + cost_lines(st)
         ) + _status_extra(st) + ("\n" + _config_lines(st) if st.get("lcm_config_warnings") else "")
     if sub == "context":
@@ -140,7 +140,7 @@ def run_command(engine: Any, raw_args: str) -> str:
         from ..ops.doctor import run_doctor
 
         report = run_doctor(engine.store, repair=False)
-        return report.render_text()
+        return report.render_text() + _host_lock_lines()
     if sub == "cli":
         return cli_hint()
     if sub in ("grep", "search"):
@@ -189,6 +189,12 @@ def _installed_distribution() -> bool:
     return True
 
 
+def _ratio_note(st: dict[str, Any]) -> str:
+    r = st.get("lcm_provider_ratio") or 1.0
+    return (f"; the provider counts {r:.2f} tokens per token of LCM's estimate (passes plan in its units)"
+            if r > 1.0 else "")
+
+
 def cost_lines(st: dict[str, Any]) -> str:
     """The summariser spend lines of a status (get_status() keys lcm_cost_*)."""
     from ..summarizers.costs import describe
@@ -223,7 +229,18 @@ def _status_extra(st: dict[str, Any]) -> str:
         lines = resolve(hermes_home()).lines()
     except Exception:
         lines = []
-    return out + "".join("\n" + line for line in lines)
+    return out + "".join("\n" + line for line in lines) + _host_lock_lines()
+
+
+def _host_lock_lines() -> str:
+    """A stale compression lock in the host's own database (hostlock.py), with what to do."""
+    try:
+        from ..config import hermes_home
+        from .hostlock import stale_lock_lines
+
+        return "".join(f"\nwarning: {line}" for line in stale_lock_lines(hermes_home()))
+    except Exception:
+        return ""
 
 
 def _config_lines(st: dict[str, Any]) -> str:

@@ -224,14 +224,35 @@ def estimate_tokens(text_or_chars: Union[str, int]) -> int:
     return max(1, (n + 3) // 4)
 
 
-def prompt_tokens_for(req: Dict[str, Any], *, count_tools: bool = True) -> int:
-    """~chars/4 of the messages (all JSON-visible text) plus, optionally, the tool schemas."""
+def prompt_tokens_for(req: Dict[str, Any], *, count_tools: bool = True,
+                      tokenizer: Optional[Callable[[str], int]] = None) -> int:
+    """~chars/4 of the messages (all JSON-visible text) plus, optionally, the tool schemas;
+    with ``tokenizer``, that function's count of the same text (a provider's own tokenizer)."""
+    if tokenizer is not None:
+        texts = [message_text(m) for m in req.get("messages") or []]
+        if count_tools and req.get("tools"):
+            texts.append(json.dumps(req["tools"]))
+        return sum(tokenizer(t) + 1 for t in texts)
     chars = 0
     for m in req.get("messages") or []:
         chars += len(message_text(m)) + 4  # a few tokens of per-message framing
     if count_tools and req.get("tools"):
         chars += len(json.dumps(req["tools"]))
     return estimate_tokens(chars)
+
+
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef]")
+_WORDLIKE = re.compile(r"[A-Za-z0-9_]+")
+
+
+def dense_tokens(text: str) -> int:
+    """A tokenizer denser than chars/4 everywhere, as real ones are for some scripts: one
+    token per CJK character (≈4x chars/4), a word per 4 characters, and every other
+    non-space character (code's brackets, operators, punctuation) a token of its own."""
+    cjk = len(_CJK.findall(text))
+    words = sum((len(w) + 3) // 4 for w in _WORDLIKE.findall(text))
+    other = sum(1 for ch in _WORDLIKE.sub("", _CJK.sub("", text)) if not ch.isspace())
+    return cjk + words + other
 
 
 def last_message(req: Dict[str, Any], role: Optional[str] = None) -> Optional[Dict[str, Any]]:
@@ -337,9 +358,11 @@ class ChatResponder:
         count_tools: bool = True,
         prompt_token_scale: float = 1.0,
         prefix: str = "Answer",
+        tokenizer: Optional[Callable[[str], int]] = None,
     ) -> None:
         self.reply_chars = int(reply_chars)
         self.count_tools = count_tools
+        self.tokenizer = tokenizer
         self.prompt_token_scale = float(prompt_token_scale)
         self.prefix = prefix
         self.calls = 0
@@ -368,7 +391,8 @@ class ChatResponder:
             self.calls += 1
             n = self.calls
         text = self.text_for(req, n)
-        pt = int(prompt_tokens_for(req, count_tools=self.count_tools) * self.prompt_token_scale)
+        pt = int(prompt_tokens_for(req, count_tools=self.count_tools, tokenizer=self.tokenizer)
+                 * self.prompt_token_scale)
         return Reply(content=text, usage=_usage(pt, estimate_tokens(text)))
 
 
@@ -395,10 +419,12 @@ class ScriptedResponder:
         *,
         then: Optional[Responder] = None,
         count_tools: bool = True,
+        tokenizer: Optional[Callable[[str], int]] = None,
     ) -> None:
         self.script = dict(script or {})
-        self.then = then or ChatResponder(reply_chars=400)
+        self.then = then or ChatResponder(reply_chars=400, tokenizer=tokenizer)
         self.count_tools = count_tools
+        self.tokenizer = tokenizer
         self.turn = 0
         self.tool_results: List[Dict[str, Any]] = []
         self._pending: List[List[ToolCall]] = []
@@ -446,7 +472,7 @@ class ScriptedResponder:
                 for tc in nxt:
                     self._ids += 1
                     calls.append(ToolCall(tc.name, tc.arguments, tc.id or f"call_fake_{self._ids}"))
-        pt = prompt_tokens_for(req, count_tools=self.count_tools)
+        pt = prompt_tokens_for(req, count_tools=self.count_tools, tokenizer=self.tokenizer)
         if nxt is not None:
             r = Reply(content="", tool_calls=calls)
             r.usage = _usage(pt, _reply_text_tokens(r))
