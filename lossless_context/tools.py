@@ -4,6 +4,9 @@ Every answer is a JSON string, errors included. Tools see only the current conve
 lineage unless cross-session search is enabled; an id from outside the scope answers
 exactly like an unknown id. Output is bounded and paged (the host previews oversized tool
 results), with `next_cursor` to continue.
+
+`dispatch` serves the engine (the scope is the engine's session); `dispatch_scoped` serves
+the same read-only tools, plus `lcm_sessions`, over a scope its caller fixes (`lcm mcp`).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import json
 import logging
 import time
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 from .messages import flatten_content, media_shown, safe_json
 from .pipeline import forks
@@ -105,9 +108,51 @@ TOOL_SCHEMAS: list[dict[str, Any]] = [
 ]
 TOOL_NAMES = {s["name"] for s in TOOL_SCHEMAS}
 
+SESSIONS_SCHEMA: dict[str, Any] = {
+    "name": "lcm_sessions",
+    "description": (
+        "List the stored sessions this history covers (newest first): id, parent, conversation, "
+        "message and summary counts, times. Paged; pass next_cursor back."
+    ),
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "limit": {"type": "integer", "description": "Sessions per page (default 20, max 100)."},
+            "cursor": {"type": "string", "description": "next_cursor from a previous page."},
+        },
+    },
+}
+# The tools that only read, offered over a fixed scope (dispatch_scoped): no lcm_expand_query,
+# which may call a model.
+READ_ONLY_SCHEMAS: list[dict[str, Any]] = [
+    *(s for s in TOOL_SCHEMAS if s["name"] in ("lcm_grep", "lcm_describe", "lcm_expand")), SESSIONS_SCHEMA]
+READ_ONLY_NAMES = {s["name"] for s in READ_ONLY_SCHEMAS}
+
 
 class ToolError(ValueError):
     """A user-facing error: returned as {"error": ...}."""
+
+
+class Scope(NamedTuple):
+    """What one tool call may see: these sessions (None: every session), and the ancestors
+    seen through a fork point only up to it (session → newest message id, newest summary id)."""
+
+    sessions: list[str] | None
+    bounds: dict[str, tuple[int, int]]
+
+
+def session_scope(store: Any, session_id: str) -> Scope:
+    """A session's view: its lineage, a branch's parent bounded at the fork (forks.py)."""
+    return Scope(store.lineage(session_id), forks.lineage_bounds(store, session_id))
+
+
+def _engine_scope(engine: "LCMEngine", args: dict) -> Scope:
+    sid = engine.current_session()
+    if args.get("session_scope") == "all":
+        if not engine.config.cross_session_search:
+            raise ToolError("session_scope=all is disabled (set lcm.cross_session_search: true)")
+        return Scope(None, {})
+    return session_scope(engine.store, sid)
 
 
 def _current_turn(live: list[Any], slots: Sequence[Any]) -> set[int]:
@@ -124,18 +169,7 @@ def _current_turn(live: list[Any], slots: Sequence[Any]) -> set[int]:
 
 
 def dispatch(engine: "LCMEngine", name: str, args: Any, **kwargs: Any) -> str:
-    try:
-        if name not in TOOL_NAMES:
-            raise ToolError(f"unknown tool {name!r}; available: {', '.join(sorted(TOOL_NAMES))}")
-        if isinstance(args, str):
-            try:
-                args = json.loads(args) if args.strip() else {}
-            except ValueError as exc:
-                raise ToolError(f"arguments are not valid JSON: {exc}") from exc
-        if args is None:
-            args = {}
-        if not isinstance(args, dict):
-            raise ToolError("arguments must be a JSON object")
+    def run(args: dict) -> dict[str, Any]:
         live = kwargs.get("messages")
         current: set[int] = set()
         if isinstance(live, list) and live:
@@ -149,11 +183,43 @@ def dispatch(engine: "LCMEngine", name: str, args: Any, **kwargs: Any) -> str:
                 log.debug("lcm: %s searches what is stored: %s", name, exc)
             except Exception as exc:
                 log.warning("lcm: live ingestion before %s failed: %s", name, exc)
-        ctx = _Ctx(engine, args)
+        ctx = _Ctx(engine, args, _engine_scope(engine, args))
         ctx.current = current
-        result = {"lcm_grep": ctx.grep, "lcm_describe": ctx.describe, "lcm_expand": ctx.expand,
-                  "lcm_expand_query": ctx.expand_query}[name]()
-        return json.dumps(result, ensure_ascii=False, default=str)
+        return {"lcm_grep": ctx.grep, "lcm_describe": ctx.describe, "lcm_expand": ctx.expand,
+                "lcm_expand_query": ctx.expand_query}[name]()
+
+    return _answer(name, args, TOOL_NAMES, run)
+
+
+def dispatch_scoped(source: Any, name: str, args: Any, scope: Callable[[dict], Scope]) -> str:
+    """The read-only tools (`READ_ONLY_NAMES`) over a scope the caller fixes: `scope(args)`
+    returns it for one call (raising ToolError to refuse one). `source` offers what the
+    engine offers the tools: `store`, `config` and `semantic_arm()`. Same arguments, answers,
+    paging and errors as the engine's tools; an id outside the scope is unknown."""
+    def run(args: dict) -> dict[str, Any]:
+        ctx = _Ctx(source, args, scope(args))
+        return {"lcm_grep": ctx.grep, "lcm_describe": ctx.describe, "lcm_expand": ctx.expand,
+                "lcm_sessions": ctx.sessions}[name]()
+
+    return _answer(name, args, READ_ONLY_NAMES, run)
+
+
+def _answer(name: str, args: Any, names: set[str], run: Callable[[dict], dict[str, Any]]) -> str:
+    """One tool call's JSON answer, whatever happens: bad input and an unusable store are
+    answered as {"error": ...}."""
+    try:
+        if name not in names:
+            raise ToolError(f"unknown tool {name!r}; available: {', '.join(sorted(names))}")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError as exc:
+                raise ToolError(f"arguments are not valid JSON: {exc}") from exc
+        if args is None:
+            args = {}
+        if not isinstance(args, dict):
+            raise ToolError("arguments must be a JSON object")
+        return json.dumps(run(args), ensure_ascii=False, default=str)
     except ToolError as exc:
         return json.dumps({"error": str(exc)})
     except StoreUnavailable as exc:  # the breaker's reason, with the store's location
@@ -234,17 +300,13 @@ def parse_id(v: Any) -> tuple[str, int]:
 
 
 class _Ctx:
-    def __init__(self, engine: "LCMEngine", args: dict) -> None:
-        self.engine = engine
+    def __init__(self, engine: Any, args: dict, scope: Scope) -> None:
+        self.engine = engine  # the LCMEngine, or dispatch_scoped's source
         self.args = args
         self.store = engine.store
-        sid = engine.current_session()
-        want_all = args.get("session_scope") == "all"
-        if want_all and not engine.config.cross_session_search:
-            raise ToolError("session_scope=all is disabled (set lcm.cross_session_search: true)")
-        self.scope: list[str] | None = None if want_all else self.store.lineage(sid)
+        self.scope: list[str] | None = scope.sessions
         # A branch sees its parent only up to the fork (forks.py).
-        self.bounds = {} if want_all else forks.lineage_bounds(self.store, sid)
+        self.bounds = scope.bounds
         self.current: set[int] = set()  # the turn in flight: the question and this very tool call
         # DAG edges read during this one call (they cannot change under it: passes publish
         # whole, and a call reads them once)
@@ -535,6 +597,31 @@ class _Ctx:
             out["hint"] = f"page {off // chars + 1} of {(len(text) + chars - 1) // chars}; pass next_cursor as cursor"
         return out
 
+    # -- lcm_sessions (dispatch_scoped only) -----------------------------------------------------------
+
+    def sessions(self) -> dict[str, Any]:
+        limit = _int_arg(self.args, "limit", 20, 1, MAX_LIMIT)
+        cur = _dec_cursor(self.args.get("cursor"))
+        offset = int(cur.get("o", 0)) if isinstance(cur.get("o", 0), int) else 0
+        rows = [r for r in self.store.list_sessions() if self._in_scope(r["id"])]
+        rows.sort(key=lambda r: (r.get("updated_at") or 0, r.get("created_at") or 0, r["id"]), reverse=True)
+        page = rows[offset: offset + limit]
+        out: list[dict[str, Any]] = []
+        for r in page:
+            item: dict[str, Any] = {
+                "id": r["id"], "parent_id": r.get("parent_id"), "conversation_id": r.get("conversation_id"),
+                "kind": r.get("boundary_reason") or "session", "messages": r.get("messages") or 0,
+                "summaries": r.get("summaries") or 0, "compactions": r.get("compactions") or 0,
+                "created": _iso(r.get("created_at")), "updated": _iso(r.get("updated_at")),
+            }
+            bound = self.bounds.get(r["id"])
+            if bound is not None:  # a branch's parent: seen only up to the fork point
+                item["visible_until"] = {"message": f"m{bound[0]}", "summary": f"s{bound[1]}"}
+            out.append(item)
+        more = len(rows) > offset + limit
+        return {"sessions": out, "total": len(rows), "from": offset,
+                "next_cursor": _enc_cursor({"o": offset + limit}) if more else None}
+
     # -- lcm_expand_query ---------------------------------------------------------------------------------
 
     def expand_query(self) -> dict[str, Any]:
@@ -557,8 +644,8 @@ class _Ctx:
                 ids.append((k, r))
         else:
             q = a.get("query") if isinstance(a.get("query"), str) and a.get("query").strip() else prompt
-            sub = _Ctx(self.engine, {"query": q, "limit": 20, "scope": "both"})
-            sub.scope, sub.current = self.scope, self.current
+            sub = _Ctx(self.engine, {"query": q, "limit": 20, "scope": "both"}, Scope(self.scope, self.bounds))
+            sub.current = self.current
             hits = [h for g in sub.grep()["groups"] for h in g["hits"]]
             if any(not h.get("tool_traffic") for h in hits):
                 hits = [h for h in hits if not h.get("tool_traffic")]  # the originals, not earlier searches

@@ -615,10 +615,12 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(rv if isinstance(rv, int) else 0)
 
 
-# `lcm context` and `lcm forget` live in session_cmds.py (kept apart for size).
+# `lcm context` and `lcm forget` live in session_cmds.py, `lcm mcp` in mcp_cmd.py (kept apart for size).
+from .mcp_cmd import add_commands as add_mcp_command  # noqa: E402
 from .session_cmds import add_commands  # noqa: E402
 
 add_commands(lcm, pass_app, UserError)
+add_mcp_command(lcm, pass_app, UserError)
 
 
 if __name__ == "__main__":

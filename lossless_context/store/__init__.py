@@ -5,20 +5,25 @@ from __future__ import annotations
 from .base import Store, StoreError
 
 
-def open_store(location: str, *, call_timeout: float | None = None) -> Store:
+def open_store(location: str, *, read_only: bool = False, call_timeout: float | None = None) -> Store:
     """Open (lazily connecting) the store named by a path or a postgresql:// DSN.
 
     `call_timeout`: PostgreSQL's client-side bound on one store call (seconds; its default
-    when None). SQLite's waits are its busy timeout and lock waits."""
+    when None). SQLite's waits are its busy timeout and lock waits. `read_only`: a reader
+    beside the writers (`lcm mcp`): SQLite opened ``mode=ro``, a PostgreSQL session with
+    ``default_transaction_read_only``; it never writes nor migrates."""
     if location.startswith(("postgresql://", "postgres://")):
+        kw = {} if call_timeout is None else {"call_timeout": call_timeout}
+        if read_only:
+            from .postgres.readonly import ReadOnlyPostgresStore
+
+            return ReadOnlyPostgresStore(location, **kw)
         from .postgres.store import PostgresStore
 
-        if call_timeout is None:
-            return PostgresStore(location)
-        return PostgresStore(location, call_timeout=call_timeout)
+        return PostgresStore(location, **kw)
     from .sqlite.readonly import ReadOnlySQLiteStore, is_read_only
 
-    if is_read_only(location):  # someone else's store, a read-only mount: inspect, never write
+    if read_only or is_read_only(location):  # someone else's store, a read-only mount: inspect, never write
         return ReadOnlySQLiteStore(location)
     from .sqlite.store import SQLiteStore
 
