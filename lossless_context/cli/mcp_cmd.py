@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import threading
 from typing import Any, Callable
 
 import click
@@ -43,7 +44,7 @@ def add_commands(group: click.Group, pass_app: Callable, UserError: type) -> Non
         if store_opt:
             app.store_opt = store_opt
         loc = app.location()
-        app.check_location(loc, must_exist=True)
+        _check_bounded(lambda: app.check_location(loc, must_exist=True), timeout)
         if session:
             scope = ServerScope("session", session)
         elif conversation:
@@ -56,3 +57,22 @@ def add_commands(group: click.Group, pass_app: Callable, UserError: type) -> Non
             raise UserError(str(exc)) from exc
 
     group.add_command(mcp)
+
+
+def _check_bounded(check: Callable[[], None], timeout: float) -> None:
+    """Run the CLI's check of the store file, for at most `timeout` seconds: a file whose lock
+    another process holds would make it wait; the server then starts, and its calls say why
+    they cannot read (a check that fails in time fails the start, in one line)."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            check()
+        except BaseException as exc:  # handed back to the command
+            failed.append(exc)
+
+    t = threading.Thread(target=run, name="lcm-mcp-check", daemon=True)
+    t.start()
+    t.join(timeout)
+    if failed:
+        raise failed[0]

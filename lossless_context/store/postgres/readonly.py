@@ -35,7 +35,7 @@ class ReadOnlyPostgresStore(PostgresStore):
         try:
             import psycopg
 
-            given = psycopg.conninfo.conninfo_to_dict(self._dsn).get("options") or ""
+            given = str(psycopg.conninfo.conninfo_to_dict(self._dsn).get("options") or "")
         except Exception:  # (an invalid DSN is reported when connecting)
             pass
         # The DSN's own options are kept: a keyword argument replaces the DSN's value.

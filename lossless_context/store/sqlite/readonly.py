@@ -59,6 +59,8 @@ class ReadOnlySQLiteStore(SQLiteStore):
                 c.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()  # WAL: needs the -shm file
             except sqlite3.Error as exc:
                 last = exc
+                if any(w in str(exc).lower() for w in ("locked", "busy")):
+                    break  # a writer holds the file: never read around its lock (immutable would be stale)
                 continue
             if params[1] and not self._immutable:
                 self._immutable = True
