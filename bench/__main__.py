@@ -3,7 +3,7 @@
     python -m bench               # full run (default): scale 1k/10k/100k/1M, 3,000-message sessions, …
     python -m bench --quick       # the CI smoke configuration: seconds, small sizes
     python -m bench --only scale  # one part (scale | side_by_side | quality | backends | background |
-                                  # long_sessions | realtalk | recall_demo | pass_cost); the result is
+                                  # long_sessions | realtalk | recall_demo | pass_cost | mcp); the result is
                                   # merged into an existing results.json and RESULTS.md is re-rendered
     python -m bench --out-dir DIR # write the two files elsewhere (the smoke test does)
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from . import common
 
 PARTS = ("scale", "side_by_side", "quality", "backends", "background", "long_sessions", "realtalk", "recall_demo",
-         "pass_cost")
+         "pass_cost", "mcp")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -100,13 +100,15 @@ def render(res: dict[str, Any]) -> str:
 
     if "pass_cost" in parts:
         L += pass_cost(parts["pass_cost"])
+    if "mcp" in parts:
+        L += _mcp(parts["mcp"])
     profiles = _profiles(parts)
     if profiles:
         L += profiles
     L += ["", "## How to run", "",
           "```", "python -m bench            # the full run (this file), ~20 min on 2 cores",
           "python -m bench --quick    # the CI smoke configuration, well under a minute",
-          "python -m bench --only scale|side_by_side|quality|backends|background|long_sessions   # one part; merged into results.json",
+          "python -m bench --only scale|side_by_side|quality|backends|background|long_sessions|mcp   # one part; merged into results.json",
           "python -m bench --only long_sessions --long-grid 32000x10000,64000x36000   # chosen points",
           "```", ""]
     return "\n".join(L) + "\n"
@@ -182,6 +184,38 @@ def _background(bg: dict[str, Any]) -> list[str]:
     L += _table(["worker", "passes", "below hard", "wait p50 ms", "p95 ms", "total wait s", "summariser calls",
                  "summary levels"], rows)
     L += ["", f"Waiting ratio off/on below the hard threshold: **{bg.get('wait_ratio_off_on')}×** (target ≥ 20×)."]
+    return L
+
+
+def _mcp(r: dict[str, Any]) -> list[str]:
+    L = ["", "## 8. lcm_grep through `lcm mcp` vs in-process (`bench/mcp.py`)", ""]
+    if r.get("skipped") or r.get("error"):
+        return L + [f"Not run: {r.get('skipped') or r.get('error')}"]
+    L.append("The same questions (identifiers, words, a question, a phrase) asked of one compacted coding "
+             "session three ways in one run: the engine's `handle_tool_call` in-process (as Hermes calls it), "
+             "the server's own path without the transport (`dispatch_scoped` on the read-only store), and a "
+             "spawned `lcm mcp --session` through the SDK's stdio client. Times per call, ms.")
+    L.append("")
+    rows = []
+    for backend in ("sqlite", "postgresql"):
+        b = r.get(backend) or {}
+        if b.get("skipped") or b.get("error"):
+            rows.append([backend, "—", "—", "—", "—", "—", "—", "—", "—", b.get("skipped") or b.get("error")])
+            continue
+        rows.append([backend, _n(b.get("messages")), f"{b.get('queries')}×{b.get('reps')}",
+                     _f(b.get("engine_pass_ms")), _f(b.get("scoped_pass_ms")), _f(b.get("mcp_pass_ms")),
+                     f"**{b.get('ratio_mcp_engine')}×**", _f(b.get("added_ms_per_call_median")),
+                     _f(b.get("server_start_seconds")), "yes" if b.get("same_answers") else "**no**"])
+    L += _table(["backend", "messages", "questions×rounds", "engine ms", "scoped ms", "MCP ms", "MCP / engine",
+                 "MCP adds per call, ms (median)", "server start s", "same answers"], rows)
+    L += ["", "A column's ms is one pass over the questions: the sum of each question's p50 on that path."]
+    for backend in ("sqlite", "postgresql"):
+        b = r.get(backend) or {}
+        if b.get("per_query"):
+            L += ["", f"Per question ({backend}), p50 ms:", ""]
+            L += _table(["question", "hits", "engine", "scoped", "MCP"],
+                        [[f"`{q['query']}`", q["hits"], _f(q["engine_p50_ms"]), _f(q["scoped_p50_ms"]),
+                          _f(q["mcp_p50_ms"])] for q in b["per_query"]])
     return L
 
 

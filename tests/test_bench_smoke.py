@@ -27,7 +27,8 @@ def test_bench_quick_writes_results(tmp_path: Path) -> None:
 
     for heading in ("## Machine", "## Summary", "## 1. Scale curves", "## 2. Side by side",
                     "## 3. Summary quality", "## 4. SQLite vs PostgreSQL", "## 5. Zero-wait compaction", "## 6. Long sessions",
-                    "## 7. The cost of a pass", "## How to run"):
+                    "## 7. The cost of a pass",
+                    "## 8. lcm_grep through `lcm mcp`", "## How to run"):
         assert heading in md, heading
     assert data["meta"]["mode"] == "quick"
     m = data["machine"]
@@ -35,7 +36,7 @@ def test_bench_quick_writes_results(tmp_path: Path) -> None:
 
     parts = data["parts"]
     assert set(parts) == {"scale", "side_by_side", "quality", "backends", "background", "long_sessions", "realtalk",
-                          "recall_demo", "pass_cost"}
+                          "recall_demo", "pass_cost", "mcp"}
     for p in parts["pass_cost"]["points"]:
         assert p["after"]["late_passes"] > 0 and _num(p["after"]["engine_ms"]["p50"]), p
     assert "skipped" in parts["realtalk"]  # no REALTALK data in CI: reported, not failed
@@ -113,6 +114,10 @@ def test_bench_quick_writes_results(tmp_path: Path) -> None:
                     "tokens_sent_per_1k_messages", "facts_in_context", "first_hit_original", "planted"):
             assert _num(r[key]), (key, r[key])
         assert 0 <= r["first_hit_original"] <= r["planted"] and 0 <= r["facts_in_context"] <= r["planted"]
+
+    mc = parts["mcp"]["sqlite"]  # through `lcm mcp` and in-process: the same answers, both timed
+    assert mc["same_answers"] is True and any(mc["hits"]), mc
+    assert _num(mc["ratio_mcp_engine"]) and _num(mc["mcp_pass_ms"]) and _num(mc["engine_pass_ms"])
 
 
 def test_long_grid_points_merge_into_the_earlier_run():

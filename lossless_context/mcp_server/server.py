@@ -276,6 +276,9 @@ def run(config: LCMConfig, location: str, scope: ServerScope, bound: float = DEF
         threading.Thread(target=close, name="lcm-mcp-close", daemon=True).start()
         done.wait(5.0)
     if app.calls.busy() or not done.is_set():
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # (mcp 1.x closes stdout when its transport ends)
+                pass
         os._exit(0)  # a daemon worker blocked in the store's socket must not hold the exit
