@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from .base import Store, StoreError
 
 
@@ -13,7 +15,7 @@ def open_store(location: str, *, read_only: bool = False, call_timeout: float | 
     beside the writers (`lcm mcp`): SQLite opened ``mode=ro``, a PostgreSQL session with
     ``default_transaction_read_only``; it never writes nor migrates."""
     if location.startswith(("postgresql://", "postgres://")):
-        kw = {} if call_timeout is None else {"call_timeout": call_timeout}
+        kw: dict[str, Any] = {} if call_timeout is None else {"call_timeout": call_timeout}
         if read_only:
             from .postgres.readonly import ReadOnlyPostgresStore
 

@@ -56,7 +56,7 @@ class ReadOnlyPostgresStore(PostgresStore):
     def _refuse(self) -> StoreError:
         return StoreError(f"store {self.location} is opened read-only: nothing can be written")
 
-    def _write(self, fn: Callable[[Any], T]) -> T:
+    def _write(self, fn: Callable[[Any], T], seconds: float | None = None) -> T:
         raise self._refuse()
 
     def wait_indexed(self) -> None:
