@@ -37,8 +37,6 @@ def _build(store: str, n: int) -> list[str]:
     """A compacted coding session of `n` messages; the questions asked of it."""
     from lossless_context.demo.host_driver import R19Host
     from lossless_context.demo.sessions import coding_session, turn_ranges
-    from lossless_context.pipeline.stub_prep import StubPreparer
-    from lossless_context.pipeline.stubs import stub_policy
 
     e = common.make_engine(store, context_length=32_000)
     sess = coding_session(n, seed=11)
@@ -49,8 +47,6 @@ def _build(store: str, n: int) -> list[str]:
         host.maybe_compress()
     host.end()
     common.settle_indexes(e.store)
-    # (the stub preparer writes in the background and does not stop with the store: let it finish)
-    StubPreparer.for_store(e.store.location, e.store, stub_policy(e.config)).wait_idle(120)
     e.store.close()
     return ([c.value for c in sess.canaries[:3]]
             + ["pytest failure in the routes", "what did we decide about the export cutoff?", "\"retry budget\""])

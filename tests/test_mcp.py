@@ -33,8 +33,6 @@ from lossless_context import LCMEngine
 from lossless_context.config import LCMConfig
 from lossless_context.demo.host_driver import R19Host
 from lossless_context.demo.sessions import coding_session, turn_ranges
-from lossless_context.pipeline.stub_prep import StubPreparer
-from lossless_context.pipeline.stubs import stub_policy
 from tests.support.pg import module_store_location, start_server
 
 pytest.importorskip("mcp", reason="the [mcp] extra (the MCP SDK) is not installed")
@@ -53,13 +51,6 @@ def _engine(location: str) -> LCMEngine:
     return LCMEngine(config=LCMConfig.load({"store": location, "summarizer": "extractive"}, read_file=False))
 
 
-def _close(e: LCMEngine) -> None:
-    """Close an engine's store once its background stub preparer is idle: closing the store
-    under that thread's write crashes the process (the preparer does not stop with the store)."""
-    StubPreparer.for_store(e.store.location, e.store, stub_policy(e.config)).wait_idle(60)
-    e.store.close()
-
-
 def plant(location: str) -> dict[str, Any]:
     """Two lineages written by real engines: `alpha` (conversation `conv-alpha`, compacted into
     a summary DAG, with the coding session's canaries), then `beta` (the latest session,
@@ -73,7 +64,7 @@ def plant(location: str) -> dict[str, Any]:
         host.maybe_compress()
     host.end()
     assert host.compactions >= 2
-    _close(e)
+    e.store.close()
     time.sleep(0.01)  # (beta is the newer session)
     e = _engine(location)  # another process: another conversation
     b = R19Host(e, session_id="beta", overhead_tokens=500)
@@ -86,7 +77,7 @@ def plant(location: str) -> dict[str, Any]:
     assert e.store.lineage("alpha") == ["alpha"] and e.store.lineage("beta") == ["beta"]
     # the canary the tests use: a name said once, summarised away under a deeper summary
     canary = next(c for c in sess.canaries if c.kind == "name_said_once")
-    _close(e)
+    e.store.close()
     return {"location": location, "sess": sess, "canary": canary, "beta_mid": max(beta_ids)}
 
 
@@ -119,7 +110,7 @@ def in_process(location: str, name: str, args: dict[str, Any], session: str = "a
         e.bind_session_state(None, session)
         return json.loads(e.handle_tool_call(name, args))
     finally:
-        _close(e)
+        e.store.close()
 
 
 # --------------------------------------------------------------------------- the SDK's client
@@ -401,7 +392,7 @@ def test_serves_beside_a_writer_and_sees_what_it_commits(fresh_location, tmp_pat
             g.end()
             e.store.wait_indexed()
         finally:
-            _close(e)
+            e.store.close()
         found, err = c.tool("lcm_grep", {"query": "gamma-canary-9931"})
         assert not err and found["hits"] == 1, found
         hit = found["groups"][0]["hits"][0]
