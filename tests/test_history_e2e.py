@@ -123,3 +123,49 @@ def _open(path):
     from lossless_context.store import open_store
 
     return open_store(str(path))
+
+
+def test_the_original_outranks_the_agents_own_searches(tmp_path):
+    """svc-kappa-5 said in turn 1, searched for three times: the next search's first hits are
+    the originals, not the earlier calls, answers and replies (they follow, marked)."""
+    import json
+
+    term = "svc-kappa-5"
+    script = {f"search {k}": ToolCall("lcm_grep", {"query": term}, f"call_kappa_{k}") for k in range(4)}
+    chat = ScriptedResponder(script, then=ChatResponder(reply_chars=300))
+    with FakeOpenAI(responder=Router(chat=chat, summariser=SummariserResponder())) as srv:
+        turns = [f"Our staging cluster is called {term}; deploys go there first.", "ok, next topic: invoices"]
+        turns += [f"search {k}: what was {term} again?" for k in range(4)]
+        run = run_hermes(srv, turns, engine="lcm", workdir=tmp_path, extra_config={"lcm": {"summarizer": "extractive"}})
+        assert run.ok, run.describe()
+    last = json.loads(chat.tool_results[-1]["content"])
+    hits = [h for g in last["groups"] for h in g["hits"]]
+    top = [h.get("message", {}).get("content", "") for h in hits[:2]]
+    assert any(t.startswith("Our staging cluster is called") for t in top), hits[:3]  # what the user said
+    assert not any(h.get("tool_traffic") for h in hits[:2])
+    traffic = [h for h in hits if h.get("tool_traffic")]
+    assert len(traffic) >= 6 and hits.index(traffic[0]) >= 2
+
+
+def test_stored_times_are_the_hosts(tmp_path):
+    """0.19.0 hands the engine lists without times; the stored rows carry the times the host's
+    session database has for them, not the moment of the compaction that stored them."""
+    import sqlite3
+
+    with FakeOpenAI(responder=Router(chat=ChatResponder(reply_chars=30_000), summariser=SummariserResponder())) as srv:
+        turns = [f"Turn {i}: keep going with the billing refactor." for i in range(9)]
+        run = run_hermes(srv, turns, engine="lcm", workdir=tmp_path, extra_config={"lcm": {"summarizer": "extractive"}})
+        assert run.ok, run.describe()
+    sid = run.result["session_id"]
+    host = sqlite3.connect(run.hermes_home / "state.db")
+    said = {}
+    for content, ts in host.execute("SELECT content, timestamp FROM messages WHERE session_id=? AND role='user'"
+                                    " ORDER BY id", (sid,)):
+        said.setdefault(content, ts)
+    ours = sqlite3.connect(run.hermes_home / "lcm" / "lcm.db").execute(
+        "SELECT text, created_at FROM messages WHERE session_id=? AND role='user' ORDER BY seq", (sid,)).fetchall()
+    assert len(ours) == len(turns)
+    off = [(t, round(at - said[t], 3)) for t, at in ours if abs(at - said[t]) > 0.01]
+    # only the turn in flight when its list arrived keeps the moment it was stored
+    assert len(off) <= 2 and all(abs(d) < 5 for _t, d in off), off
+    assert len({round(at) for _t, at in ours}) > 3  # not all one moment
