@@ -98,3 +98,39 @@ def test_the_trigram_search_still_respects_the_lineage(tmp_path):
     assert hits == 1  # the other conversation's message is not in this lineage
     assert sqlite3.connect(path).execute("SELECT count(*) FROM messages_cjk WHERE messages_cjk MATCH ?",
                                          (f'"{RARE}"',)).fetchone()[0] == 2
+
+
+def test_summaries_have_their_own_trigram_index(tmp_path):
+    """A phrase a summary holds is found through summaries_cjk (migration 018), not a LIKE scan
+    of every summary; rewriting a summary's text re-indexes it."""
+    from lossless_context.tokens import estimate_messages_tokens
+
+    path = str(tmp_path / "s.db")
+    e = LCMEngine(store=path, summarizer="extractive")
+    e.update_model("m", 64_000)
+    e.bind_session_state(None, "Z")
+    hist = []
+    for i in range(12):
+        hist.append({"role": "user", "content": f"第{i}个问题：请检查{RARE}的配置。" + "服务器日志" * 3000})
+        hist.append({"role": "assistant", "content": f"好的，第{i}个回答。" + "队列任务" * 3000})
+    out = e.compress(hist, current_tokens=estimate_messages_tokens(hist))
+    assert out != hist
+    e.on_session_start("Z", boundary_reason="compression", old_session_id="Z")
+    c = e.store.inner.conn() if hasattr(e.store, "inner") else e.store.conn()
+    sids = [r[0] for r in c.execute("SELECT id FROM summaries WHERE text LIKE ?", (f"%{RARE}%",))]
+    assert sids
+    stmts: list[str] = []
+    c.set_trace_callback(stmts.append)
+    try:
+        ans = json.loads(e.handle_tool_call("lcm_grep", {"query": RARE, "scope": "summaries"}))
+    finally:
+        c.set_trace_callback(None)
+    assert {h["id"] for g in ans["groups"] for h in g["hits"]} >= {f"s{sids[0]}"}
+    used = [s for s in stmts if "summaries_cjk MATCH" in s]
+    assert used and not any("LIKE" in s and "summaries" in s for s in stmts), stmts
+    assert " | ".join(r[3] for r in c.execute("EXPLAIN QUERY PLAN " + used[0])).startswith(
+        "SCAN summaries_cjk VIRTUAL TABLE")
+    e.store.update_summary_text(sids[0], "换成别的内容：朱雀三号口令", 10, "normal", "x")
+    count = "SELECT count(*) FROM summaries_cjk WHERE summaries_cjk MATCH ?"
+    assert c.execute(count, ('"朱雀三号口令"',)).fetchone()[0] == 1
+    assert c.execute(count + " AND rowid = ?", (f'"{RARE}"', sids[0])).fetchone()[0] == 0

@@ -31,7 +31,7 @@ from typing import Callable
 
 log = logging.getLogger("lossless_context")
 
-TABLES = ("messages_fts", "messages_cjk", "summaries_fts", "summaries_scoped_fts")
+TABLES = ("messages_fts", "messages_cjk", "summaries_fts", "summaries_scoped_fts", "summaries_cjk")
 STEP_PAGES = 64  # pages written per merge step (~3 ms): the longest a step holds the write lock
 # Merging waits for a moment without writes (between the host's turns, not inside a
 # compress() whose next write would wait for a step), unless writes keep coming this long.

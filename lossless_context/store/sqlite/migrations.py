@@ -369,4 +369,33 @@ MIGRATIONS: list[tuple[str, str]] = [
         INSERT INTO summaries_scoped_fts(summaries_scoped_fts, rank) VALUES ('usermerge', 2);
         """,
     ),
+    (
+        # The trigram index of summaries holding CJK text, as messages have (006): a CJK phrase
+        # was found in summaries by a LIKE scan of every summary of the lineage. Summaries are
+        # rewritten in place (lcm resummarize, an upgrade, forget): the update trigger follows.
+        "018_summaries_cjk",
+        """
+        CREATE VIRTUAL TABLE summaries_cjk USING fts5(
+            text, content='summaries', content_rowid='id', tokenize='trigram'
+        );
+        CREATE TRIGGER summaries_cjk_ai AFTER INSERT ON summaries
+        WHEN new.text GLOB '*[⺀-鿿가-힯぀-ヿ]*' BEGIN
+            INSERT INTO summaries_cjk(rowid, text) VALUES (new.id, new.text);
+        END;
+        CREATE TRIGGER summaries_cjk_ad AFTER DELETE ON summaries
+        WHEN old.text GLOB '*[⺀-鿿가-힯぀-ヿ]*' BEGIN
+            INSERT INTO summaries_cjk(summaries_cjk, rowid, text) VALUES ('delete', old.id, old.text);
+        END;
+        CREATE TRIGGER summaries_cjk_au_old AFTER UPDATE OF text ON summaries
+        WHEN old.text GLOB '*[⺀-鿿가-힯぀-ヿ]*' BEGIN
+            INSERT INTO summaries_cjk(summaries_cjk, rowid, text) VALUES ('delete', old.id, old.text);
+        END;
+        CREATE TRIGGER summaries_cjk_au_new AFTER UPDATE OF text ON summaries
+        WHEN new.text GLOB '*[⺀-鿿가-힯぀-ヿ]*' BEGIN
+            INSERT INTO summaries_cjk(rowid, text) VALUES (new.id, new.text);
+        END;
+        INSERT INTO summaries_cjk(rowid, text) SELECT id, text FROM summaries WHERE text GLOB '*[⺀-鿿가-힯぀-ヿ]*';
+        INSERT INTO summaries_cjk(summaries_cjk, rank) VALUES ('usermerge', 2);
+        """,
+    ),
 ]

@@ -135,28 +135,31 @@ class SQLiteSearch:
                 return []
             from ...search.query import like_pattern
 
-            if is_msg and all(len(x) >= 3 and _CJK_RE.fullmatch(x) for x in subs):
+            cjk = "messages_cjk" if is_msg else "summaries_cjk"
+            if all(len(x) >= 3 and _CJK_RE.fullmatch(x) for x in subs) and (is_msg or _has_table(c, cjk)):
                 # CJK runs of 3+ characters: the trigram index over messages holding CJK text
                 # (migration 006) instead of a LIKE scan of the whole history. The index comes
                 # first (CROSS JOIN), newest match first, then the rows by key: ordered by the
                 # rows' id, a lone session's search was planned as a walk of its messages
                 # newest first with one index probe each (a phrase said once, early: 154-340 ms
                 # at 30,000 messages); a lineage is searched one id range of it at a time.
+                # Summaries have their own trigram index (migration 018; before it, a LIKE scan).
                 match = " OR ".join('"' + x.replace('"', '""') + '"' for x in subs)
                 by_range = bool(session_ids) and under_summary is None
                 if by_range:
-                    where.append("messages_cjk.rowid BETWEEN ? AND ?")
-                elif under_summary is not None:
+                    where.append(f"{cjk}.rowid BETWEEN ? AND ?")
+                elif under_summary is not None and is_msg:
                     where.append("messages_cjk.rowid BETWEEN (SELECT lo FROM span) AND (SELECT hi FROM span)")
                 sql = (
-                    f"{with_sql}SELECT {cols}, 0.0 FROM messages_cjk CROSS JOIN {table} {alias}"
-                    f" ON {alias}.id = messages_cjk.rowid WHERE messages_cjk MATCH ?"
+                    f"{with_sql}SELECT {cols}, 0.0 FROM {cjk} CROSS JOIN {table} {alias}"
+                    f" ON {alias}.id = {cjk}.rowid WHERE {cjk} MATCH ?"
                     + "".join(f" AND {w}" for w in where)
-                    + " ORDER BY messages_cjk.rowid DESC LIMIT ? OFFSET ?"
+                    + f" ORDER BY {cjk}.rowid DESC LIMIT ? OFFSET ?"
                 )
                 if by_range:
-                    rows = _newest_in_ranges(c, sql, (match, *params), _session_ranges(c, session_ids or ()),
-                                             limit + offset)[offset:]
+                    ranges = (_session_ranges(c, session_ids or ()) if is_msg
+                              else _summary_ranges(c, session_ids or ()))
+                    rows = _newest_in_ranges(c, sql, (match, *params), ranges, limit + offset)[offset:]
                 else:
                     rows = c.execute(sql, (*with_params, match, *params, limit, offset)).fetchall()
                 keys = ("id", "session_id", "role", "created_at", "text", "rank")
@@ -232,6 +235,11 @@ class SQLiteSearch:
     def max_row_id(self, target: str) -> int:
         table = "messages" if target == "messages" else "summaries"
         return self.conn().execute(f"SELECT COALESCE(MAX(id), 0) FROM {table}").fetchone()[0]
+
+
+def _has_table(c: sqlite3.Connection, name: str) -> bool:
+    """Whether the store has this table (a store opened read-only may predate its migration)."""
+    return c.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (name,)).fetchone() is not None
 
 
 def _scoped_match(fts_match: str | None, session_ids: Sequence[str] | None) -> str | None:
