@@ -14,13 +14,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not hermes_available(), reason
 SECRET = "OOPS-SECRET-8812"
 
 
-def _store_hits(run, query: str) -> list[str]:
-    """lcm_grep on the run's store after the host exited (no live list ingested on the way)."""
+def _store_hits(run, query: str, store=None) -> list[str]:
+    """lcm_grep on the run's store (or a copy) after the host exited (no live list ingested on the way)."""
     import json
 
     from lossless_context import LCMEngine
 
-    e = LCMEngine(store=str(run.hermes_home / "lcm" / "lcm.db"), summarizer="extractive")
+    e = LCMEngine(store=str(store or run.hermes_home / "lcm" / "lcm.db"), summarizer="extractive")
     e.update_model("m", 64_000)
     e.on_session_start(run.result["session_id"])
     ans = json.loads(e.handle_tool_call("lcm_grep", {"query": query, "limit": 50}))
@@ -45,6 +45,18 @@ def test_an_undo_whose_next_list_reaches_a_pass_is_not_searchable(tmp_path):
         assert "compress" in names[names.index("handle_tool_call"):], "a pass ran after the undo"
         assert not any(SECRET in str(m.get("content")) for m in run.messages)
         assert _store_hits(run, SECRET) == []
+    # the store exported and imported elsewhere, and the shared page, keep it gone (items 2, 3)
+    from tests.test_cli import ok, run_lcm
+
+    db = run.hermes_home / "lcm" / "lcm.db"
+    ok(run_lcm("--store", str(db), "export", "-o", str(tmp_path / "all.jsonl"), home=run.hermes_home))
+    moved = tmp_path / "moved.db"
+    ok(run_lcm("--store", str(moved), "import", "jsonl", str(tmp_path / "all.jsonl"), home=run.hermes_home))
+    assert _store_hits(run, SECRET, store=moved) == []
+    assert _store_hits(run, "billing refactor", store=moved)
+    page = tmp_path / "view.html"
+    ok(run_lcm("--store", str(db), "view", run.result["session_id"], "-o", str(page), home=run.hermes_home))
+    assert SECRET not in page.read_text() and '"u":1' in page.read_text()
 
 
 def _context_shape(db, sid: str) -> tuple[int, int, list[int], int]:
