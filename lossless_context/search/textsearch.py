@@ -95,7 +95,7 @@ def ranked_page(store: Any, scope: Any, plan: QueryPlan, targets: list[str], *, 
                 rows = semantic.fuse(store, scope, plan.query, rows, **filters)
         rows = rows[:end]
         if t == "messages":  # the engine's own tool traffic ranks after the originals (traffic.py)
-            traffic.mark(store, rows, plan.items)
+            traffic.mark(store, rows, plan.items, top=2 * (offset + limit))
         exhausted = exhausted and len(rows) < end
         seqs.append(rows)
     ordered: list[dict[str, Any]] = []

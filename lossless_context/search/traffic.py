@@ -74,9 +74,11 @@ def _holds_all(text: str, items: Sequence[str], source: str) -> bool:
     return bool(found) and all(i in src for i in found)
 
 
-def mark(store: Any, rows: list[dict[str, Any]], items: Sequence[str]) -> None:
+def mark(store: Any, rows: list[dict[str, Any]], items: Sequence[str], top: int | None = None) -> None:
     """Flag the message rows among ``rows`` that are the engine's own traffic (see the module
-    doc); ``items``: the query's items (what a hit matched)."""
+    doc); ``items``: the query's items (what a hit matched). The neighbours (one store read)
+    are looked at for the ``top`` best-scored questions and replies only: what can reach the
+    page asked for."""
     msgs = [r for r in rows if r.get("kind", "m") == "m" and "traffic" not in r]
     if not msgs:
         return
@@ -89,6 +91,8 @@ def mark(store: Any, rows: list[dict[str, Any]], items: Sequence[str]) -> None:
             rest.append(r)
     if not rest:
         return
+    if top is not None and len(rest) > top:
+        rest = sorted(rest, key=lambda r: (-(r.get("score") or 0.0), -(r.get("created_at") or 0)))[:top]
     want = sorted({r["id"] + 1 for r in rest if r["role"] == "user"} | {r["id"] - 1 for r in rest if r["role"] == "assistant"})
     near = store.get_messages(want)
     for r in rest:
