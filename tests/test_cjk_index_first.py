@@ -134,3 +134,73 @@ def test_summaries_have_their_own_trigram_index(tmp_path):
     count = "SELECT count(*) FROM summaries_cjk WHERE summaries_cjk MATCH ?"
     assert c.execute(count, ('"朱雀三号口令"',)).fetchone()[0] == 1
     assert c.execute(count + " AND rowid = ?", (f'"{RARE}"', sids[0])).fetchone()[0] == 0
+
+
+def test_postgres_walks_a_common_cjk_phrase_newest_first(pg_fresh_dsn, monkeypatch):
+    """PostgreSQL: a CJK phrase the statistics call common is found by walking the lineage's CJK
+    rows newest first (the planner took its bigrams as independent, called it rare and read
+    every match from the bigram index); one common elsewhere but rare in this lineage falls back
+    to the index. Same answers as a plain scan either way."""
+    import psycopg
+
+    st = open_store(pg_fresh_dsn)
+    try:
+        st.ensure_session("S", conversation_id="C", platform="cli")
+        st.ensure_session("OTHER", conversation_id="D", platform="cli")
+        rows, other = [], []
+        for i in range(3000):
+            text = f"message {i} 服务器配置日志队列任务错误报告版本。" + (f" 顺便提一下{COMMON}第{i}版。" if i % 5 == 0 else "")
+            if i == 7:
+                text += f" 他人的{RARE}别看"
+            rows.append(new_message({"role": "user", "content": text}, 10**9, 0))
+            other.append(new_message({"role": "user", "content": f"其他 {i} 的{RARE}数据。"}, 10**9, 0))
+        st.append_messages("S", rows)
+        st.append_messages("OTHER", other)
+        st.wait_indexed()
+    finally:
+        st.close()
+    with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:
+        c.execute("ANALYZE message_index")
+    e = LCMEngine(store=pg_fresh_dsn, summarizer="extractive")
+    e.update_model("m", 64_000)
+    e.on_session_start("S", conversation_id="C", platform="cli")
+    inner = getattr(e.store, "inner", e.store)
+    walks: list = []
+    real = type(inner)._cjk_newest
+
+    def spy(self, *a, **k):
+        out = real(self, *a, **k)
+        walks.append(out is not None)
+        return out
+
+    type(inner)._cjk_newest = spy
+    try:
+        common_hits = json.loads(e.handle_tool_call("lcm_grep", {"query": COMMON, "limit": 20}))
+        rare_hits = json.loads(e.handle_tool_call("lcm_grep", {"query": RARE}))
+    finally:
+        type(inner)._cjk_newest = real
+    ids = [int(h["id"][1:]) for g in common_hits["groups"] for h in g["hits"]]
+    with psycopg.connect(pg_fresh_dsn) as c:
+        want = [r[0] for r in c.execute("SELECT id FROM messages WHERE session_id = 'S' AND strpos(text, %s) > 0"
+                                        " ORDER BY id DESC LIMIT 20", (COMMON,))]
+        mine = [r[0] for r in c.execute("SELECT id FROM messages WHERE session_id = 'S' AND strpos(text, %s) > 0",
+                                        (RARE,))]
+    assert ids == want
+    assert walks[0] is True  # the common phrase: walked
+    # common in the other lineage, once in this one: found (by the walk through this lineage's
+    # few CJK rows, or by the index once the walk gives up)
+    assert [h["id"] for g in rare_hits["groups"] for h in g["hits"]] == [f"m{mine[0]}"], (rare_hits, walks)
+    # a walk that reads its budget without filling the page gives the search back to the index
+    from lossless_context.store.postgres import search as pgsearch
+
+    monkeypatch.setattr(pgsearch, "CJK_WALK_CHUNK", 64)  # chunks of at most 512 rows: several
+    with psycopg.connect(pg_fresh_dsn) as c:
+        want300 = [r[0] for r in c.execute("SELECT id FROM messages WHERE session_id = 'S' AND strpos(text, %s) > 0"
+                                           " ORDER BY id DESC LIMIT 300", (COMMON,))]
+    assert [r[0] for r in inner._cjk_newest(["S"], COMMON, 300)] == want300
+    monkeypatch.setattr(pgsearch, "CJK_WALK_ROWS", 600)
+    monkeypatch.setattr(pgsearch, "CJK_WALK_CHUNK", 128)
+    assert inner._cjk_newest(["S"], COMMON, 500) is None
+    again = json.loads(e.handle_tool_call("lcm_grep", {"query": COMMON, "limit": 20}))
+    assert [int(h["id"][1:]) for g in again["groups"] for h in g["hits"]] == want
+    e.store.close()

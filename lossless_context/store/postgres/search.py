@@ -125,6 +125,7 @@ class PostgresSearch:
         # every target's substring search sent together (pipeline mode): one round trip
         sqls: list[str | None] = []
         argss: list[tuple] = []
+        walked: dict[int, list[tuple]] = {}
         for target, kw in asks:
             subs = _substrings(kw["plan"])
             where, with_sql, cols = _filter_sql(
@@ -133,6 +134,15 @@ class PostgresSearch:
             params, with_params = _filter_args(target, kw.get("session_ids"), kw.get("role"), kw.get("since"),
                                                kw.get("until"), kw.get("under_summary"))
             kept = self._cjk_kept_plan(target, subs, where, with_sql)
+            if (not kept and _scoped(where) and self._cjk_common(target, subs, where, with_sql)
+                    and len(set(kw["session_ids"])) <= CJK_WALK_SESSIONS):
+                rows = self._cjk_newest([_t(x) for x in dict.fromkeys(kw["session_ids"])], subs[0],
+                                        int(kw.get("limit", 10)) + int(kw.get("offset", 0)))
+                if rows is not None:
+                    walked[len(sqls)] = rows[int(kw.get("offset", 0)):]
+                    sqls.append(None)
+                    argss.append(())
+                    continue
             sqls.append(_substring_sql(target, len(subs), _cjk_only(subs), where, with_sql, cols, kept)
                         if subs else None)
             argss.append(_substring_args(target, subs, params, with_params, kw.get("limit", 10),
@@ -142,9 +152,61 @@ class PostgresSearch:
             with c.pipeline():
                 curs = [c.execute(sql, argss[k], prepare=_prepare(sql, asks[k][0])) if sql is not None else None
                         for k, sql in enumerate(sqls)]
-            return [cur.fetchall() if cur is not None else [] for cur in curs]
+            return [cur.fetchall() if cur is not None else walked.get(k, []) for k, cur in enumerate(curs)]
 
         return [[dict(zip(_KEYS, r)) for r in rows] for rows in self._read(run)]
+
+    def _cjk_common(self, target: str, subs: list[str], where: list[str], with_sql: str) -> bool:
+        """Whether this is one CJK run in messages, filtered by scope alone, whose bigrams the
+        statistics say are common (the opposite of :meth:`_cjk_kept_plan`'s rare)."""
+        if target != "messages" or len(subs) != 1 or not _cjk_only(subs) or not _scope_only(where, with_sql):
+            return False
+        return self._cjk_share(subs[0]) is not None
+
+    def _cjk_share(self, sub: str) -> float | None:
+        """The share of CJK rows holding ``sub``'s rarest bigram, when the statistics say more
+        than CJK_RARE_ROWS rows hold it; None otherwise."""
+        stats = self._cjk_stats()
+        if stats is None:
+            return None
+        rows, freqs, absent = stats
+        share = min(freqs.get(g, absent) for g in cjk_bigrams(sub))
+        return share if rows * share > CJK_RARE_ROWS else None
+
+    def _cjk_newest(self, sessions: list[str], sub: str, need: int) -> list[tuple] | None:
+        """The ``need`` newest messages of these sessions holding ``sub``, a common CJK run:
+        each session's CJK rows walked newest first through message_index(session_id, id),
+        a chunk at a time, their bigrams and text tested, until enough are found; the rows
+        still listed for the indexer tested directly. None once CJK_WALK_ROWS rows were read
+        without filling the page (a phrase common elsewhere, rare here: the planned statement
+        then reads its few matches from the bigram index). The planner estimates a phrase's
+        bigrams as independent and read every match of a common one from the index (20,000
+        at 1M messages: 480 ms) to keep 50."""
+        grams = cjk_bigrams(sub)
+        # the first chunk sized to hold the page at the share the statistics give
+        first = int(min(8 * CJK_WALK_CHUNK, max(CJK_WALK_CHUNK, 1.5 * need / max(self._cjk_share(sub) or 1.0, 1e-6))))
+
+        def run(c: Any) -> list[tuple] | None:
+            got = list(c.execute(_CJK_PENDING, (sub, sessions, need), prepare=False).fetchall())
+            read = 0
+            for sid in sessions:
+                before, size, found = 2**62, first, 0
+                while found < need:
+                    if read >= CJK_WALK_ROWS:
+                        return None
+                    rows = c.execute(_CJK_WALK, (sid, before, size, grams, sub), prepare=False).fetchall()
+                    lowest, scanned = rows[0][0], rows[0][1]
+                    hits = [r[2:] for r in rows if r[2] is not None]
+                    got += hits
+                    found += len(hits)
+                    read += scanned
+                    if scanned < size or lowest is None:
+                        break
+                    before, size = lowest, min(size * 2, 8 * CJK_WALK_CHUNK)
+            got.sort(key=lambda r: -r[0])
+            return got[:need]
+
+        return self._read(run)
 
     def search_under_summaries(self, session_ids: Sequence[str] | None, asks: Sequence[tuple[int, Any]], *,
                                role: str | None = None, since: float | None = None, until: float | None = None,
@@ -526,6 +588,24 @@ class PostgresSearch:
 
 
 _KEYS = ("id", "session_id", "role", "created_at", "text", "rank")
+
+# A common CJK run's newest matches (PostgresSearch._cjk_newest): one chunk of a session's CJK
+# rows, newest first below an id (how many were read and the lowest id come with every row,
+# and with the one row of NULLs a chunk without a match gives); and the rows still listed.
+CJK_WALK_CHUNK = 512
+CJK_WALK_ROWS = 16_384
+CJK_WALK_SESSIONS = 8
+_CJK_WALK = (
+    "WITH w AS (SELECT x.id, x.cjk FROM message_index x WHERE x.session_id = %s AND x.cjk IS NOT NULL"
+    " AND x.id < %s ORDER BY x.id DESC LIMIT %s),"
+    " m AS (SELECT t.id, t.session_id, t.role, t.created_at, t.text, 0.0::float8 AS rank FROM w"
+    " JOIN messages t ON t.id = w.id WHERE w.cjk @> %s::text[] AND strpos(t.text, %s) > 0)"
+    " SELECT (SELECT min(id) FROM w), (SELECT count(*) FROM w), m.* FROM (SELECT 1) one LEFT JOIN m ON true"
+    " ORDER BY m.id DESC")
+_CJK_PENDING = (
+    "SELECT t.id, t.session_id, t.role, t.created_at, t.text, 0.0::float8 FROM message_index_pending p"
+    f" CROSS JOIN LATERAL {_PENDING_ROW} WHERE strpos(t.text, %s) > 0 AND t.session_id = ANY(%s::text[])"
+    " ORDER BY t.id DESC LIMIT %s")
 
 # Messages under a summary up to this many are each read by key and tested (lcm_fts_under,
 # migration 024: ~2 us a row); a larger summary's matches come from the full-text index.
