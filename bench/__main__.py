@@ -6,6 +6,9 @@
                                   # long_sessions | realtalk | recall_demo | pass_cost | mcp); the result is
                                   # merged into an existing results.json and RESULTS.md is re-rendered
     python -m bench --out-dir DIR # write the two files elsewhere (the smoke test does)
+    python -m bench --only script_growth   # on request only: search growth by script at 3k..1M
+                                  # messages on both backends (stores built once, kept in
+                                  # $LCM_BENCH_DATA or ~/.cache/lcm-bench; see bench/script_growth.py)
 
 Each part runs in this process except the scale/backends workers, which are child processes
 (fresh memory per point). Everything runs offline: the only network is 127.0.0.1.
@@ -26,6 +29,8 @@ from . import common
 
 PARTS = ("scale", "side_by_side", "quality", "backends", "background", "long_sessions", "realtalk", "recall_demo",
          "pass_cost", "mcp")
+# Run only when asked (--only): they build large stores once and keep them (bench/script_growth.py)
+ON_REQUEST = ("script_growth",)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="CI smoke configuration (seconds)")
     mode.add_argument("--full", action="store_true", help="the complete run (default)")
-    ap.add_argument("--only", choices=PARTS, action="append", help="run only this part (repeatable)")
+    ap.add_argument("--only", choices=PARTS + ON_REQUEST, action="append", help="run only this part (repeatable)")
     ap.add_argument("--out-dir", default=str(common.BENCH_DIR), help="where RESULTS.md and results.json go")
     ap.add_argument("--no-profile", action="store_true", help="skip the cProfile runs of the full mode")
     ap.add_argument("--keep-scratch", action="store_true", help="keep the scratch directory (stores, configs)")

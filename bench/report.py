@@ -102,6 +102,10 @@ def render(res: dict[str, Any]) -> str:
         L += pass_cost(parts["pass_cost"])
     if "mcp" in parts:
         L += _mcp(parts["mcp"])
+    if "script_growth" in parts:
+        from .script_growth import section
+
+        L += section(parts["script_growth"])
     profiles = _profiles(parts)
     if profiles:
         L += profiles

@@ -138,3 +138,21 @@ def test_long_grid_points_merge_into_the_earlier_run():
                    ("lcm", 64000, 100000): 40}
     assert m["before"] == old["before"] and m["wall_seconds"] == 15
     assert _merge_long_points({"error": "x"}, new) is new
+
+
+def test_script_growth_builds_once_and_measures(tmp_path: Path) -> None:
+    """`python -m bench.script_growth` on small SQLite stores: each term found as planted (a
+    rare one once), a second run reuses the stores it built."""
+    cmd = [sys.executable, "-m", "bench.script_growth", "--data", str(tmp_path), "--sizes", "400,800",
+           "--backends", "sqlite", "--reps", "1", "--json", str(tmp_path / "g.json")]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "building 400 messages" in r.stdout and "| chinese/rare" in r.stdout
+    res = json.loads((tmp_path / "g.json").read_text(encoding="utf-8"))
+    pts = res["backends"]["sqlite"]["points"]
+    for n in ("400", "800"):
+        for key, v in pts[n].items():
+            assert v["hits"] == 1 if key.endswith("/rare") else v["hits"] >= 8, (n, key, v)  # 1 in 50 is common
+            assert _num(v["ms"]["p50"])
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert again.returncode == 0 and "building" not in again.stdout
