@@ -70,6 +70,8 @@ class LCMConfig:
     tool_stub_min_tokens: int = 60  # smaller results are never stubbed
     tool_stub_tokens: int = 250  # size of a stub (error lines are never cut below)
     continuity_tokens: int = 1200  # objective, latest request, plan, edited files after a compaction
+    # Retention (ops/retention.py): the `retention:` block; off unless an age or size is set.
+    retention: "RetentionPolicy" = field(default_factory=lambda: RetentionPolicy())
     warnings: list[str] = field(default_factory=list, compare=False, repr=False)
     # The host's own `compression:` timeouts (read, never written): a pass must end inside them.
     host: "HostCompression" = field(default_factory=lambda: HostCompression(), compare=False, repr=False)
@@ -92,11 +94,15 @@ class LCMConfig:
             data = _read_config_file(home or hermes_home(), cfg.warnings)
             cfg._apply(_block(data, "lcm", cfg.warnings), "config.yaml lcm.")
             cfg.host = HostCompression.from_block(_block(data, "compression", []))
-        env_vals = {}
+        env_vals: dict[str, Any] = {}
         for f in _fields():
             key = "LCM_" + f.name.upper()
             if key in env:
                 env_vals[f.name] = env[key]
+        retention_env = {k: env[f"LCM_RETENTION_{k.upper()}"] for k in RetentionPolicy.keys()
+                         if f"LCM_RETENTION_{k.upper()}" in env}
+        if retention_env:
+            env_vals["retention"] = retention_env
         cfg._apply(env_vals, "env LCM_")
         if overrides:
             cfg._apply(overrides, "")
@@ -108,6 +114,9 @@ class LCMConfig:
     def _apply(self, values: Mapping[str, Any], origin: str) -> None:
         known = {f.name: f for f in _fields()}
         for key, raw in values.items():
+            if key == "retention":  # a block of its own
+                self.retention = RetentionPolicy.from_block(raw, f"{origin}retention", self.warnings, self.retention)
+                continue
             f = known.get(str(key))
             if f is None:
                 self.warnings.append(f"unknown key {origin}{key!r} ignored")
@@ -144,11 +153,69 @@ class LCMConfig:
         return str(hermes_home() / "lcm" / "lcm.db")
 
     def as_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in _fields()}
+        return {**{f.name: getattr(self, f.name) for f in _fields()}, "retention": self.retention.as_dict()}
 
 
 def _fields() -> list[dataclasses.Field]:
-    return [f for f in dataclasses.fields(LCMConfig) if f.name not in ("warnings", "host")]
+    return [f for f in dataclasses.fields(LCMConfig) if f.name not in ("warnings", "host", "retention")]
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """The `retention:` block of `lcm:` (ops/retention.py applies it).
+
+    ``max_age_days``: remove what a session lineage last touched longer ago than this;
+    ``max_store_mb``: then remove the oldest lineages until the store is under this size;
+    ``keep_summaries``: keep the summaries (the DAG) and remove only the originals under them;
+    ``interval_hours``: how often the engine applies it in the background (at most). 0 = off.
+    """
+
+    max_age_days: float = 0.0
+    max_store_mb: float = 0.0
+    keep_summaries: bool = False
+    interval_hours: float = 24.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_age_days > 0 or self.max_store_mb > 0
+
+    @staticmethod
+    def keys() -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(RetentionPolicy))
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_block(cls, block: Any, origin: str, warnings: list[str],
+                   base: "RetentionPolicy | None" = None) -> "RetentionPolicy":
+        """``base`` with the block's valid keys (an invalid one is reported and left as it was)."""
+        base = base or cls()
+        if block is None:
+            return base
+        if not isinstance(block, Mapping):
+            warnings.append(f"{origin} must be a mapping (max_age_days, max_store_mb, keep_summaries,"
+                            " interval_hours); ignored")
+            return base
+        vals: dict[str, Any] = base.as_dict()
+        checks = {"max_age_days": (0.0, 36_500.0), "max_store_mb": (0.0, 100_000_000.0),
+                  "interval_hours": (1.0, 8_760.0)}
+        for key, raw in block.items():
+            if key not in cls.keys():
+                warnings.append(f"unknown key {origin}.{key!r} ignored")
+                continue
+            if key == "keep_summaries":
+                ok, value, why = _coerce(key, "bool", raw)
+            else:
+                ok, value, why = _coerce(key, "float", raw)
+                if ok:
+                    lo, hi = checks[key]
+                    ok, why = (True, "") if lo <= value <= hi else (False, f"must be between {lo:g} and {hi:g}")
+            if ok:
+                vals[key] = value
+            else:
+                warnings.append(f"{origin}.{key}={raw!r} is invalid ({why}); using {vals[key]!r}")
+        return cls(**vals)
 
 
 @dataclass(frozen=True)

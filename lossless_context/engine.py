@@ -16,6 +16,7 @@ from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional
 
 from .pipeline import forget
+from .ops import retention
 from .store import owners
 from .contract.base import base_class
 from .pipeline.assemble import Slot
@@ -140,6 +141,8 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
                         shared = fam["stores"][location] = GuardedStore(
                             location, lambda loc: open_store(loc, call_timeout=bound),
                             self.config.store_retry_seconds)
+                        # the `retention:` policy, applied on a thread of its own (ops/retention.py)
+                        retention.schedule(shared, self.config.retention, _live_sessions)
                     self._store = shared
         return self._store  # type: ignore[return-value]
 
@@ -716,6 +719,8 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
                 "lcm_sessions": st["sessions"], "lcm_store_compactions": st["compactions"],
                 "lcm_unindexed_messages": st.get("unindexed_messages", 0),
                 "lcm_presummaries": self.store.count_presummaries(),
+                "lcm_retention": retention.scheduled(self.store.location) or {
+                    "policy": self.config.retention.as_dict(), "alive": False},
             })
         except Exception as exc:
             status["lcm_store_error"] = str(exc)
@@ -741,6 +746,11 @@ def _positive_int(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
         return None
     return int(value) if 0 < value < 1e12 else None
+
+
+def _live_sessions() -> set[str]:
+    """The sessions engines of this process are bound to (retention never touches them)."""
+    return {e.current_session() for e in owners.live_objects() if isinstance(e, LCMEngine)}
 
 
 def _truthy(fn: Callable[[], bool]) -> bool:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 from .messages import flatten_content, media_shown, safe_json
 from .pipeline import forks
+from .ops.retention import removed_note
 from .search import textsearch
 from .search.query import compile_regex, plan_query, score_hit, snippet
 from .tokens import estimate_text_tokens
@@ -338,6 +339,12 @@ class _Ctx:
 
     def _message(self, mid: int):
         rec = self.store.get_messages([mid]).get(mid)
+        if rec is None:
+            gone = self.store.pruned_message(mid)  # removed by retention under a summary it kept
+            if gone is not None and self._in_scope(gone["session_id"], "s", gone["summary_id"]):
+                when = time.strftime("%Y-%m-%d", time.gmtime(float(gone["pruned_at"] or 0)))
+                raise ToolError(f"the original of m{mid} was removed by {gone['reason']} on {when}; its summary"
+                                f" remains: lcm_expand(id=\"s{gone['summary_id']}\")")
         if rec is None or not self._in_scope(rec.session_id, "m", mid):
             raise ToolError(f"unknown id m{mid}")
         return rec
@@ -460,6 +467,7 @@ class _Ctx:
                     hit["message"] = {"role": msgs[r["id"]].role, "content_chars": len(text),
                                       "note": f"large; lcm_expand(id=\"m{r['id']}\") pages through it"}
             groups[key]["hits"].append(hit)
+        self._mark_pruned(groups)
         return {
             "query": plan.query,
             "mode": mode,
@@ -467,6 +475,17 @@ class _Ctx:
             "groups": [groups[k] for k in order],
             "next_cursor": _enc_cursor({"o": offset + limit}) if more else None,
         }
+
+    def _mark_pruned(self, groups: dict[str, dict[str, Any]]) -> None:
+        """Summary hits whose originals retention removed say so (one read for the page)."""
+        ids = [int(h["id"][1:]) for g in groups.values() for h in g["hits"] if h["kind"] == "summary"]
+        spans = self.store.pruned_spans(ids) if ids else {}
+        if spans:
+            for g in groups.values():
+                for h in g["hits"]:
+                    span = spans.get(int(h["id"][1:])) if h["kind"] == "summary" else None
+                    if span is not None:
+                        h["originals_removed"] = removed_note(span)
 
     # -- lcm_describe ----------------------------------------------------------------------------
 
@@ -557,12 +576,18 @@ class _Ctx:
                 out_children.append({"id": f"m{r}", "role": m.role, "time": _iso(m.created_at),
                                      "message": _shown(m.raw)})
         more = i < len(children)
-        return {
+        out: dict[str, Any] = {
             "id": f"s{rec.id}", "kind": rec.kind, "depth": rec.depth, "children_total": len(children),
             "from": start, "children": out_children, "truncated": more,
             "next_cursor": _enc_cursor({"i": i}) if more else None,
             "hint": "pass next_cursor as cursor for the rest" if more else None,
         }
+        pruned = self.store.pruned_spans([rec.id]).get(rec.id)
+        if pruned is not None:  # (ops/retention.py: originals removed, the summary kept)
+            out["originals_removed"] = removed_note(pruned)
+            if rec.kind == "leaf":
+                out["text"] = rec.text
+        return out
 
     def _expand_message(self, rec, budget: int, cur: dict) -> dict[str, Any]:
         raw = _shown(rec.raw) if isinstance(rec.raw, dict) else {"content": rec.raw}

@@ -300,10 +300,15 @@ def status(app: App, as_json: bool) -> None:
     st["semantic"] = {"enabled": app.config().semantic, "model": app.config().semantic_model,
                       "vectors": store.vector_counts()}
     st["config_warnings"] = list(app.config().warnings)
+    from ..ops.lifecycle_info import render_facts, store_facts
+
+    st["lifecycle"] = store_facts(store, app.config().retention)
     if as_json:
         click.echo(json.dumps(st, indent=2, default=str))
     else:
         status_table(_console(), st)
+        for line in render_facts(st["lifecycle"]):
+            click.echo(line)
         for w in st["config_warnings"]:
             click.echo(f"config: {w}")
 
@@ -529,7 +534,7 @@ def doctor(app: App, repair: bool, as_json: bool) -> None:
     from ..ops.doctor import run_doctor
 
     store = app.open_store()
-    rep = run_doctor(store, repair=repair, fanin=app.config().condense_fanin)
+    rep = run_doctor(store, repair=repair, fanin=app.config().condense_fanin, retention=app.config().retention)
     click.echo(json.dumps(rep.as_dict(), indent=2) if as_json else rep.render_text())
     for w in app.config().warnings:  # (shown, not failed: the engine runs on the default)
         click.echo(f"config: {w}", err=as_json)
@@ -621,6 +626,10 @@ from .session_cmds import add_commands  # noqa: E402
 
 add_commands(lcm, pass_app, UserError)
 add_mcp_command(lcm, pass_app, UserError)
+# `lcm prune` and `lcm vacuum` live in lifecycle_cmds.py.
+from .lifecycle_cmds import add_commands as add_lifecycle_commands  # noqa: E402
+
+add_lifecycle_commands(lcm, pass_app, UserError)
 
 
 if __name__ == "__main__":

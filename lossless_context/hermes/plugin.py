@@ -131,7 +131,8 @@ def run_command(engine: Any, raw_args: str) -> str:
             f"context {st.get('last_prompt_tokens', 0)}/{st.get('context_length', 0)} tokens, "
             f"threshold {st.get('threshold_tokens', 0)}{_ratio_note(st)}\n"
             + cost_lines(st)
-        ) + _status_extra(st) + ("\n" + _config_lines(st) if st.get("lcm_config_warnings") else "")
+        ) + _status_extra(st) + _lifecycle_lines(engine) + ("\n" + _config_lines(st) if st.get("lcm_config_warnings")
+                                                          else "")
     if sub == "context":
         from ..pipeline.context_view import render_context
 
@@ -139,7 +140,7 @@ def run_command(engine: Any, raw_args: str) -> str:
     if sub == "doctor":
         from ..ops.doctor import run_doctor
 
-        report = run_doctor(engine.store, repair=False)
+        report = run_doctor(engine.store, repair=False, retention=engine.config.retention)
         return report.render_text() + _host_lock_lines()
     if sub == "cli":
         return cli_hint()
@@ -241,6 +242,16 @@ def _host_lock_lines() -> str:
         return "".join(f"\nwarning: {line}" for line in stale_lock_lines(hermes_home()))
     except Exception:
         return ""
+
+
+def _lifecycle_lines(engine: Any) -> str:
+    """The store's size, growth, oldest session, retention and encryption (lifecycle_info.py)."""
+    from ..ops.lifecycle_info import render_facts, store_facts
+
+    try:
+        return "".join("\n" + line for line in render_facts(store_facts(engine.store, engine.config.retention)))
+    except Exception as exc:  # a status line, not a reason to fail /lcm status
+        return f"\nstore lifecycle: not measured ({type(exc).__name__}: {exc})"
 
 
 def _config_lines(st: dict[str, Any]) -> str:

@@ -22,9 +22,11 @@ from ..store.base import Store
 STALE_STAGE_SECONDS = 3600
 
 # Checks both backends run as they are (no parameters, portable SQL).
+# (a summary whose originals retention removed keeps a pruned_spans row instead: ops/retention.py)
 SQL_NO_SOURCES = (
     "SELECT s.id FROM summaries s WHERE NOT EXISTS (SELECT 1 FROM summary_messages m WHERE m.summary_id=s.id)"
-    " AND NOT EXISTS (SELECT 1 FROM summary_parents p WHERE p.parent_id=s.id)")
+    " AND NOT EXISTS (SELECT 1 FROM summary_parents p WHERE p.parent_id=s.id)"
+    " AND NOT EXISTS (SELECT 1 FROM pruned_spans x WHERE x.summary_id=s.id)")
 SQL_CYCLES = """
     WITH RECURSIVE walk(start, node, depth) AS (
         SELECT parent_id, child_id, 1 FROM summary_parents
@@ -79,6 +81,7 @@ class Check:
 @dataclass
 class DoctorReport:
     checks: list[Check] = field(default_factory=list)
+    facts: list[str] = field(default_factory=list)  # what the store is (size, age, retention: lifecycle_info.py)
 
     @property
     def ok(self) -> bool:
@@ -94,17 +97,25 @@ class DoctorReport:
         for c in self.checks:
             mark = "info" if c.info else "ok" if c.ok else ("repaired" if c.repaired else "FAIL")
             lines.append(f"[{mark:>8}] {c.name}" + (f" — {c.detail}" if c.detail else ""))
+        lines.extend(f"{'':>10} {f}" for f in self.facts)
         lines.append("healthy" if self.ok else "problems found (run `lcm doctor --repair`)")
         return "\n".join(lines)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "checks": [c.__dict__ for c in self.checks]}
+        return {"ok": self.ok, "checks": [c.__dict__ for c in self.checks], "facts": self.facts}
 
 
-def run_doctor(store: Store, repair: bool = False, fanin: int = 4) -> DoctorReport:
-    """`fanin` is the configured `condense_fanin` (the depth bound depends on it)."""
+def run_doctor(store: Store, repair: bool = False, fanin: int = 4, retention: Any = None) -> DoctorReport:
+    """`fanin` is the configured `condense_fanin` (the depth bound depends on it); `retention`
+    the configured policy (shown with the store's size and age: lifecycle_info.py)."""
+    from .lifecycle_info import lifecycle_checks
+    from .retention import finish_interrupted, interrupted
+
+    # A prune stopped half-way left summaries without sources: finish it before checking.
+    finished = finish_interrupted(store) if repair and interrupted(store) else 0
     rep = _sqlite(store, repair) if store.kind == "sqlite" else _postgres(store, repair, DoctorReport())
     _depth_check(store, rep, repair, fanin)
+    lifecycle_checks(store, rep, finished, retention)
     return rep
 
 

@@ -42,13 +42,26 @@ class ForgetReport:
     repaired: list[str] = field(default_factory=list)  # other sessions whose context was repaired
 
 
-def forget_session(store: Store, session_id: str) -> ForgetReport:
-    """Remove `session_id` (and its background forks) from the store; see the module doc."""
-    if store.get_session(session_id) is None:
-        raise LookupError(f"unknown session {session_id!r}")
+@dataclass
+class ForgetPlan:
+    """What forgetting a set of sessions removes, computed before anything is removed."""
+    targets: list[str]  # the sessions (and their background forks)
+    message_ids: list[int]
+    summary_ids: list[int]  # theirs, and every summary anywhere built over them
+    contexts: dict[str, list[tuple[str, int]]]  # other sessions' repaired active contexts
+
+
+def plan_forget(store: Store, session_ids: Sequence[str], every_stage: bool = True) -> ForgetPlan:
+    """What removing these sessions (with the host's background forks hanging from them)
+    takes away, and how other sessions' contexts that referred to it are repaired. Pending
+    passes of other sessions are discarded (a stage may name what goes): every one, or with
+    ``every_stage=False`` (retention, which runs beside live sessions) those of the sessions
+    whose context is repaired."""
     sessions_all = store.list_sessions()
-    targets = [session_id] + [s["id"] for s in sessions_all
-                              if s.get("parent_id") == session_id and s.get("boundary_reason") == BACKGROUND]
+    targets = list(dict.fromkeys(session_ids))
+    chosen = set(targets)
+    targets += [s["id"] for s in sessions_all
+                if s.get("parent_id") in chosen and s.get("boundary_reason") == BACKGROUND and s["id"] not in chosen]
     store.wait_indexed()
     mids: set[int] = set()
     sids: set[int] = set()
@@ -69,10 +82,20 @@ def forget_session(store: Store, session_id: str) -> ForgetReport:
         _version, ctx = store.get_context(sid)
         if any((e.kind == "m" and e.ref in mids) or (e.kind == "s" and e.ref in sids) for e in ctx):
             contexts[sid] = _repaired(store, ctx, mids, sids)
+        elif not every_stage:
+            continue
         for staged in store.staged_passes(sid):
             store.discard_pass(staged.pass_id)  # a pending pass may name what goes
-    counts = store.forget_records(targets, sorted(mids), sorted(sids), contexts)
-    return ForgetReport(targets, counts.get("messages", 0), counts.get("summaries", 0), sorted(contexts))
+    return ForgetPlan(targets, sorted(mids), sorted(sids), contexts)
+
+
+def forget_session(store: Store, session_id: str) -> ForgetReport:
+    """Remove `session_id` (and its background forks) from the store; see the module doc."""
+    if store.get_session(session_id) is None:
+        raise LookupError(f"unknown session {session_id!r}")
+    plan = plan_forget(store, [session_id])
+    counts = store.forget_records(plan.targets, plan.message_ids, plan.summary_ids, plan.contexts)
+    return ForgetReport(plan.targets, counts.get("messages", 0), counts.get("summaries", 0), sorted(plan.contexts))
 
 
 @dataclass

@@ -506,6 +506,70 @@ class Store(abc.ABC):
         pages. Costs a rewrite of the indexes; returns what was done."""
         return {}
 
+    # -- retention (ops/retention.py; store/sqlite/lifecycle.py, store/postgres/lifecycle.py) ----
+    def session_activity(self) -> list[dict[str, Any]]:
+        """Every session with what retention weighs: id, parent_id, conversation_id,
+        boundary_reason, created_at, updated_at, last_message_at (the newest message time),
+        messages, tokens, summaries and summary_tokens (published)."""
+        raise NotImplementedError
+
+    def messages_since(self, since: float) -> int:
+        """How many messages were stored with a time from ``since`` on (growth per day)."""
+        raise NotImplementedError
+
+    def originals_under_summaries(self, session_ids: Sequence[str]) -> list[int]:
+        """Messages of these sessions that a published summary of theirs covers and no active
+        context holds: what a prune that keeps the summaries may remove."""
+        raise NotImplementedError
+
+    def drop_messages(self, message_ids: Sequence[int], pruned_at: float | None = None,
+                      reason: str = "retention") -> int:
+        """In one transaction: delete these messages and every row that refers to them (index
+        rows, aliases, retractions, vectors, their edges under summaries, context items; the
+        summaries themselves stay). With ``pruned_at``, each summary over them records how many
+        of its originals went, their id span, when and why (:meth:`pruned_spans`). The caller
+        keeps each call small. Returns the messages deleted."""
+        raise NotImplementedError
+
+    def drop_summaries(self, summary_ids: Sequence[int]) -> int:
+        """In one transaction: delete these summaries with their edges, context items, earlier
+        texts, costs and pruned-span records. Returns the summaries deleted."""
+        raise NotImplementedError
+
+    def pruned_spans(self, summary_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """summary id → {messages, tokens, first_id, last_id, pruned_at, reason} for those whose
+        originals a prune removed."""
+        raise NotImplementedError
+
+    def pruned_message(self, message_id: int) -> dict[str, Any] | None:
+        """{summary_id, session_id, pruned_at, reason} of a pruned span holding this id, if any."""
+        raise NotImplementedError
+
+    def pruned_totals(self) -> dict[str, Any]:
+        """{summaries, messages, last_pruned_at} over every pruned span."""
+        raise NotImplementedError
+
+    def retention_run_start(self, mode: str, trigger: str, plan: dict[str, Any], bytes_before: int | None) -> int:
+        """Log the start of a prune (its plan: the sessions it will touch); returns its id."""
+        raise NotImplementedError
+
+    def retention_run_finish(self, run_id: int, sessions: int, messages: int, summaries: int,
+                             bytes_after: int | None) -> None:
+        raise NotImplementedError
+
+    def retention_runs(self, limit: int = 5) -> list[dict[str, Any]]:
+        """The newest prunes first (an unfinished one has no finished_at)."""
+        raise NotImplementedError
+
+    def space(self) -> dict[str, Any]:
+        """{file_bytes, used_bytes, free_bytes, auto_vacuum} (PostgreSQL: the tables' size,
+        and dead rows per table)."""
+        raise NotImplementedError
+
+    def reclaim_space(self, seconds: float = 60.0, pause: float = 0.05) -> int:
+        """Give freed space back to the file system in short steps; the bytes given back."""
+        return 0
+
     # -- maintenance ----------------------------------------------------------
     @abc.abstractmethod
     def stats(self, session_id: str | None = None) -> dict[str, Any]: ...

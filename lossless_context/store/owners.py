@@ -32,6 +32,11 @@ def register(engine: Any) -> str:
     return f"{_HOST}:{os.getpid()}:{token}"
 
 
+def live_objects() -> list[Any]:
+    """Every engine object of this process that is still alive."""
+    return list(_LIVE.values())
+
+
 def new_pass_id(owner: str | None) -> str:
     return f"{uuid.uuid4().hex}@{owner}" if owner else uuid.uuid4().hex
 

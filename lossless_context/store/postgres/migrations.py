@@ -19,6 +19,7 @@ tables; ``staged_passes.rid`` orders stages created in the same instant (SQLite:
 from __future__ import annotations
 
 from .kept_plans import KEPT_PLANS
+from .lifecycle_schema import LIFECYCLE_MIGRATIONS
 
 # A fixed 64-bit key for pg_advisory_xact_lock while migrating ("lcm-migr" in ASCII).
 MIGRATION_LOCK_KEY = 0x6C636D2D6D696772
@@ -632,6 +633,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ),
 ]
 MIGRATIONS += KEPT_PLANS  # 020 on: kept_plans.py
+MIGRATIONS += LIFECYCLE_MIGRATIONS  # retention: lifecycle_schema.py
 
 # Migrations the store can live without (run in a savepoint; retried at the next start).
 OPTIONAL: frozenset[str] = frozenset({"002_trigram", "015_lz4_toast"})

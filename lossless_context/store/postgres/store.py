@@ -42,6 +42,7 @@ from .conn import WRITE_RETRIES, PostgresConnections
 from .costs import PostgresCosts
 from .index import PostgresIndexer
 from .records import PostgresRecords
+from .lifecycle import PostgresLifecycle
 from ..rows import MSG_COLS, SUM_COLS, message_record, summary_record
 from .repair import PostgresRepairs
 from .search import PostgresSearch
@@ -68,7 +69,8 @@ def _touched() -> list[str]:
     return t
 
 
-class PostgresStore(PostgresRecords, PostgresSearch, PostgresCosts, PostgresVectors, PostgresRepairs,
+class PostgresStore(PostgresRecords, PostgresLifecycle, PostgresSearch, PostgresCosts, PostgresVectors,
+                    PostgresRepairs,
                     PostgresConnections, Store):
     kind = "postgresql"
 

@@ -1,4 +1,4 @@
 """The SQLite store (the default: one private file, FTS5): `store` (SQLiteStore), `migrations`
 (append-only, named), `append` (the write path), `index` (deferred full-text indexing),
-`search`, `records`, `costs`, `wal` (checkpoints), `file` (probing and backing up a file) and
+`search`, `records`, `lifecycle` (retention's removals, pruned spans, space), `costs`, `wal` (checkpoints), `file` (probing and backing up a file) and
 `readonly` (a store opened read-only for `lcm` on someone else's file)."""

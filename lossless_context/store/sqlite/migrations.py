@@ -398,4 +398,37 @@ MIGRATIONS: list[tuple[str, str]] = [
         INSERT INTO summaries_cjk(summaries_cjk, rank) VALUES ('usermerge', 2);
         """,
     ),
+    (
+        # Retention (ops/retention.py). A leaf whose originals a prune removed keeps its text
+        # and its place in the DAG; this row says how many messages went, which ids they
+        # spanned and when (lcm_expand and lcm_grep say so). Each prune is logged, so
+        # `lcm doctor` can tell an interrupted one and `lcm status` when the last ran.
+        "019_retention",
+        """
+        CREATE TABLE pruned_spans (
+            summary_id INTEGER PRIMARY KEY REFERENCES summaries(id) ON DELETE CASCADE,
+            session_id TEXT NOT NULL,
+            messages INTEGER NOT NULL,
+            tokens INTEGER NOT NULL,
+            first_id INTEGER NOT NULL,
+            last_id INTEGER NOT NULL,
+            pruned_at REAL NOT NULL,
+            reason TEXT NOT NULL
+        );
+        CREATE INDEX pruned_spans_first ON pruned_spans(first_id);
+        CREATE TABLE retention_runs (
+            id INTEGER PRIMARY KEY,
+            started_at REAL NOT NULL,
+            finished_at REAL,
+            mode TEXT NOT NULL,
+            trigger TEXT NOT NULL,
+            plan TEXT NOT NULL,
+            sessions INTEGER NOT NULL DEFAULT 0,
+            messages INTEGER NOT NULL DEFAULT 0,
+            summaries INTEGER NOT NULL DEFAULT 0,
+            bytes_before INTEGER,
+            bytes_after INTEGER
+        );
+        """,
+    ),
 ]

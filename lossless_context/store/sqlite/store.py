@@ -31,6 +31,7 @@ from .wal import AUTOCHECKPOINT_PAGES, PAGE_SIZE
 from .costs import SQLiteCosts
 from .vectors import SQLiteVectors
 from .records import SQLiteRecords
+from .lifecycle import SQLiteLifecycle
 from .search import SQLiteSearch
 
 log = logging.getLogger("lossless_context.store")
@@ -53,7 +54,7 @@ def _private_dir(path: Path, ours: bool) -> None:
             pass
 
 
-class SQLiteStore(SQLiteRecords, SQLiteSearch, SQLiteCosts, SQLiteVectors, Store):
+class SQLiteStore(SQLiteRecords, SQLiteLifecycle, SQLiteSearch, SQLiteCosts, SQLiteVectors, Store):
     kind = "sqlite"
 
     def __init__(self, location: str) -> None:
@@ -116,6 +117,9 @@ class SQLiteStore(SQLiteRecords, SQLiteSearch, SQLiteCosts, SQLiteVectors, Store
         # rows of ~2 KB and FTS segments spill over fewer pages — bulk appends spend ~15% less
         # in SQLite, and a commit writes ~35% less to the WAL.
         c.execute(f"PRAGMA page_size={PAGE_SIZE}")
+        # A new file frees the pages of what a prune removes (ops/retention.py) in place; an
+        # existing file keeps its mode (switching needs a rewrite: `lcm vacuum`), so a no-op.
+        c.execute("PRAGMA auto_vacuum=INCREMENTAL")
         # Switching to WAL ignores the busy timeout: retry while another process opens
         # the same new file at the same moment.
         deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000

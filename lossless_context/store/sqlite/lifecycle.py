@@ -1,0 +1,239 @@
+"""Retention's store side for SQLite (a mixin of :class:`~.store.SQLiteStore`; the interface
+is documented on :class:`~..base.Store`): how old and how large each session is, removing
+messages and summaries in small transactions, the record of originals a prune removed under
+the summaries it kept, the log of prunes, and giving the freed pages back to the file system.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from typing import Any, Callable, Iterator, Sequence
+
+_CHUNK = 500
+# The pages one incremental-vacuum step moves (16 KB each): a step is one short write.
+VACUUM_STEP_PAGES = 128
+
+
+def _chunks(ids: Sequence[Any]) -> Iterator[list[Any]]:
+    ids = list(ids)
+    for k in range(0, len(ids), _CHUNK):
+        yield ids[k:k + _CHUNK]
+
+
+def _marks(n: int) -> str:
+    return ",".join("?" * n)
+
+
+class SQLiteLifecycle:
+    location: str
+    conn: Callable[[], sqlite3.Connection]
+    tx: Callable[[], Any]
+
+    # -- what there is ----------------------------------------------------------------------
+
+    def session_activity(self) -> list[dict[str, Any]]:
+        c = self.conn()
+        rows = c.execute(
+            "SELECT s.id, s.parent_id, s.conversation_id, s.boundary_reason, s.created_at, s.updated_at,"
+            " (SELECT MAX(m.created_at) FROM messages m WHERE m.session_id = s.id) FROM sessions s").fetchall()
+        # (the covering index of session, id and tokens: no message row is read)
+        counts = {r[0]: (r[1], r[2] or 0) for r in c.execute(
+            "SELECT session_id, COUNT(*), SUM(tokens) FROM messages INDEXED BY messages_session_id GROUP BY session_id")}
+        sums = {r[0]: (r[1], r[2] or 0) for r in c.execute(
+            "SELECT session_id, COUNT(*), SUM(tokens) FROM summaries WHERE state='published' GROUP BY session_id")}
+        keys = ("id", "parent_id", "conversation_id", "boundary_reason", "created_at", "updated_at",
+                "last_message_at")
+        out = []
+        for r in rows:
+            d = dict(zip(keys, r))
+            d["messages"], d["tokens"] = counts.get(r[0], (0, 0))
+            d["summaries"], d["summary_tokens"] = sums.get(r[0], (0, 0))
+            out.append(d)
+        return out
+
+    def messages_since(self, since: float) -> int:
+        c = self.conn()
+        recent = [r[0] for r in c.execute("SELECT id FROM sessions WHERE updated_at >= ?", (since,))]
+        n = 0
+        for part in _chunks(recent):  # (messages_created: one index range per session)
+            n += c.execute(f"SELECT COUNT(*) FROM messages WHERE session_id IN ({_marks(len(part))})"
+                           " AND created_at >= ?", (*part, since)).fetchone()[0]
+        return n
+
+    def originals_under_summaries(self, session_ids: Sequence[str]) -> list[int]:
+        out: list[int] = []
+        c = self.conn()
+        for part in _chunks([str(s) for s in session_ids]):
+            out.extend(r[0] for r in c.execute(
+                "SELECT DISTINCT sm.message_id FROM summary_messages sm JOIN summaries s ON s.id = sm.summary_id"
+                " JOIN messages m ON m.id = sm.message_id"
+                f" WHERE s.session_id IN ({_marks(len(part))}) AND m.session_id IN ({_marks(len(part))})"
+                " AND s.state = 'published'"
+                " AND sm.message_id NOT IN (SELECT message_id FROM context_items WHERE message_id IS NOT NULL)"
+                " ORDER BY sm.message_id", (*part, *part)))
+        return out
+
+    # -- removing ------------------------------------------------------------------------------
+
+    def drop_messages(self, message_ids: Sequence[int], pruned_at: float | None = None,
+                      reason: str = "retention") -> int:
+        ids = sorted({int(i) for i in message_ids})
+        if not ids:
+            return 0
+        with self.tx() as c:
+            c.execute("CREATE TEMP TABLE IF NOT EXISTS lcm_drop_m (id INTEGER PRIMARY KEY)")
+            c.execute("DELETE FROM lcm_drop_m")
+            c.executemany("INSERT OR IGNORE INTO lcm_drop_m(id) VALUES (?)", [(i,) for i in ids])
+            m = "SELECT id FROM lcm_drop_m"
+            if pruned_at is not None:  # the summaries stay: say what went from under each
+                c.execute(
+                    "INSERT INTO pruned_spans(summary_id, session_id, messages, tokens, first_id, last_id, pruned_at,"
+                    " reason) SELECT sm.summary_id, s.session_id, COUNT(*), COALESCE(SUM(x.tokens), 0), MIN(x.id),"
+                    " MAX(x.id), ?, ? FROM summary_messages sm JOIN summaries s ON s.id = sm.summary_id"
+                    f" JOIN messages x ON x.id = sm.message_id WHERE sm.message_id IN ({m}) GROUP BY sm.summary_id"
+                    " ON CONFLICT(summary_id) DO UPDATE SET messages = messages + excluded.messages,"
+                    " tokens = tokens + excluded.tokens, first_id = MIN(first_id, excluded.first_id),"
+                    " last_id = MAX(last_id, excluded.last_id), pruned_at = excluded.pruned_at",
+                    (float(pruned_at), reason))
+            touched = [r[0] for r in c.execute(
+                f"SELECT DISTINCT session_id FROM context_items WHERE message_id IN ({m})")]
+            c.execute(f"DELETE FROM context_items WHERE message_id IN ({m})")
+            for sid in touched:
+                c.execute("UPDATE sessions SET context_version = context_version + 1 WHERE id=?", (sid,))
+            c.execute(f"DELETE FROM summary_messages WHERE message_id IN ({m})")
+            c.execute(f"DELETE FROM message_aliases WHERE message_id IN ({m})")
+            c.execute(f"DELETE FROM message_absorbed WHERE message_id IN ({m})")
+            c.execute(f"DELETE FROM message_retractions WHERE message_id IN ({m})")
+            c.execute(f"DELETE FROM message_vectors WHERE message_id IN ({m})")
+            c.execute(f"UPDATE messages SET supersedes=NULL WHERE supersedes IN ({m})")
+            n = c.execute(f"DELETE FROM messages WHERE id IN ({m})").rowcount
+            c.execute("DELETE FROM lcm_drop_m")
+        return n
+
+    def drop_summaries(self, summary_ids: Sequence[int]) -> int:
+        ids = sorted({int(i) for i in summary_ids})
+        if not ids:
+            return 0
+        with self.tx() as c:
+            c.execute("CREATE TEMP TABLE IF NOT EXISTS lcm_drop_s (id INTEGER PRIMARY KEY)")
+            c.execute("DELETE FROM lcm_drop_s")
+            c.executemany("INSERT OR IGNORE INTO lcm_drop_s(id) VALUES (?)", [(i,) for i in ids])
+            sq = "SELECT id FROM lcm_drop_s"
+            touched = [r[0] for r in c.execute(
+                f"SELECT DISTINCT session_id FROM context_items WHERE summary_id IN ({sq})")]
+            c.execute(f"DELETE FROM context_items WHERE summary_id IN ({sq})")
+            for sid in touched:
+                c.execute("UPDATE sessions SET context_version = context_version + 1 WHERE id=?", (sid,))
+            c.execute(f"DELETE FROM summary_parents WHERE parent_id IN ({sq}) OR child_id IN ({sq})")
+            c.execute(f"DELETE FROM summary_messages WHERE summary_id IN ({sq})")
+            c.execute(f"DELETE FROM pruned_spans WHERE summary_id IN ({sq})")
+            # (earlier texts and costs of a node carry its words too)
+            c.execute(f"DELETE FROM summary_history WHERE summary_id IN ({sq})")
+            c.execute(f"DELETE FROM summary_costs WHERE summary_id IN ({sq})")
+            n = c.execute(f"DELETE FROM summaries WHERE id IN ({sq})").rowcount
+            c.execute("DELETE FROM lcm_drop_s")
+        return n
+
+    # -- what a prune left -------------------------------------------------------------------------
+
+    def pruned_spans(self, summary_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        out: dict[int, dict[str, Any]] = {}
+        c = self.conn()
+        for part in _chunks([int(i) for i in summary_ids]):
+            for r in c.execute("SELECT summary_id, messages, tokens, first_id, last_id, pruned_at, reason"
+                               f" FROM pruned_spans WHERE summary_id IN ({_marks(len(part))})", part):
+                out[r[0]] = {"messages": r[1], "tokens": r[2], "first_id": r[3], "last_id": r[4],
+                             "pruned_at": r[5], "reason": r[6]}
+        return out
+
+    def pruned_message(self, message_id: int) -> dict[str, Any] | None:
+        r = self.conn().execute(
+            "SELECT summary_id, session_id, pruned_at, reason FROM pruned_spans WHERE first_id <= ? AND last_id >= ?"
+            " ORDER BY first_id DESC LIMIT 1", (int(message_id), int(message_id))).fetchone()
+        if r is None:
+            return None
+        return {"summary_id": r[0], "session_id": r[1], "pruned_at": r[2], "reason": r[3]}
+
+    def pruned_totals(self) -> dict[str, Any]:
+        r = self.conn().execute("SELECT COUNT(*), COALESCE(SUM(messages), 0), MAX(pruned_at) FROM pruned_spans").fetchone()
+        return {"summaries": r[0], "messages": r[1], "last_pruned_at": r[2]}
+
+    # -- the log of prunes ---------------------------------------------------------------------
+
+    def retention_run_start(self, mode: str, trigger: str, plan: dict[str, Any], bytes_before: int | None) -> int:
+        with self.tx() as c:
+            return int(c.execute(
+                "INSERT INTO retention_runs(started_at, mode, trigger, plan, bytes_before) VALUES (?,?,?,?,?)"
+                " RETURNING id", (time.time(), mode, trigger, json.dumps(plan), bytes_before)).fetchone()[0])
+
+    def retention_run_finish(self, run_id: int, sessions: int, messages: int, summaries: int,
+                             bytes_after: int | None) -> None:
+        with self.tx() as c:
+            c.execute("UPDATE retention_runs SET finished_at=?, sessions=?, messages=?, summaries=?, bytes_after=?"
+                      " WHERE id=?", (time.time(), sessions, messages, summaries, bytes_after, int(run_id)))
+
+    def retention_runs(self, limit: int = 5) -> list[dict[str, Any]]:
+        keys = ("id", "started_at", "finished_at", "mode", "trigger", "plan", "sessions", "messages", "summaries",
+                "bytes_before", "bytes_after")
+        rows = self.conn().execute(f"SELECT {', '.join(keys)} FROM retention_runs ORDER BY id DESC LIMIT ?",
+                                   (int(limit),)).fetchall()
+        out = []
+        for r in rows:
+            d = dict(zip(keys, r))
+            d["plan"] = json.loads(d["plan"] or "{}")
+            out.append(d)
+        return out
+
+    # -- space ------------------------------------------------------------------------------------
+
+    def space(self) -> dict[str, Any]:
+        c = self.conn()
+        page = c.execute("PRAGMA page_size").fetchone()[0]
+        pages = c.execute("PRAGMA page_count").fetchone()[0]
+        free = c.execute("PRAGMA freelist_count").fetchone()[0]
+        mode = {0: "none", 1: "full", 2: "incremental"}.get(c.execute("PRAGMA auto_vacuum").fetchone()[0], "?")
+        files = 0
+        for suf in ("", "-wal"):
+            try:
+                files += os.path.getsize(self.location + suf)
+            except OSError:
+                pass
+        return {"file_bytes": files, "used_bytes": (pages - free) * page, "free_bytes": free * page,
+                "auto_vacuum": mode, "measured": True}
+
+    def reclaim_space(self, seconds: float = 60.0, pause: float = 0.05) -> int:
+        """Give free pages back to the file system, one short incremental-vacuum step at a time
+        (each its own write transaction, with a pause between so other writers get in), then
+        truncate the WAL if no reader holds it. A store made without incremental auto-vacuum
+        keeps its free pages (reused by new rows): only `lcm vacuum` can shrink it. Returns the
+        bytes the database file gave back."""
+        c = self.conn()
+        before = self.space()
+        if before["auto_vacuum"] != "incremental":
+            return 0
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if not c.execute("PRAGMA freelist_count").fetchone()[0]:
+                break
+            c.execute(f"PRAGMA incremental_vacuum({VACUUM_STEP_PAGES})").fetchall()
+            time.sleep(pause)
+        c.execute("PRAGMA busy_timeout=100")  # never make a host's writer wait for the truncation
+        try:
+            c.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        except sqlite3.Error:
+            pass
+        finally:
+            c.execute("PRAGMA busy_timeout=30000")
+        return max(0, before["file_bytes"] - self.space()["file_bytes"])
+
+    def vacuum(self) -> None:
+        """Rewrite the whole file (`lcm vacuum`): every free page goes, and the store turns on
+        incremental auto-vacuum so later prunes shrink it in place. Holds the write lock for
+        the whole rewrite."""
+        c = self.conn()
+        c.execute("PRAGMA auto_vacuum=INCREMENTAL")
+        c.execute("VACUUM")
+        c.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
