@@ -70,6 +70,7 @@ class LCMConfig:
     tool_stub_min_tokens: int = 60  # smaller results are never stubbed
     tool_stub_tokens: int = 250  # size of a stub (error lines are never cut below)
     continuity_tokens: int = 1200  # objective, latest request, plan, edited files after a compaction
+    encryption_key_file: str = ""  # a 0600 file whose first line is the store's key (store/sqlite/cipher.py)
     # Retention (ops/retention.py): the `retention:` block; off unless an age or size is set.
     retention: "RetentionPolicy" = field(default_factory=lambda: RetentionPolicy())
     warnings: list[str] = field(default_factory=list, compare=False, repr=False)
@@ -107,6 +108,8 @@ class LCMConfig:
         if overrides:
             cfg._apply(overrides, "")
         cfg._cross_check()
+        global _KEY_FILE
+        _KEY_FILE = cfg.encryption_key_file
         for w in cfg.warnings:
             log.warning("lcm config: %s", w)
         return cfg
@@ -154,6 +157,16 @@ class LCMConfig:
 
     def as_dict(self) -> dict[str, Any]:
         return {**{f.name: getattr(self, f.name) for f in _fields()}, "retention": self.retention.as_dict()}
+
+
+_KEY_FILE = ""  # the encryption_key_file of the last config loaded in this process
+
+
+def encryption_key_file() -> str:
+    """The key file of an encrypted SQLite store: ``LCM_ENCRYPTION_KEY_FILE``, else the
+    ``encryption_key_file`` of the newest config this process loaded ("" when neither is set).
+    (Read by store/sqlite/cipher.py, which loads no config itself.)"""
+    return os.environ.get("LCM_ENCRYPTION_KEY_FILE", "").strip() or _KEY_FILE
 
 
 def _fields() -> list[dataclasses.Field]:

@@ -1,5 +1,5 @@
 """The `lcm` command line: `commands` (the click group and its commands), `render` (how results
-print), `session_cmds` (`lcm context`, `lcm forget`) and `lifecycle_cmds` (`lcm prune`, `lcm vacuum`). Only this package knows click and rich.
+print), `session_cmds` (`lcm context`, `lcm forget`) `lifecycle_cmds` (`lcm prune`, `lcm vacuum`) and `cipher_cmds` (`lcm encrypt`, `rekey`, `decrypt`). Only this package knows click and rich.
 """
 
 from __future__ import annotations

@@ -56,6 +56,7 @@ class App:
     def check_location(self, loc: str, must_exist: bool = True) -> None:
         if _is_dsn(loc):
             return
+        self.config()  # (its encryption_key_file opens an encrypted store: store/sqlite/cipher.py)
         from ..store.sqlite.file import StoreFileError, check_store_file
 
         p = Path(loc)
@@ -443,6 +444,9 @@ def export(app: App, session: str | None, output: str) -> None:
     store = app.open_store()
     if session:
         app.resolve_session(store, session)
+    if getattr(store, "encrypted", False):
+        click.echo("lcm: warning: the store is encrypted, this export is not (plaintext JSONL): keep it private"
+                   + ("" if output == "-" else " (the file is made 0600)"), err=True)
     if output == "-":
         n = export_jsonl(store, sys.stdout, session)
         return
@@ -572,11 +576,12 @@ def backup(app: App, output: str, force: bool) -> None:
     try:
         with _progress(err) as prog:
             task = prog.add_task("backing up", total=None)
-            backup_store_file(Path(loc), dest,
-                              lambda done, total: prog.update(task, completed=done, total=total))
+            encrypted = backup_store_file(Path(loc), dest,
+                                          lambda done, total: prog.update(task, completed=done, total=total))
     except StoreFileError as exc:
         raise UserError(str(exc)) from exc
-    click.echo(f"backed up {loc} → {dest} ({dest.stat().st_size:,} bytes)")
+    click.echo(f"backed up {loc} → {dest} ({dest.stat().st_size:,} bytes, "
+               + ("encrypted with the store's key)" if encrypted else "not encrypted: the store is plaintext)"))
 
 
 def _user_error_types() -> tuple[type[BaseException], ...]:
@@ -630,6 +635,10 @@ add_mcp_command(lcm, pass_app, UserError)
 from .lifecycle_cmds import add_commands as add_lifecycle_commands  # noqa: E402
 
 add_lifecycle_commands(lcm, pass_app, UserError)
+# `lcm encrypt`, `lcm rekey` and `lcm decrypt` live in cipher_cmds.py.
+from .cipher_cmds import add_commands as add_cipher_commands  # noqa: E402
+
+add_cipher_commands(lcm, pass_app, UserError)
 
 
 if __name__ == "__main__":

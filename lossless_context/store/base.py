@@ -570,6 +570,10 @@ class Store(abc.ABC):
         """Give freed space back to the file system in short steps; the bytes given back."""
         return 0
 
+    def vacuum(self) -> None:
+        """Rewrite the store to give every free page back (`lcm vacuum`; SQLite only)."""
+        raise StoreError(f"{self.kind}: the server reclaims space (VACUUM, VACUUM FULL or pg_repack there)")
+
     # -- maintenance ----------------------------------------------------------
     @abc.abstractmethod
     def stats(self, session_id: str | None = None) -> dict[str, Any]: ...

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import quote
 
+from . import cipher
+
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
@@ -21,14 +23,15 @@ class StoreFileError(ValueError):
     """A user-facing reason a file cannot be used as (or copied as) an lcm store."""
 
 
-def table_names(location: str) -> set[str]:
-    """The tables of an SQLite file, read without writing anything (not even a WAL's -shm:
-    falls back to reading the file as immutable). Raises sqlite3.Error if it is unreadable."""
+def table_names(location: str, key: cipher.StoreKey | None = None) -> set[str]:
+    """The tables of an SQLite file (encrypted with ``key``), read without writing anything
+    (not even a WAL's -shm: falls back to reading the file as immutable). Raises sqlite3.Error
+    if it is unreadable."""
     uri = Path(location).expanduser().resolve().as_uri()
     last: sqlite3.Error | None = None
     for params in ("?mode=ro", "?mode=ro&immutable=1"):
         try:
-            c = sqlite3.connect(uri + params, uri=True)
+            c = cipher.connect(uri + params, key, uri=True)
             try:
                 return {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")}
             finally:
@@ -55,10 +58,18 @@ def check_store_file(p: Path) -> bool:
         raise StoreFileError(f"cannot read {p}: {exc.strerror or exc}") from exc
     if not head:
         return True  # an empty file: a store that was created and never written
+    key = None
     if head != SQLITE_MAGIC:
-        raise StoreFileError(f"{p} is not an lcm store (not an SQLite database)")
+        if len(head) < 16:
+            raise StoreFileError(f"{p} is not an lcm store (not an SQLite database)")
+        try:  # an encrypted store (store/sqlite/cipher.py), or not a database at all
+            key = cipher.key_for(p)
+        except cipher.CipherError as exc:
+            raise StoreFileError(f"{exc} (or {p.name} is not an lcm store)") from exc
     try:
-        tables = table_names(str(p))
+        tables = table_names(str(p), key)
+    except cipher.CipherError as exc:
+        raise StoreFileError(str(exc)) from exc
     except sqlite3.Error as exc:
         raise StoreFileError(f"cannot open {p}: {exc}") from exc
     if tables and "lcm_migrations" not in tables:
@@ -67,14 +78,24 @@ def check_store_file(p: Path) -> bool:
 
 
 def backup_store_file(src: Path, dest: Path,
-                      progress: Callable[[int, int], None] | None = None) -> None:
+                      progress: Callable[[int, int], None] | None = None) -> bool:
     """Copy `src` to `dest` with SQLite's online backup API (safe while a writer runs).
 
     The copy is written to a temporary file beside `dest`, checked (`PRAGMA quick_check`),
     made 0600 and only then renamed over `dest`; on any failure `dest` is untouched.
-    `progress(done_pages, total_pages)` is called as pages are copied."""
+    `progress(done_pages, total_pages)` is called as pages are copied. An encrypted store is
+    copied encrypted with the same key (its own salt). Returns whether the copy is encrypted."""
     fd, tmp = tempfile.mkstemp(prefix=".lcm-backup.", suffix=".db", dir=str(dest.parent.resolve()))
     os.close(fd)
+    if cipher.is_encrypted_file(src):
+        try:
+            _encrypted_backup(src, Path(tmp))
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, dest)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return True
     try:
         s = sqlite3.connect(f"file:{quote(str(src.resolve()))}?mode=ro", uri=True, timeout=30)
         d = sqlite3.connect(tmp)
@@ -96,3 +117,27 @@ def backup_store_file(src: Path, dest: Path,
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return False
+
+
+def _encrypted_backup(src: Path, tmp: Path) -> None:
+    """An encrypted store's consistent copy, encrypted with the same passphrase (one read
+    transaction of the source: writers go on), checked before it is used."""
+    key = cipher.key_for(src)
+    secret = cipher.passphrase()
+    if key is None or secret is None:  # (key_for raised already when no key is set)
+        raise StoreFileError(f"{src} is encrypted and no key is set")
+    out = cipher.StoreKey.new(secret)
+    tmp.unlink()  # (sqlcipher_export makes the file)
+    s = cipher.connect(f"file:{quote(str(src.resolve()))}?mode=ro", key, uri=True, timeout=30)
+    try:
+        cipher.export_to(s, str(tmp), out)
+    finally:
+        s.close()
+    d = cipher.connect(str(tmp), out)
+    try:
+        ok = d.execute("PRAGMA quick_check").fetchone()[0]
+    finally:
+        d.close()
+    if ok != "ok":
+        raise StoreFileError(f"the backup failed its integrity check: {ok}")

@@ -191,10 +191,11 @@ class SQLiteLifecycle:
 
     def space(self) -> dict[str, Any]:
         c = self.conn()
-        page = c.execute("PRAGMA page_size").fetchone()[0]
-        pages = c.execute("PRAGMA page_count").fetchone()[0]
-        free = c.execute("PRAGMA freelist_count").fetchone()[0]
-        mode = {0: "none", 1: "full", 2: "incremental"}.get(c.execute("PRAGMA auto_vacuum").fetchone()[0], "?")
+        # (int(): SQLCipher's build answers some pragmas as text)
+        page = int(c.execute("PRAGMA page_size").fetchone()[0])
+        pages = int(c.execute("PRAGMA page_count").fetchone()[0])
+        free = int(c.execute("PRAGMA freelist_count").fetchone()[0])
+        mode = {0: "none", 1: "full", 2: "incremental"}.get(int(c.execute("PRAGMA auto_vacuum").fetchone()[0]), "?")
         files = 0
         for suf in ("", "-wal"):
             try:
@@ -216,7 +217,7 @@ class SQLiteLifecycle:
             return 0
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
-            if not c.execute("PRAGMA freelist_count").fetchone()[0]:
+            if not int(c.execute("PRAGMA freelist_count").fetchone()[0]):
                 break
             c.execute(f"PRAGMA incremental_vacuum({VACUUM_STEP_PAGES})").fetchall()
             time.sleep(pause)

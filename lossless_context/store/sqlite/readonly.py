@@ -24,6 +24,7 @@ from typing import Iterator
 from ..base import StoreError
 from .store import BUSY_TIMEOUT_MS, SQLiteStore
 from .migrations import MIGRATIONS
+from . import cipher as sqlite_cipher
 
 
 def is_read_only(location: str) -> bool:
@@ -47,14 +48,15 @@ class ReadOnlySQLiteStore(SQLiteStore):
     def _prepare_file(self) -> None:
         if not Path(self.location).is_file():
             raise StoreError(f"cannot open store {self.location}: no such file")
+        self._key = sqlite_cipher.key_for(self.location) if sqlite_cipher.is_encrypted_file(self.location) else None
 
     def _connect(self) -> sqlite3.Connection:
         uri = Path(self.location).resolve().as_uri()
         last: Exception | None = None
         for params in (("?mode=ro", False), ("?mode=ro&immutable=1", True)):
             try:
-                c = sqlite3.connect(uri + params[0], uri=True, timeout=BUSY_TIMEOUT_MS / 1000,
-                                    isolation_level=None, check_same_thread=False)
+                c = sqlite_cipher.connect(uri + params[0], self._key, uri=True, timeout=BUSY_TIMEOUT_MS / 1000,
+                                          isolation_level=None, check_same_thread=False)
                 c.execute("PRAGMA query_only=ON")
                 c.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()  # WAL: needs the -shm file
             except sqlite3.Error as exc:

@@ -26,6 +26,7 @@ from ...records import ContextEntry, MessageRecord, NewMessage, NewSummary, Stag
 from ..base import Store, StoreError, resolve_keys, with_appended
 from ..rows import MSG_COLS, SUM_COLS, message_record, summary_record
 from . import append as sqlite_append, index as sqlite_index, merge as sqlite_merge, wal as sqlite_wal
+from . import cipher as sqlite_cipher
 from .migrations import MIGRATIONS
 from .wal import AUTOCHECKPOINT_PAGES, PAGE_SIZE
 from .costs import SQLiteCosts
@@ -71,6 +72,14 @@ class SQLiteStore(SQLiteRecords, SQLiteLifecycle, SQLiteSearch, SQLiteCosts, SQL
         self._checkpointer = sqlite_wal.Checkpointer(self.location, self._connect)
         self.merger = sqlite_merge.Merger(self._own_connect)
         self._indexer = sqlite_index.Indexer(self.conn, self._begin, self._writer, done=self.merger.poke)
+        self._key: sqlite_cipher.StoreKey | None = None  # an encrypted file's key (store/sqlite/cipher.py)
+        self._new_key = False
+
+    @property
+    def encrypted(self) -> bool:
+        """Whether the file is encrypted at rest (SQLCipher)."""
+        self.conn()  # (the file is looked at when the store first opens)
+        return self._key is not None
 
     # -- connections ----------------------------------------------------------
 
@@ -86,6 +95,8 @@ class SQLiteStore(SQLiteRecords, SQLiteLifecycle, SQLiteSearch, SQLiteCosts, SQL
                 os.chmod(path, 0o600)
         except OSError:
             pass
+        self._key = sqlite_cipher.key_for(path)
+        self._new_key = self._key is not None and not sqlite_cipher.is_encrypted_file(path)
 
     def conn(self) -> sqlite3.Connection:
         c = getattr(self._local, "conn", None)
@@ -97,6 +108,10 @@ class SQLiteStore(SQLiteRecords, SQLiteLifecycle, SQLiteSearch, SQLiteCosts, SQL
                     self._prepare_file()
                     c0 = self._connect()
                     self._migrate(c0)
+                    if self._new_key:
+                        # (a new encrypted file: its salt reaches the file now, not at a later
+                        # checkpoint, so another process opening it reads the right one)
+                        c0.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
                     self._ready = True
                     self._local.conn = c0
                     return c0
@@ -106,8 +121,8 @@ class SQLiteStore(SQLiteRecords, SQLiteLifecycle, SQLiteSearch, SQLiteCosts, SQL
 
     def _connect(self) -> sqlite3.Connection:
         try:
-            c = sqlite3.connect(
-                self.location, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
+            c = sqlite_cipher.connect(
+                self.location, self._key, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
                 check_same_thread=False,
             )
         except sqlite3.Error as exc:

@@ -1,0 +1,270 @@
+"""Issue 43's measurements: what encryption at rest costs, and how long a host's calls wait
+while a large store is pruned.
+
+1. **encryption** — the scale part's build and measure (`bench/scale.py`: `engine.ingest()` of
+   growing lists of the generated "mixed" sessions, then `lcm_grep` text / identifier / CJK
+   substring in a fresh process) at N messages (full: 100,000), once on a plaintext store and
+   once with `LCM_ENCRYPTION_KEY` set (the store is made encrypted: SQLCipher), in one run:
+   builds first, then measurements, so both see the same machine. Ratios encrypted/plaintext.
+2. **prune_wait** — a store of N messages (full: 1,000,000: 100,000 built by the engine, the
+   rest copied with SQL into sessions of their own lineage, each given an age: 400, 200, 120
+   or 30 days) is pruned with `lcm prune --older-than 90` semantics in one process while
+   another process plays the host on a live session: every ~20 ms it stores a new turn
+   (`on_session_end` with the grown list: a write) and runs `lcm_grep` (a read), timing each
+   call. Reported: the calls' p50 / p99 / max before the prune and while it runs, the prune's
+   duration, transactions and longest transaction, and the file before and after.
+
+Big stores go under ``--data-dir`` (default: the bench's scratch directory), never the tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from . import common
+
+KEY = "bench key: a long passphrase"
+AGES = (400, 200, 120, 30)  # days, round-robin over the copied sessions
+OLDER_THAN = 90
+
+
+def _scale(args: list[str], timeout: float, env_extra: dict[str, str] | None = None) -> dict[str, Any]:
+    from .scale import worker
+
+    saved = {k: os.environ.get(k) for k in (env_extra or {})}
+    os.environ.update(env_extra or {})
+    try:
+        return worker(args, timeout)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _encryption(n: int, work: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {"n": n}
+    stores = {"plaintext": str(work / f"enc-plain-{n}.db"), "encrypted": str(work / f"enc-cipher-{n}.db")}
+    env = {"plaintext": {}, "encrypted": {"LCM_ENCRYPTION_KEY": KEY}}
+    builds, measures = {}, {}
+    for name, store in stores.items():
+        t0 = time.perf_counter()
+        builds[name] = _scale(["build", "--store", store, "--n", str(n)], 7200, env[name])
+        print(f"  encryption: built {name} {n:,} in {time.perf_counter() - t0:.0f} s", flush=True)
+    for name, store in stores.items():
+        measures[name] = _scale(["measure", "--store", store, "--n", str(builds[name]["n_stored"]), "--passes", "12",
+                                 "--reps", "15", "--identifier", builds[name]["identifier"]], 3600, env[name])
+    with open(stores["encrypted"], "rb") as fh:
+        out["encrypted_file_starts_as_sqlite"] = fh.read(16) == b"SQLite format 3\x00"
+    for name in stores:
+        b, m = builds[name], measures[name]
+        out[name] = {
+            "ingest_msgs_per_s": common.get_path(b, "ingest.msgs_per_s"),
+            "store_bytes": b.get("store_bytes"),
+            "grep_text_p50_ms": common.get_path(m, "lcm_grep.text.ms.p50"),
+            "grep_identifier_p50_ms": common.get_path(m, "lcm_grep.identifier.ms.p50"),
+            "grep_cjk_p50_ms": common.get_path(m, "lcm_grep.cjk_substring.ms.p50"),
+            "compress_engine_p50_ms": common.get_path(m, "compress.engine_ms.p50"),
+            "expand_p50_ms": common.get_path(m, "lcm_expand.ms.p50"),
+        }
+    p, e = out["plaintext"], out["encrypted"]
+    out["ratios"] = {
+        "ingest_time": _ratio(p["ingest_msgs_per_s"], e["ingest_msgs_per_s"]),  # time per message: enc/plain
+        **{k: _ratio(e[k], p[k]) for k in ("grep_text_p50_ms", "grep_identifier_p50_ms", "grep_cjk_p50_ms",
+                                            "compress_engine_p50_ms", "expand_p50_ms", "store_bytes")},
+    }
+    out["plain_store"] = stores["plaintext"]
+    for suf in ("", "-wal", "-shm", ".meta.json"):
+        Path(stores["encrypted"] + suf).unlink(missing_ok=True)
+    shutil.rmtree(stores["encrypted"] + ".locks", ignore_errors=True)
+    return out
+
+
+def _ratio(a: Any, b: Any) -> float | None:
+    try:
+        return round(float(a) / float(b), 3)
+    except (TypeError, ValueError, ZeroDivisionError):
+        return None
+
+
+def _aged_copies(store: str, extra: int) -> dict[str, Any]:
+    """Copy the engine-built sessions' rows into new sessions, each a lineage of its own with
+    an age from AGES (its messages' times and its last write moved back by that many days)."""
+    c = sqlite3.connect(store, isolation_level=None)
+    c.execute("PRAGMA synchronous=NORMAL")
+    real = [r[0] for r in c.execute("SELECT id FROM sessions WHERE id LIKE 'hist-%' ORDER BY id")]
+    cols = "seq, uid, ident, role, raw, text, tokens, created_at, supersedes, large, exploration"
+    now, done, k, by_age = time.time(), 0, 0, {a: 0 for a in AGES}
+    t0 = time.perf_counter()
+    while done < extra:
+        for sid in real:
+            if done >= extra:
+                break
+            age = AGES[k % len(AGES)]
+            k += 1
+            new, shift = f"aged{k:04d}-{age}d", age * 86_400.0
+            c.execute("BEGIN IMMEDIATE")
+            c.execute("INSERT INTO sessions(id, conversation_id, created_at, updated_at) VALUES (?, ?, ?, ?)",
+                      (new, new, now - shift, now - shift))
+            cur = c.execute(
+                f"INSERT INTO messages(session_id, {cols})"
+                f" SELECT ?, {cols.replace('created_at', 'MIN(created_at, ?) - ?')} FROM messages"
+                " WHERE session_id=? ORDER BY seq LIMIT ?", (new, now, shift, sid, extra - done))
+            done += cur.rowcount
+            by_age[age] += cur.rowcount
+            c.execute("COMMIT")
+    c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    c.close()
+    return {"copied": done, "sessions": k, "messages_by_age_days": by_age, "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def host_loop(store: str, out: str, stop: str, seconds: float) -> None:
+    """The host on a live session: a write and a grep every ~20 ms, each timed."""
+    eng = common.make_engine(store, context_length=200_000)
+    sid = f"host-{os.getpid()}"
+    eng.on_session_start(sid, conversation_id=sid, platform="cli")
+    msgs: list[dict[str, Any]] = []
+    rows: list[tuple[float, str, float]] = []
+    deadline = time.monotonic() + seconds
+    i = 0
+    while time.monotonic() < deadline and not os.path.exists(stop):
+        i += 1
+        msgs += [{"role": "user", "content": f"host turn {i}: check the reconcile_day job and ticket T-{i}"},
+                 {"role": "assistant", "content": f"turn {i}: reconcile_day ran; ticket T-{i} noted"}]
+        if len(msgs) > 400:
+            msgs = msgs[-40:]
+            sid = f"host-{os.getpid()}-{i}"
+            eng.on_session_start(sid, conversation_id=sid, platform="cli")
+        t0 = time.perf_counter()
+        eng.on_session_end(sid, list(msgs))
+        rows.append((time.time(), "write", (time.perf_counter() - t0) * 1000))
+        t0 = time.perf_counter()
+        eng.handle_tool_call("lcm_grep", {"query": f"ticket T-{max(1, i - 7)}", "limit": 5})
+        rows.append((time.time(), "grep", (time.perf_counter() - t0) * 1000))
+        time.sleep(0.02)
+    Path(out).write_text(json.dumps(rows), encoding="utf-8")
+
+
+def prune_once(store: str, out: str) -> None:
+    from lossless_context.ops import retention
+    from lossless_context.store import open_store
+
+    st = open_store(store)
+    t0 = time.perf_counter()
+    plan = retention.plan_prune(st, older_than_days=OLDER_THAN)
+    plan_s = time.perf_counter() - t0
+    t1 = time.time()
+    rep = retention.prune(st, plan, trigger="bench")
+    st.close()
+    Path(out).write_text(json.dumps({"plan_seconds": round(plan_s, 2), "started": t1, "ended": time.time(),
+                                     **rep.as_dict()}, default=str), encoding="utf-8")
+
+
+def _dist(rows: list[tuple[float, str, float]], op: str, lo: float, hi: float) -> dict[str, Any]:
+    vals = [ms for t, o, ms in rows if o == op and lo <= t <= hi]
+    d = common.dist(vals, 1)
+    d["max"] = round(max(vals), 1) if vals else None
+    return d
+
+
+def _prune_wait(n: int, base: str | None, work: Path, baseline_s: float) -> dict[str, Any]:
+    store = str(work / f"prune-{n}.db")
+    if base and os.path.exists(base):
+        common.checkpoint(base)
+        shutil.copyfile(base, store)
+        meta = json.loads(Path(base + ".meta.json").read_text()) if os.path.exists(base + ".meta.json") else {}
+        real = int(meta.get("n_stored") or 0)
+    else:
+        b = _scale(["build", "--store", store, "--n", str(min(n, 100_000))], 7200)
+        real = int(b["n_stored"])
+    out: dict[str, Any] = {"n": n, "engine_built": real}
+    out["copies"] = _aged_copies(store, max(0, n - real)) if n > real else {"copied": 0}
+    out["file_bytes_before"] = common.store_bytes(store)
+    host_out, prune_out, stop = store + ".host.json", store + ".prune.json", store + ".stop"
+    Path(stop).unlink(missing_ok=True)
+    env = dict(os.environ)
+    host = subprocess.Popen([sys.executable, "-m", "bench.lifecycle", "host", "--store", store, "--out", host_out,
+                             "--stop", stop, "--seconds", "7200"], cwd=common.ROOT, env=env)
+    time.sleep(5)  # (its engine open, its first turns stored)
+    t_base = time.time()
+    time.sleep(baseline_s)
+    t_prune = time.time()
+    r = subprocess.run([sys.executable, "-m", "bench.lifecycle", "prune", "--store", store, "--out", prune_out],
+                       cwd=common.ROOT, env=env, capture_output=True, text=True, timeout=7200)
+    t_end = time.time()
+    time.sleep(3)
+    Path(stop).write_text("stop")
+    host.wait(timeout=120)
+    if r.returncode != 0:
+        raise RuntimeError(f"prune failed: {r.stderr[-3000:]}")
+    rows = [tuple(x) for x in json.loads(Path(host_out).read_text())]
+    pr = json.loads(Path(prune_out).read_text())
+    out["prune"] = {k: pr[k] for k in ("plan_seconds", "sessions", "messages", "summaries", "transactions",
+                                       "longest_transaction_ms", "bytes_returned", "file_bytes_after", "seconds")}
+    out["prune"]["removal_started_after_s"] = round(pr["started"] - t_prune, 1)
+    out["host"] = {
+        "before": {op: _dist(rows, op, t_base, t_prune) for op in ("write", "grep")},  # type: ignore[arg-type]
+        "during": {op: _dist(rows, op, pr["started"], pr["ended"]) for op in ("write", "grep")},  # type: ignore[arg-type]
+        "during_plan": {op: _dist(rows, op, t_prune, pr["started"]) for op in ("write", "grep")},  # type: ignore[arg-type]
+    }
+    out["wall_prune_process_s"] = round(t_end - t_prune, 1)
+    for suf in ("", "-wal", "-shm", ".host.json", ".prune.json", ".stop"):
+        Path(store + suf).unlink(missing_ok=True)
+    shutil.rmtree(store + ".locks", ignore_errors=True)
+    return out
+
+
+def run(cfg: dict[str, Any]) -> dict[str, Any]:
+    quick = cfg["quick"]
+    work = Path(cfg.get("data_dir") or (Path(common.isolate_env()) / "lifecycle"))
+    work.mkdir(parents=True, exist_ok=True)
+    n_enc = cfg.get("enc_size") or (2_000 if quick else 100_000)
+    n_prune = cfg.get("prune_size") or (6_000 if quick else 1_000_000)
+    res: dict[str, Any] = {}
+    enc = _encryption(n_enc, work)
+    base = enc.pop("plain_store")
+    res["encryption"] = enc
+    res["prune_wait"] = _prune_wait(n_prune, base, work, 5.0 if quick else 20.0)
+    for suf in ("", "-wal", "-shm", ".meta.json"):
+        Path(base + suf).unlink(missing_ok=True)
+    shutil.rmtree(base + ".locks", ignore_errors=True)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.lifecycle")
+    ap.add_argument("mode", choices=["host", "prune", "run"])
+    ap.add_argument("--store")
+    ap.add_argument("--out")
+    ap.add_argument("--stop")
+    ap.add_argument("--seconds", type=float, default=600)
+    ap.add_argument("--enc-size", type=int)
+    ap.add_argument("--prune-size", type=int)
+    ap.add_argument("--data-dir")
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args(argv)
+    common.isolate_env()
+    common.quiet_logs()
+    if a.mode == "host":
+        host_loop(a.store, a.out, a.stop, a.seconds)
+    elif a.mode == "prune":
+        prune_once(a.store, a.out)
+    else:
+        res = run({"quick": a.quick, "enc_size": a.enc_size, "prune_size": a.prune_size, "data_dir": a.data_dir})
+        Path(a.out).write_text(json.dumps(res, indent=1, default=str), encoding="utf-8")
+        print(json.dumps(res, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
