@@ -3,7 +3,7 @@
     python -m bench               # full run (default): scale 1k/10k/100k/1M, 3,000-message sessions, …
     python -m bench --quick       # the CI smoke configuration: seconds, small sizes
     python -m bench --only scale  # one part (scale | side_by_side | quality | backends | background |
-                                  # long_sessions | realtalk | recall_demo | pass_cost | mcp); the result is
+                                  # long_sessions | realtalk | recall_demo | pass_cost | mcp | lifecycle); the result is
                                   # merged into an existing results.json and RESULTS.md is re-rendered
     python -m bench --out-dir DIR # write the two files elsewhere (the smoke test does)
     python -m bench --only script_growth   # on request only: search growth by script at 3k..1M
@@ -30,7 +30,7 @@ from . import common
 PARTS = ("scale", "side_by_side", "quality", "backends", "background", "long_sessions", "realtalk", "recall_demo",
          "pass_cost", "mcp")
 # Run only when asked (--only): they build large stores once and keep them (bench/script_growth.py)
-ON_REQUEST = ("script_growth",)
+ON_REQUEST = ("script_growth", "lifecycle")  # (lifecycle: two 100k stores, a 1M prune)
 
 
 def main(argv: list[str] | None = None) -> int:

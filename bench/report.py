@@ -106,6 +106,10 @@ def render(res: dict[str, Any]) -> str:
         from .script_growth import section
 
         L += section(parts["script_growth"])
+    from .report_lifecycle import lifecycle
+
+    if "lifecycle" in parts:
+        L += lifecycle(parts["lifecycle"])
     profiles = _profiles(parts)
     if profiles:
         L += profiles

@@ -18,7 +18,7 @@ from lossless_context.config import LCMConfig
 from lossless_context.ops.doctor import run_doctor
 from lossless_context.store import open_store
 from lossless_context.store.sqlite import cipher
-from tests.test_cli import ROOT, lcm_env, ok, one_line_failure
+from tests.test_cli import lcm_env, ok, one_line_failure
 
 
 def run_lcm(*args: str, home: Path, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:

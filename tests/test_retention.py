@@ -257,15 +257,17 @@ def test_an_interrupted_prune_is_reported_and_finished_by_doctor_repair(tmp_path
     store = open_store(location)
     try:
         plan = retention.plan_prune(store, older_than_days=90)
-        real = store.drop_summaries
+        real = store.forget_records
 
-        def crash(ids):
-            raise KeyboardInterrupt("killed mid-prune")
+        def crash(sessions, mids, sids, contexts):  # killed once the messages are gone, before the summaries
+            if sids and not mids:
+                raise KeyboardInterrupt("killed mid-prune")
+            return real(sessions, mids, sids, contexts)
 
-        monkeypatch.setattr(store, "drop_summaries", crash)
+        monkeypatch.setattr(store, "forget_records", crash)
         with pytest.raises(KeyboardInterrupt):
             retention.prune(store, plan, pause=0)
-        monkeypatch.setattr(store, "drop_summaries", real)
+        monkeypatch.setattr(store, "forget_records", real)
         assert retention.interrupted(store)
         doc = run_doctor(store)
         assert not doc.ok and "no interrupted prune" in doc.render_text()
@@ -386,3 +388,22 @@ def test_lcm_prune_command_line(tmp_path, monkeypatch):
     again = ok(run_lcm("--store", location, "prune", "--older-than", "0", "--keep-summaries", "--yes",
                        home=home)).stdout
     assert "pruned 0 sessions" in again and "left alone: 1 lineage" in again, again
+
+
+def test_deleting_messages_reads_indexes_not_the_table(location):
+    """The foreign-key checks of a deleted message (and `forget_records`' own statements) go
+    through indexes: without them each deleted message scanned the whole messages table."""
+    store = open_store(location)
+    try:
+        store.ensure_session("s")
+        probes = {"messages": "supersedes", "message_vectors": "message_id", "context_items": "message_id"}
+        for table, col in probes.items():
+            if location.startswith("postgres"):  # (an index led by the column: the planner's choice)
+                idx = store.read_sql(lambda c, t=table: c.execute(
+                    "SELECT indexdef FROM pg_indexes WHERE tablename = %s", (t,)).fetchall())
+                assert any(f"({col})" in d[0] or f"({col}," in d[0] for d in idx), (table, idx)
+            else:
+                plan = store.conn().execute(f"EXPLAIN QUERY PLAN SELECT 1 FROM {table} WHERE {col} = 42").fetchall()
+                assert "USING" in str(plan) and "INDEX" in str(plan), (table, plan)
+    finally:
+        store.close()

@@ -328,7 +328,7 @@ def _carry_out(store: Store, plan: PrunePlan, rep: PruneReport, pause: float, li
             rep.skipped.append(g.sessions[0])
         elif plan.mode == "originals":
             rep.messages += batches.run(store.originals_under_summaries(g.sessions),
-                                        lambda part: store.drop_messages(part, pruned_at=plan.now))
+                                        lambda part: _drop_originals(store, part, plan.now))
         else:
             _remove_sessions(store, g.sessions, batches, rep)
         if not todo and plan.max_bytes is not None:
@@ -350,8 +350,8 @@ def _remove_sessions(store: Store, sessions: Sequence[str], batches: _Batches, r
     fp = plan_forget(store, existing, every_stage=False)
     if fp.contexts:
         store.forget_records([], [], [], fp.contexts)
-    rep.messages += batches.run(fp.message_ids, store.drop_messages)
-    rep.summaries += batches.run(fp.summary_ids, store.drop_summaries)
+    rep.messages += batches.run(fp.message_ids, lambda part: store.forget_records([], part, [], {})["messages"])
+    rep.summaries += batches.run(fp.summary_ids, lambda part: store.forget_records([], [], part, {})["summaries"])
     # what arrived meanwhile (nothing, unless a session came alive after the last check)
     late_m = [m for t in fp.targets for m in store.session_message_ids(t)]
     late_s = [s for t in fp.targets for s in store.session_summary_ids(t)]
@@ -359,6 +359,14 @@ def _remove_sessions(store: Store, sessions: Sequence[str], batches: _Batches, r
     rep.messages += counts.get("messages", 0)
     rep.summaries += counts.get("summaries", 0)
     rep.sessions += counts.get("sessions", 0)
+
+
+def _drop_originals(store: Store, message_ids: list[int], at: float) -> int:
+    """Originals under summaries that stay: each summary records what went (first: a crash
+    in between leaves a record of originals still there, never a summary without sources),
+    then the messages go as `lcm forget` removes them."""
+    store.record_pruned(message_ids, at)
+    return int(store.forget_records([], message_ids, [], {}).get("messages", 0))
 
 
 def run_policy(store: Store, policy: RetentionPolicy, *, trigger: str = "auto",
@@ -423,7 +431,7 @@ def finish_interrupted(store: Store) -> int:
         batches = _Batches(rep, PAUSE_SECONDS)
         if sessions and run["mode"] == "originals":
             rep.messages += batches.run(store.originals_under_summaries(sessions),
-                                        lambda part: store.drop_messages(part, pruned_at=time.time()))
+                                        lambda part: _drop_originals(store, part, time.time()))
         elif sessions:
             _remove_sessions(store, sessions, batches, rep)
         store.retention_run_finish(run["id"], rep.sessions, rep.messages, rep.summaries, None)

@@ -522,18 +522,10 @@ class Store(abc.ABC):
         context holds: what a prune that keeps the summaries may remove."""
         raise NotImplementedError
 
-    def drop_messages(self, message_ids: Sequence[int], pruned_at: float | None = None,
-                      reason: str = "retention") -> int:
-        """In one transaction: delete these messages and every row that refers to them (index
-        rows, aliases, retractions, vectors, their edges under summaries, context items; the
-        summaries themselves stay). With ``pruned_at``, each summary over them records how many
-        of its originals went, their id span, when and why (:meth:`pruned_spans`). The caller
-        keeps each call small. Returns the messages deleted."""
-        raise NotImplementedError
-
-    def drop_summaries(self, summary_ids: Sequence[int]) -> int:
-        """In one transaction: delete these summaries with their edges, context items, earlier
-        texts, costs and pruned-span records. Returns the summaries deleted."""
+    def record_pruned(self, message_ids: Sequence[int], pruned_at: float, reason: str = "retention") -> int:
+        """Before a prune removes these messages (``forget_records``) and keeps the summaries
+        over them: each such summary records how many of its originals go, their id span,
+        when and why (:meth:`pruned_spans`). Returns the summaries recorded."""
         raise NotImplementedError
 
     def pruned_spans(self, summary_ids: Sequence[int]) -> dict[int, dict[str, Any]]:

@@ -12,7 +12,6 @@ import time
 from typing import Any, Callable, Sequence
 
 from .text import pg_text as _t
-from .versions import touch_scopes
 
 # Every table of the store (what `space` adds up; a missing one counts 0).
 STORE_TABLES = ("sessions", "messages", "message_absorbed", "message_aliases", "message_index",
@@ -59,60 +58,20 @@ class PostgresLifecycle:
             " AND NOT EXISTS (SELECT 1 FROM context_items ci WHERE ci.message_id = sm.message_id)"
             " ORDER BY sm.message_id", (x, x)).fetchall())]
 
-    def drop_messages(self, message_ids: Sequence[int], pruned_at: float | None = None,
-                      reason: str = "retention") -> int:
+    def record_pruned(self, message_ids: Sequence[int], pruned_at: float, reason: str = "retention") -> int:
         m = sorted({int(i) for i in message_ids})
         if not m:
             return 0
-
-        def tx(c: Any) -> int:
-            if pruned_at is not None:
-                c.execute(
-                    "INSERT INTO pruned_spans(summary_id, session_id, messages, tokens, first_id, last_id, pruned_at,"
-                    " reason) SELECT sm.summary_id, MIN(s.session_id), COUNT(*), COALESCE(SUM(x.tokens), 0),"
-                    " MIN(x.id), MAX(x.id), %s, %s FROM summary_messages sm JOIN summaries s ON s.id = sm.summary_id"
-                    " JOIN messages x ON x.id = sm.message_id WHERE sm.message_id = ANY(%s) GROUP BY sm.summary_id"
-                    " ON CONFLICT (summary_id) DO UPDATE SET messages = pruned_spans.messages + excluded.messages,"
-                    " tokens = pruned_spans.tokens + excluded.tokens,"
-                    " first_id = LEAST(pruned_spans.first_id, excluded.first_id),"
-                    " last_id = GREATEST(pruned_spans.last_id, excluded.last_id), pruned_at = excluded.pruned_at",
-                    (float(pruned_at), reason, m))
-            touched = [r[0] for r in c.execute(
-                "SELECT DISTINCT session_id FROM context_items WHERE message_id = ANY(%s)", (m,))]
-            c.execute("DELETE FROM context_items WHERE message_id = ANY(%s)", (m,))
-            if touched:
-                c.execute("UPDATE sessions SET context_version = context_version + 1 WHERE id = ANY(%s)", (touched,))
-            c.execute("DELETE FROM summary_messages WHERE message_id = ANY(%s)", (m,))
-            c.execute("DELETE FROM message_aliases WHERE message_id = ANY(%s)", (m,))
-            c.execute("DELETE FROM message_absorbed WHERE message_id = ANY(%s)", (m,))
-            c.execute("DELETE FROM message_retractions WHERE message_id = ANY(%s)", (m,))
-            c.execute("DELETE FROM message_vectors WHERE message_id = ANY(%s)", (m,))
-            c.execute("DELETE FROM message_index_pending WHERE message_id = ANY(%s)", (m,))
-            c.execute("UPDATE messages SET supersedes=NULL WHERE supersedes = ANY(%s)", (m,))
-            return int(c.execute("DELETE FROM messages WHERE id = ANY(%s)", (m,)).rowcount)
-
-        return int(self._write(tx))
-
-    def drop_summaries(self, summary_ids: Sequence[int]) -> int:
-        s = sorted({int(i) for i in summary_ids})
-        if not s:
-            return 0
-
-        def tx(c: Any) -> int:
-            touch_scopes()
-            touched = [r[0] for r in c.execute(
-                "SELECT DISTINCT session_id FROM context_items WHERE summary_id = ANY(%s)", (s,))]
-            c.execute("DELETE FROM context_items WHERE summary_id = ANY(%s)", (s,))
-            if touched:
-                c.execute("UPDATE sessions SET context_version = context_version + 1 WHERE id = ANY(%s)", (touched,))
-            c.execute("DELETE FROM summary_parents WHERE parent_id = ANY(%s) OR child_id = ANY(%s)", (s, s))
-            c.execute("DELETE FROM summary_messages WHERE summary_id = ANY(%s)", (s,))
-            c.execute("DELETE FROM pruned_spans WHERE summary_id = ANY(%s)", (s,))
-            c.execute("DELETE FROM summary_history WHERE summary_id = ANY(%s)", (s,))
-            c.execute("DELETE FROM summary_costs WHERE summary_id = ANY(%s)", (s,))
-            return int(c.execute("DELETE FROM summaries WHERE id = ANY(%s)", (s,)).rowcount)
-
-        return int(self._write(tx))
+        return int(self._write(lambda c: c.execute(
+            "INSERT INTO pruned_spans(summary_id, session_id, messages, tokens, first_id, last_id, pruned_at,"
+            " reason) SELECT sm.summary_id, MIN(s.session_id), COUNT(*), COALESCE(SUM(x.tokens), 0),"
+            " MIN(x.id), MAX(x.id), %s, %s FROM summary_messages sm JOIN summaries s ON s.id = sm.summary_id"
+            " JOIN messages x ON x.id = sm.message_id WHERE sm.message_id = ANY(%s) GROUP BY sm.summary_id"
+            " ON CONFLICT (summary_id) DO UPDATE SET messages = pruned_spans.messages + excluded.messages,"
+            " tokens = pruned_spans.tokens + excluded.tokens,"
+            " first_id = LEAST(pruned_spans.first_id, excluded.first_id),"
+            " last_id = GREATEST(pruned_spans.last_id, excluded.last_id), pruned_at = excluded.pruned_at",
+            (float(pruned_at), reason, m)).rowcount))
 
     def pruned_spans(self, summary_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
         ids = [int(i) for i in summary_ids]

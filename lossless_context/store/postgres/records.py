@@ -258,17 +258,24 @@ class PostgresRecords:
             for sid, items in contexts.items():
                 if _t(sid) not in x:
                     self._write_context(c, _t(sid), items)
-            c.execute("DELETE FROM context_items WHERE session_id = ANY(%s) OR message_id = ANY(%s)"
-                      " OR summary_id = ANY(%s)", (x, m, s))
+            # (one statement per key, each by its index: an OR of them scanned the table)
+            c.execute("DELETE FROM context_items WHERE session_id = ANY(%s)", (x,))
+            c.execute("DELETE FROM context_items WHERE message_id = ANY(%s)", (m,))
+            c.execute("DELETE FROM context_items WHERE summary_id = ANY(%s)", (s,))
             c.execute("DELETE FROM staged_passes WHERE session_id = ANY(%s)", (x,))
             c.execute("DELETE FROM presummaries WHERE session_id = ANY(%s)", (x,))
             c.execute("DELETE FROM summary_parents WHERE parent_id = ANY(%s) OR child_id = ANY(%s)", (s, s))
             c.execute("DELETE FROM summary_messages WHERE summary_id = ANY(%s) OR message_id = ANY(%s)", (s, m))
+            # (a node's earlier texts and costs carry its words too; pruned_spans: ON DELETE CASCADE)
+            c.execute("DELETE FROM summary_history WHERE summary_id = ANY(%s)", (s,))
+            c.execute("DELETE FROM summary_costs WHERE summary_id = ANY(%s)", (s,))
             n_s = c.execute("DELETE FROM summaries WHERE id = ANY(%s)", (s,)).rowcount
             c.execute("DELETE FROM message_aliases WHERE message_id = ANY(%s)", (m,))
             c.execute("DELETE FROM message_absorbed WHERE message_id = ANY(%s)", (m,))
             c.execute("DELETE FROM message_retractions WHERE message_id = ANY(%s)", (m,))
-            c.execute("DELETE FROM message_vectors WHERE message_id = ANY(%s) OR session_id = ANY(%s)", (m, x))
+            c.execute("DELETE FROM message_vectors WHERE message_id = ANY(%s)", (m,))
+            if x:
+                c.execute("DELETE FROM message_vectors WHERE session_id = ANY(%s)", (x,))
             c.execute("UPDATE messages SET supersedes=NULL WHERE supersedes = ANY(%s)", (m,))
             n_m = c.execute("DELETE FROM messages WHERE id = ANY(%s)", (m,)).rowcount
             for _ in range(len(x) + 1):

@@ -83,11 +83,11 @@ class PostgresStore(PostgresRecords, PostgresLifecycle, PostgresSearch, Postgres
         self._background_index = bool(background_index)
         self._version_cache: tuple[int, VersionCache] | None = None
 
-    def _write(self, fn: Callable[[Any], Any]) -> Any:
+    def _write(self, fn: Callable[[Any], Any], seconds: float | None = None) -> Any:
         touched = _touched()
         mark = len(touched)
         try:
-            return super()._write(fn)
+            return super()._write(fn, seconds)  # (write_sql passes its own bound)
         finally:
             # After the commit (or the rollback): this process's next read sees the new version.
             sids, touched[mark:] = touched[mark:], []

@@ -58,7 +58,7 @@ def driver() -> Any:
         with _DRIVER_LOCK:
             if _DRIVER is None:
                 try:
-                    from sqlcipher3 import dbapi2 as mod  # type: ignore[import-not-found,unused-ignore]
+                    from sqlcipher3 import dbapi2 as mod  # type: ignore[import-untyped,import-not-found,unused-ignore]
                 except ImportError as exc:
                     raise CipherError(f"the store is encrypted and the SQLCipher binding is not installed: "
                                       f"{INSTALL_HINT}") from exc

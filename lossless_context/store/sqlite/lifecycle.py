@@ -13,8 +13,10 @@ import time
 from typing import Any, Callable, Iterator, Sequence
 
 _CHUNK = 500
-# The pages one incremental-vacuum step moves (16 KB each): a step is one short write.
-VACUUM_STEP_PAGES = 128
+# The pages the first incremental-vacuum step moves (16 KB each); later steps are sized to
+# take about VACUUM_STEP_SECONDS each: a step is one short write.
+VACUUM_STEP_PAGES = 32
+VACUUM_STEP_SECONDS = 0.03
 
 
 def _chunks(ids: Sequence[Any]) -> Iterator[list[Any]]:
@@ -76,65 +78,27 @@ class SQLiteLifecycle:
                 " ORDER BY sm.message_id", (*part, *part)))
         return out
 
-    # -- removing ------------------------------------------------------------------------------
+    # -- what a prune removes --------------------------------------------------------------------
 
-    def drop_messages(self, message_ids: Sequence[int], pruned_at: float | None = None,
-                      reason: str = "retention") -> int:
+    def record_pruned(self, message_ids: Sequence[int], pruned_at: float, reason: str = "retention") -> int:
         ids = sorted({int(i) for i in message_ids})
         if not ids:
             return 0
         with self.tx() as c:
-            c.execute("CREATE TEMP TABLE IF NOT EXISTS lcm_drop_m (id INTEGER PRIMARY KEY)")
-            c.execute("DELETE FROM lcm_drop_m")
-            c.executemany("INSERT OR IGNORE INTO lcm_drop_m(id) VALUES (?)", [(i,) for i in ids])
-            m = "SELECT id FROM lcm_drop_m"
-            if pruned_at is not None:  # the summaries stay: say what went from under each
-                c.execute(
-                    "INSERT INTO pruned_spans(summary_id, session_id, messages, tokens, first_id, last_id, pruned_at,"
-                    " reason) SELECT sm.summary_id, s.session_id, COUNT(*), COALESCE(SUM(x.tokens), 0), MIN(x.id),"
-                    " MAX(x.id), ?, ? FROM summary_messages sm JOIN summaries s ON s.id = sm.summary_id"
-                    f" JOIN messages x ON x.id = sm.message_id WHERE sm.message_id IN ({m}) GROUP BY sm.summary_id"
-                    " ON CONFLICT(summary_id) DO UPDATE SET messages = messages + excluded.messages,"
-                    " tokens = tokens + excluded.tokens, first_id = MIN(first_id, excluded.first_id),"
-                    " last_id = MAX(last_id, excluded.last_id), pruned_at = excluded.pruned_at",
-                    (float(pruned_at), reason))
-            touched = [r[0] for r in c.execute(
-                f"SELECT DISTINCT session_id FROM context_items WHERE message_id IN ({m})")]
-            c.execute(f"DELETE FROM context_items WHERE message_id IN ({m})")
-            for sid in touched:
-                c.execute("UPDATE sessions SET context_version = context_version + 1 WHERE id=?", (sid,))
-            c.execute(f"DELETE FROM summary_messages WHERE message_id IN ({m})")
-            c.execute(f"DELETE FROM message_aliases WHERE message_id IN ({m})")
-            c.execute(f"DELETE FROM message_absorbed WHERE message_id IN ({m})")
-            c.execute(f"DELETE FROM message_retractions WHERE message_id IN ({m})")
-            c.execute(f"DELETE FROM message_vectors WHERE message_id IN ({m})")
-            c.execute(f"UPDATE messages SET supersedes=NULL WHERE supersedes IN ({m})")
-            n = c.execute(f"DELETE FROM messages WHERE id IN ({m})").rowcount
-            c.execute("DELETE FROM lcm_drop_m")
-        return n
-
-    def drop_summaries(self, summary_ids: Sequence[int]) -> int:
-        ids = sorted({int(i) for i in summary_ids})
-        if not ids:
-            return 0
-        with self.tx() as c:
-            c.execute("CREATE TEMP TABLE IF NOT EXISTS lcm_drop_s (id INTEGER PRIMARY KEY)")
-            c.execute("DELETE FROM lcm_drop_s")
-            c.executemany("INSERT OR IGNORE INTO lcm_drop_s(id) VALUES (?)", [(i,) for i in ids])
-            sq = "SELECT id FROM lcm_drop_s"
-            touched = [r[0] for r in c.execute(
-                f"SELECT DISTINCT session_id FROM context_items WHERE summary_id IN ({sq})")]
-            c.execute(f"DELETE FROM context_items WHERE summary_id IN ({sq})")
-            for sid in touched:
-                c.execute("UPDATE sessions SET context_version = context_version + 1 WHERE id=?", (sid,))
-            c.execute(f"DELETE FROM summary_parents WHERE parent_id IN ({sq}) OR child_id IN ({sq})")
-            c.execute(f"DELETE FROM summary_messages WHERE summary_id IN ({sq})")
-            c.execute(f"DELETE FROM pruned_spans WHERE summary_id IN ({sq})")
-            # (earlier texts and costs of a node carry its words too)
-            c.execute(f"DELETE FROM summary_history WHERE summary_id IN ({sq})")
-            c.execute(f"DELETE FROM summary_costs WHERE summary_id IN ({sq})")
-            n = c.execute(f"DELETE FROM summaries WHERE id IN ({sq})").rowcount
-            c.execute("DELETE FROM lcm_drop_s")
+            c.execute("CREATE TEMP TABLE IF NOT EXISTS lcm_pruned_m (id INTEGER PRIMARY KEY)")
+            c.execute("DELETE FROM lcm_pruned_m")
+            c.executemany("INSERT OR IGNORE INTO lcm_pruned_m(id) VALUES (?)", [(i,) for i in ids])
+            n = c.execute(
+                "INSERT INTO pruned_spans(summary_id, session_id, messages, tokens, first_id, last_id, pruned_at,"
+                " reason) SELECT sm.summary_id, s.session_id, COUNT(*), COALESCE(SUM(x.tokens), 0), MIN(x.id),"
+                " MAX(x.id), ?, ? FROM summary_messages sm JOIN summaries s ON s.id = sm.summary_id"
+                " JOIN messages x ON x.id = sm.message_id WHERE sm.message_id IN (SELECT id FROM lcm_pruned_m)"
+                " GROUP BY sm.summary_id"
+                " ON CONFLICT(summary_id) DO UPDATE SET messages = messages + excluded.messages,"
+                " tokens = tokens + excluded.tokens, first_id = MIN(first_id, excluded.first_id),"
+                " last_id = MAX(last_id, excluded.last_id), pruned_at = excluded.pruned_at",
+                (float(pruned_at), reason)).rowcount
+            c.execute("DELETE FROM lcm_pruned_m")
         return n
 
     # -- what a prune left -------------------------------------------------------------------------
@@ -216,10 +180,15 @@ class SQLiteLifecycle:
         if before["auto_vacuum"] != "incremental":
             return 0
         deadline = time.monotonic() + seconds
+        step = VACUUM_STEP_PAGES
         while time.monotonic() < deadline:
             if not int(c.execute("PRAGMA freelist_count").fetchone()[0]):
                 break
-            c.execute(f"PRAGMA incremental_vacuum({VACUUM_STEP_PAGES})").fetchall()
+            t0 = time.perf_counter()
+            # (executescript: the pragma frees one page per step, and execute() steps once)
+            c.executescript(f"PRAGMA incremental_vacuum({step});")
+            dt = time.perf_counter() - t0
+            step = max(8, min(1024, int(step * VACUUM_STEP_SECONDS / max(dt, 1e-4))))
             time.sleep(pause)
         c.execute("PRAGMA busy_timeout=100")  # never make a host's writer wait for the truncation
         try:

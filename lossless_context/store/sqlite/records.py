@@ -161,18 +161,25 @@ class SQLiteRecords:
             m = "SELECT id FROM lcm_forget_m"
             sq = "SELECT id FROM lcm_forget_s"
             x = "SELECT id FROM lcm_forget_x"
-            # (any reference left over, e.g. from a session the caller did not repair)
-            c.execute(f"DELETE FROM context_items WHERE session_id IN ({x}) OR message_id IN ({m})"
-                      f" OR summary_id IN ({sq})")
+            # (any reference left over, e.g. from a session the caller did not repair; one
+            # statement per key, each by its index: an OR of them scanned the table)
+            c.execute(f"DELETE FROM context_items WHERE session_id IN ({x})")
+            c.execute(f"DELETE FROM context_items WHERE message_id IN ({m})")
+            c.execute(f"DELETE FROM context_items WHERE summary_id IN ({sq})")
             c.execute(f"DELETE FROM staged_passes WHERE session_id IN ({x})")
             c.execute(f"DELETE FROM presummaries WHERE session_id IN ({x})")
             c.execute(f"DELETE FROM summary_parents WHERE parent_id IN ({sq}) OR child_id IN ({sq})")
             c.execute(f"DELETE FROM summary_messages WHERE summary_id IN ({sq}) OR message_id IN ({m})")
+            # (a node's earlier texts and costs carry its words too; pruned_spans: ON DELETE CASCADE)
+            c.execute(f"DELETE FROM summary_history WHERE summary_id IN ({sq})")
+            c.execute(f"DELETE FROM summary_costs WHERE summary_id IN ({sq})")
             n_s = c.execute(f"DELETE FROM summaries WHERE id IN ({sq})").rowcount
             c.execute(f"DELETE FROM message_aliases WHERE message_id IN ({m})")
             c.execute(f"DELETE FROM message_absorbed WHERE message_id IN ({m})")
             c.execute(f"DELETE FROM message_retractions WHERE message_id IN ({m})")
-            c.execute(f"DELETE FROM message_vectors WHERE message_id IN ({m}) OR session_id IN ({x})")
+            c.execute(f"DELETE FROM message_vectors WHERE message_id IN ({m})")
+            if sessions:
+                c.execute(f"DELETE FROM message_vectors WHERE session_id IN ({x})")
             c.execute(f"UPDATE messages SET supersedes=NULL WHERE supersedes IN ({m})")
             n_m = c.execute(f"DELETE FROM messages WHERE id IN ({m})").rowcount
             # A forgotten session's children keep their own history: they hang from its parent.

@@ -77,9 +77,8 @@ class SQLiteStore(SQLiteRecords, SQLiteLifecycle, SQLiteSearch, SQLiteCosts, SQL
 
     @property
     def encrypted(self) -> bool:
-        """Whether the file is encrypted at rest (SQLCipher)."""
-        self.conn()  # (the file is looked at when the store first opens)
-        return self._key is not None
+        """Whether the file is encrypted at rest (SQLCipher; looked at when the store opens)."""
+        return self.conn() is not None and self._key is not None
 
     # -- connections ----------------------------------------------------------
 

@@ -1,0 +1,54 @@
+"""RESULTS.md section of issue 43's part: encryption's cost and a host's waits during a prune
+(`lifecycle`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _f(v: Any, digits: int = 1) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}"
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def lifecycle(res: dict[str, Any]) -> list[str]:
+    L = ["", "## 8. Data lifecycle: encryption at rest and pruning (`bench/lifecycle.py`)", ""]
+    if res.get("error"):
+        return L + [f"error: {res['error']}"]
+    enc = res.get("encryption") or {}
+    if enc:
+        p, e, r = enc.get("plaintext", {}), enc.get("encrypted", {}), enc.get("ratios", {})
+        L += [f"SQLite store of {_f(enc.get('n'))} messages built by the engine (the scale part's build and "
+              "measure), plaintext and encrypted (SQLCipher 4, `LCM_ENCRYPTION_KEY`), in one run "
+              f"(encrypted file starts as plain SQLite: {enc.get('encrypted_file_starts_as_sqlite')}). Goal: within ×1.2.",
+              "", "| | plaintext | encrypted | encrypted / plaintext |", "|---|---:|---:|---:|",
+              f"| ingest (msgs/s; ratio: time per message) | {_f(p.get('ingest_msgs_per_s'))} | "
+              f"{_f(e.get('ingest_msgs_per_s'))} | ×{_f(r.get('ingest_time'), 2)} |"]
+        for key, label in (("grep_text_p50_ms", "lcm_grep text p50 (ms)"),
+                           ("grep_identifier_p50_ms", "lcm_grep identifier p50 (ms)"),
+                           ("grep_cjk_p50_ms", "lcm_grep CJK substring p50 (ms)"),
+                           ("compress_engine_p50_ms", "compress() engine p50 (ms)"),
+                           ("expand_p50_ms", "lcm_expand p50 (ms)"), ("store_bytes", "store bytes")):
+            L.append(f"| {label} | {_f(p.get(key), 2)} | {_f(e.get(key), 2)} | ×{_f(r.get(key), 2)} |")
+    pw = res.get("prune_wait") or {}
+    if pw:
+        pr, host, cp = pw.get("prune", {}), pw.get("host", {}), pw.get("copies", {})
+        L += ["", f"A host's calls while a store of {_f(pw.get('n'))} messages is pruned ({_f(pw.get('engine_built'))} "
+              f"built by the engine, {_f(cp.get('copied'))} copied with SQL into {_f(cp.get('sessions'))} sessions "
+              f"of their own lineage, aged {cp.get('messages_by_age_days')} days): `prune --older-than 90` in one "
+              "process, the host in another storing a turn and running `lcm_grep` every ~20 ms.", "",
+              f"Prune: {_f(pr.get('sessions'))} sessions, {_f(pr.get('messages'))} messages, "
+              f"{_f(pr.get('summaries'))} summaries removed in {_f(pr.get('seconds'))} s (plan {_f(pr.get('plan_seconds'))} s), "
+              f"{_f(pr.get('transactions'))} transactions, the longest {_f(pr.get('longest_transaction_ms'))} ms; "
+              f"file {_f(pw.get('file_bytes_before'))} → {_f(pr.get('file_bytes_after'))} bytes "
+              f"({_f(pr.get('bytes_returned'))} given back by incremental vacuum).", "",
+              "| host call (ms) | before: p50 | p99 | max | during the prune: p50 | p99 | max |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+        for op in ("write", "grep"):
+            b, d = host.get("before", {}).get(op, {}), host.get("during", {}).get(op, {})
+            L.append(f"| {op} ({_f(d.get('n'))} during) | {_f(b.get('p50'))} | {_f(b.get('p99'))} | {_f(b.get('max'))} | "
+                     f"{_f(d.get('p50'))} | {_f(d.get('p99'))} | {_f(d.get('max'))} |")
+    return L
