@@ -3,7 +3,8 @@
     python -m bench               # full run (default): scale 1k/10k/100k/1M, 3,000-message sessions, …
     python -m bench --quick       # the CI smoke configuration: seconds, small sizes
     python -m bench --only scale  # one part (scale | side_by_side | quality | backends | background |
-                                  # long_sessions | realtalk | recall_demo | pass_cost | mcp | lifecycle); the result is
+                                  # long_sessions | realtalk | recall_demo | pass_cost | mcp, or on request
+                                  # script_growth | lifecycle); the result is
                                   # merged into an existing results.json and RESULTS.md is re-rendered
     python -m bench --out-dir DIR # write the two files elsewhere (the smoke test does)
     python -m bench --only script_growth   # on request only: search growth by script at 3k..1M

@@ -301,3 +301,52 @@ def test_doctor_names_an_unencrypted_connection_to_a_remote_server(pg_fresh_dsn)
         assert "NOT encrypted" not in text and "server side (PostgreSQL on this machine" in text
     finally:
         local.close()
+
+
+def test_lcm_mcp_serves_an_encrypted_store_with_the_key_only(env, tmp_path):
+    """`lcm mcp` opens stores through the store factory: with the key it answers as over a
+    plaintext store; without it the server refuses with the same clear reason."""
+    pytest.importorskip("mcp")
+    from tests.test_mcp import handshake, raw_server, server_cmd, server_env
+
+    env.setenv("LCM_ENCRYPTION_KEY", KEY)
+    loc = str(tmp_path / "lcm.db")
+    _fill(loc, sid="alpha").store.close()
+    home = tmp_path / "h"
+    home.mkdir()
+    with raw_server(server_cmd(loc, "--session", "alpha"), {**server_env(home), "LCM_ENCRYPTION_KEY": KEY}) as c:
+        handshake(c)
+        found, err = c.tool("lcm_grep", {"query": CANARY})
+        assert not err and found["hits"], found
+        mid = next(h["id"] for g in found["groups"] for h in g["hits"] if h["id"].startswith("m"))
+        page, err = c.tool("lcm_expand", {"id": mid})
+        assert not err and CANARY in json.dumps(page)
+        assert c.close_stdin_and_wait() == 0
+    r = subprocess.run(server_cmd(loc, "--session", "alpha"), env=server_env(home), input="", capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode != 0 or "no key is set" in r.stdout + r.stderr, (r.returncode, r.stdout, r.stderr)
+    assert "no key is set" in r.stderr + r.stdout
+
+
+def test_a_copy_that_differs_is_never_swapped_in(env, tmp_path, monkeypatch):
+    """encrypt checks its copy against the store: a copy missing rows is refused, the store
+    is left as it was and the copy removed."""
+    from lossless_context.store.sqlite import convert
+
+    loc = str(tmp_path / "lcm.db")
+    _fill(loc).store.close()
+    before = Path(loc).read_bytes()
+    real = cipher.export_to
+
+    def lossy(src, dest, key):
+        real(src, dest, key)
+        c = cipher.connect(dest, key, isolation_level=None)
+        c.execute("DELETE FROM message_retractions")
+        c.execute("DELETE FROM context_items WHERE pos = (SELECT MAX(pos) FROM context_items)")
+        c.close()
+
+    monkeypatch.setattr(cipher, "export_to", lossy)
+    with pytest.raises(convert.ConvertError, match="differs"):
+        convert.convert(loc, None, KEY.encode())
+    assert Path(loc).read_bytes()[:16] == before[:16] == cipher.SQLITE_MAGIC
+    assert not [p for p in tmp_path.iterdir() if ".lcm-convert" in p.name]
