@@ -33,6 +33,13 @@ def lifecycle(res: dict[str, Any]) -> list[str]:
                            ("compress_engine_p50_ms", "compress() engine p50 (ms)"),
                            ("expand_p50_ms", "lcm_expand p50 (ms)"), ("store_bytes", "store bytes")):
             L.append(f"| {label} | {_f(p.get(key), 2)} | {_f(e.get(key), 2)} | ×{_f(r.get(key), 2)} |")
+    inter = enc.get("interleaved") or {}
+    if inter.get("rounds"):
+        L += ["", f"Ingest of {_f(inter.get('n'))} messages, plaintext then encrypted, {len(inter['rounds'])} times over "
+              "(each round's two builds one after the other, the load of a shared machine drifting over minutes): "
+              "time per message encrypted / plaintext per round "
+              + ", ".join(f"×{_f(r.get('ratio'), 2)}" for r in inter["rounds"])
+              + f"; median ×{_f(inter.get('median_ingest_time_ratio'), 2)}."]
     pw = res.get("prune_wait") or {}
     if pw:
         pr, host, cp = pw.get("prune", {}), pw.get("host", {}), pw.get("copies", {})
