@@ -270,3 +270,47 @@ def test_a_short_deadline_is_kept_behind_a_long_one():
     finally:
         for s in (long_a, long_b, short_a, short_b):
             s.close()
+
+
+class _FreezeAt:
+    """A provider that freezes the store's server when the `at`-th chat request arrives (the
+    user's session goes on against a frozen store from then on)."""
+
+    def __init__(self, inner: Any, at: int, server: Any) -> None:
+        self.inner, self.at, self.server, self.n, self.frozen = inner, at, server, 0, None
+
+    def __call__(self, req: dict) -> Any:
+        self.n += 1
+        if self.n == self.at and self.frozen is None:
+            self.frozen = self.server.frozen()
+            self.frozen.__enter__()
+        return self.inner(req)
+
+    def thaw(self) -> None:
+        if self.frozen is not None:
+            self.frozen.__exit__(None, None, None)
+
+
+def test_the_real_agent_loop_goes_on_while_the_server_is_frozen(server, dsn, tmp_path):
+    """The issue's field test through the real 0.19.0 agent loop: the server freezes after the
+    first turns; every later turn finishes, compactions fall back within the window, and the
+    user is told once."""
+    from tests.support.fake_openai import ChatResponder, FakeOpenAI, Router, prompt_tokens_for
+    from tests.support.hermes_host import hermes_available, run_hermes
+
+    if not hermes_available():
+        pytest.skip("hermes-agent is not installed")
+    chat = _FreezeAt(ChatResponder(reply_chars=24_000), at=4, server=server)
+    try:
+        with FakeOpenAI(responder=Router(chat=chat)) as srv:
+            run = run_hermes(srv, [f"step {i} of the plan" for i in range(16)], engine="lcm", workdir=tmp_path,
+                             extra_config={"lcm": {"summarizer": "extractive", "store": dsn, "store_timeout": 2,
+                                                   "store_retry_seconds": 600}},
+                             timeout=600)
+            assert chat.frozen is not None and run.ok, run.describe()
+            assert len(run.calls_named("compress")) >= 1
+            assert max(prompt_tokens_for(r.json) for r in srv.chat_requests) <= WINDOW
+            told = [text for kind, text in run.status_lines if "LCM stopped storing" in text]
+            assert len(told) == 1, run.status_lines
+    finally:
+        chat.thaw()

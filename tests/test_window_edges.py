@@ -144,3 +144,25 @@ def test_a_stale_host_compression_lock_is_reported_with_what_to_do(tmp_path, mon
     db._conn.execute("UPDATE compression_locks SET expires_at = ?", (time.time() - 1,))
     db._conn.commit()
     assert "is stale" not in make_command_handler(e)("status")
+
+
+def test_the_real_host_shows_one_line_when_storing_stops(tmp_path):
+    """Through the real 0.19.0 agent loop: the store cannot be used, compactions fall back,
+    and what the host shows the user (its status and warning lines) says so exactly once."""
+    from tests.support.fake_openai import ChatResponder, FakeOpenAI, Router, prompt_tokens_for
+    from tests.support.hermes_host import hermes_available, run_hermes
+
+    if not hermes_available():
+        import pytest
+
+        pytest.skip("hermes-agent is not installed")
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a regular file where the store's directory should be")
+    with FakeOpenAI(responder=Router(chat=ChatResponder(reply_chars=24_000))) as srv:
+        run = run_hermes(srv, [f"step {i} of the plan" for i in range(20)], engine="lcm", workdir=tmp_path,
+                         extra_config={"lcm": {"summarizer": "extractive", "store": str(blocker / "lcm.db")}})
+        assert run.ok, run.describe()
+        assert len(run.calls_named("compress")) >= 2
+        told = [text for kind, text in run.status_lines if "LCM stopped storing" in text]
+        assert len(told) == 1 and str(blocker) in told[0] and "retrying in" not in told[0], run.status_lines
+        assert max(prompt_tokens_for(r.json) for r in srv.chat_requests) <= 64_000

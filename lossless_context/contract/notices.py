@@ -15,6 +15,7 @@ Each is told once per outage, for the whole engine family (every copy of the eng
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Any
 
@@ -68,5 +69,6 @@ class StoreNotices:
 
 
 def _first_line(text: str) -> str:
-    line = (text or "").strip().splitlines()[0] if (text or "").strip() else "no reason given"
+    text = re.sub(r" \(retrying in \d+ s\)$", "", (text or "").strip())  # (the breaker's own note)
+    line = text.splitlines()[0] if text else "no reason given"
     return line if len(line) <= 300 else line[:297] + "..."

@@ -243,6 +243,11 @@ class HostRun:
         return self.result.get("engine") or {}
 
     @property
+    def status_lines(self) -> List[List[str]]:
+        """[kind, text] of every status or warning line the host emitted for the user."""
+        return self.result.get("status_lines") or []
+
+    @property
     def engine_name(self) -> Optional[str]:
         return self.engine.get("name")
 
@@ -738,6 +743,10 @@ def _driver(spec_path: str) -> int:
         agent.suppress_status_output = True
         agent.stream_delta_callback = None
         agent.tool_gen_callback = None
+        # What the host shows the user in the chat besides the replies (its status and warning
+        # lines, as a gateway's status_callback receives them): run.status_lines.
+        status_lines: List[Any] = result.setdefault("status_lines", [])
+        agent.status_callback = lambda kind, message, *a, **k: status_lines.append([str(kind), str(message)])
         cc = agent.context_compressor
         result["engine"] = {
             "name": getattr(cc, "name", None),
