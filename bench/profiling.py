@@ -44,7 +44,7 @@ def profile(label: str, fn: Callable[[], Any], top: int = 12) -> dict[str, Any]:
     st = pstats.Stats(prof)
     total = st.total_tt or wall
     rows = []
-    for func, (cc, nc, tt, ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
+    for func, (_cc, nc, tt, ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
         rows.append((func, nc, tt, ct))
     by_own = sorted(rows, key=lambda r: -r[2])[:top]
     ours = [r for r in rows if "lossless_context" in r[0][0]]

@@ -49,7 +49,7 @@ ALIGNED_SESSIONS = 4  # sessions whose last alignment an engine keeps (see _inge
 
 
 class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, StoreNotices,
-                base_class()):  # type: ignore[misc]
+                base_class()):  # type: ignore[misc]  # the host's ContextEngine or our stand-in, chosen at import
     """Lossless Context Management: verbatim store + summary DAG + recall tools."""
 
     protect_first_n: int = 3
@@ -144,7 +144,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
                         # the `retention:` policy, applied on a thread of its own (ops/retention.py)
                         retention.schedule(shared, self.config.retention, _live_sessions)
                     self._store = shared
-        return self._store  # type: ignore[return-value]
+        return self._store
 
     def store_busy_for(self, thread_id: int | None = None) -> float:
         """Seconds the store call now running on `thread_id` (any thread: the oldest) has
@@ -166,21 +166,22 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
             arms = fam.setdefault("semantic", {})
             if location not in arms:
                 try:
-                    arm: SemanticArm | None = SemanticArm(store, load_embedder(self.config.semantic_model))
+                    made = SemanticArm(store, load_embedder(self.config.semantic_model))
                 except (SemanticUnavailable, ImportError) as exc:
                     log.warning("lcm: semantic search is off: %s", exc)  # once per location
-                    arm = None
+                    arms[location] = None
                 else:
-                    arm.notify()  # what is stored without vectors yet (e.g. history from before)
+                    made.notify()  # what is stored without vectors yet (e.g. history from before)
 
-                    def closing(arm: SemanticArm = arm) -> None:
+                    def closing(arm: SemanticArm = made) -> None:
                         arm.close()
                         with fam["store_lock"]:
                             if arms.get(location) is arm:
                                 arms.pop(location)
 
-                    store.add_close_hook(closing)
-                arms[location] = arm
+                    if isinstance(store, GuardedStore):  # (the engine's store always is)
+                        store.add_close_hook(closing)
+                    arms[location] = made
             return arms[location]
 
     # -- copies: each agent gets a fresh engine sharing the durable store --------------

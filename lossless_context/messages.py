@@ -60,8 +60,9 @@ _json_str = json.encoder.encode_basestring_ascii  # what both encoders use for a
 # _SAFE_JSON's own C encoder, made once and without the reference-cycle bookkeeping (a
 # dict per call): the same text ~25% sooner. A cycle ends in RecursionError, then the
 # careful path below takes over.
-_FAST_JSON = (json.encoder.c_make_encoder(None, repr, _json_str, None, ": ", ", ", False, False, True)
-              if json.encoder.c_make_encoder is not None else None)
+_c_make_encoder = getattr(json.encoder, "c_make_encoder", None)  # (CPython's; not in the type stubs)
+_FAST_JSON = (_c_make_encoder(None, repr, _json_str, None, ": ", ", ", False, False, True)
+              if _c_make_encoder is not None else None)
 _MAX_DEPTH = 100
 _UNENCODABLE = (ValueError, TypeError, RecursionError)
 
@@ -233,7 +234,7 @@ class IdentMemo:
     def __init__(self, key: str) -> None:
         self.key = key
         with _memos_lock:
-            self.old = _memos.pop(key, None) or {}
+            self.old = _memos.pop(key, {})
         self.new: dict[int, tuple] = {}
 
     def ident(self, msg: Any) -> str:

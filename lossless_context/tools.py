@@ -408,7 +408,7 @@ class _Ctx:
         targets = ["messages", "summaries"] if scope == "both" else [scope]
         if role:
             targets = [t for t in targets if t == "messages"]
-        filters = dict(role=role, since=since, until=until, under_summary=under)
+        filters: dict[str, Any] = dict(role=role, since=since, until=until, under_summary=under)
         if mode == "text":
             page, more = textsearch.ranked_page(self.store, self.scope, plan, targets, offset=offset,
                                                 limit=limit, semantic=self.engine.semantic_arm(), **filters)
@@ -668,7 +668,7 @@ class _Ctx:
                     self._message(r)
                 ids.append((k, r))
         else:
-            q = a.get("query") if isinstance(a.get("query"), str) and a.get("query").strip() else prompt
+            q = given if isinstance(given := a.get("query"), str) and given.strip() else prompt
             sub = _Ctx(self.engine, {"query": q, "limit": 20, "scope": "both"}, Scope(self.scope, self.bounds))
             sub.current = self.current
             hits = [h for g in sub.grep()["groups"] for h in g["hits"]]
@@ -711,7 +711,8 @@ class _Ctx:
                     mids.extend(ms)
         recs = self.store.get_messages(list(dict.fromkeys(mids)))
         ranked = sorted(recs.values(), key=lambda m: -score_hit(plan, m.text))
-        out, used = [], 0
+        out: list[dict[str, Any]] = []
+        used = 0
         for m in ranked:
             if not self._in_scope(m.session_id):
                 continue

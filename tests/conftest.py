@@ -9,6 +9,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tests.support.errorwatch import ErrorWatch, verdict, watching  # noqa: E402
+from tests.support.requires import hermes_skip_failure  # noqa: E402
 from tests.support.pg import pg_dsn, pg_fresh_dsn, pg_server  # noqa: E402,F401  (PostgreSQL fixtures)
 from tests.support import hosts as _hosts  # noqa: E402
 
@@ -49,6 +51,23 @@ def hermes_host(request):
 
 
 @pytest.fixture(autouse=True)
+def lcm_errors(request, _library_logger_restored):
+    """Errors are failures (tests/support/errorwatch.py): the test fails when the
+    `lossless_context` logger records an ERROR or a traceback, or a tool answers
+    "internal error", unless the test declares it — `@pytest.mark.lcm_errors(*patterns)` for the
+    whole test, or `with lcm_errors.expected(*patterns):` for a block (the fixture is this
+    watcher; `lcm_errors.records` / `.answers` / `.matched()` show what it saw)."""
+    watch = ErrorWatch()
+    for mark in request.node.iter_markers("lcm_errors"):
+        watch.allow(*mark.args)
+    with watching(watch):
+        yield watch
+    message = verdict(watch)
+    if message:
+        pytest.fail(message, pytrace=False)
+
+
+@pytest.fixture(autouse=True)
 def _library_logger_restored():
     """The CLI (run in-process by CliRunner) quiets the `lossless_context` logger for its own
     process; a later test in the same process must still see the library's log records."""
@@ -60,3 +79,25 @@ def _library_logger_restored():
     lib.setLevel(level)
     lib.propagate = propagate
     lib.handlers[:] = handlers
+
+
+def _require_hermes(report) -> None:
+    """While LCM_REQUIRE_HERMES is set, a skip for want of the host is a failure
+    (tests/support/requires.py)."""
+    if report.skipped and isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
+        failure = hermes_skip_failure(str(report.longrepr[2]))
+        if failure:
+            report.outcome = "failed"
+            report.longrepr = failure
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _require_hermes(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    _require_hermes(outcome.get_result())

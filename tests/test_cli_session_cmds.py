@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 
 from lossless_context import LCMEngine
 from lossless_context.config import LCMConfig

@@ -392,7 +392,7 @@ def test_sigkill_while_appending_and_indexing_loses_nothing(tmp_path):
                                                tokens=4, created_at=float(i)) for i in range(1500)))
     """)
     rng = random.Random(11)
-    for kill in range(8):
+    for _kill in range(8):
         p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
         assert p.stdout.readline().strip() == "ready"
         time.sleep(rng.uniform(0.05, 0.8))

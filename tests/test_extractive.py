@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -52,7 +53,7 @@ def test_source_is_a_small_frozen_dataclass() -> None:
     s = Source("m1", "user", "hi", None)
     assert (s.id, s.role, s.text, s.timestamp) == ("m1", "user", "hi", None)
     assert Source("s7", "summary", "x") .timestamp is None
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         s.text = "changed"  # type: ignore[misc]
 
 

@@ -102,10 +102,10 @@ def test_streaming_raw_sse_format_and_no_usage_without_include_usage():
     with FakeOpenAI(responder=ChatResponder(reply_chars=200)) as srv:
         resp = post(srv.base_url + "/chat/completions", {"model": "m", "messages": MSGS, "stream": True})
         assert resp.headers["Content-Type"].startswith("text/event-stream")
-        lines = [l for l in resp.read().decode().split("\n") if l]
-        assert all(l.startswith("data: ") for l in lines)
+        lines = [ln for ln in resp.read().decode().split("\n") if ln]
+        assert all(ln.startswith("data: ") for ln in lines)
         assert lines[-1] == "data: [DONE]"
-        chunks = [json.loads(l[6:]) for l in lines[:-1]]
+        chunks = [json.loads(ln[6:]) for ln in lines[:-1]]
         assert all(ch["object"] == "chat.completion.chunk" for ch in chunks)
         assert not any("usage" in ch for ch in chunks)
         assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"

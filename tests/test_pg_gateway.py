@@ -16,7 +16,6 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import pytest
 
 from lossless_context import LCMEngine
 from lossless_context.pipeline.validate import pairing_problems

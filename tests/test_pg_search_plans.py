@@ -15,7 +15,6 @@ throw-away server.
 from __future__ import annotations
 
 import random
-import time
 import uuid
 
 import pytest

@@ -110,7 +110,7 @@ def test_the_embedding_thread_ends_when_idle_and_a_new_message_starts_another(tm
         time.sleep(0.02)
     assert not arm.running()
     threads.clear()
-    for n, text in enumerate(FILLER[:3]):
+    for n, _text in enumerate(FILLER[:3]):
         e.ingest([{"role": "user", "content": t} for t in FILLER[:n + 1]], session_id="i")
         deadline = time.monotonic() + 60
         while len(e.store.vectors_after(arm.model, ["i"], 0, 100)) < n + 1 and time.monotonic() < deadline:

@@ -161,7 +161,7 @@ def _setup_logging(verbose: bool) -> None:
         if getattr(h, "_lcm_cli", False):
             log.removeHandler(h)
     h = logging.StreamHandler(sys.stderr)
-    h._lcm_cli = True  # type: ignore[attr-defined]
+    h._lcm_cli = True  # type: ignore[attr-defined]  # marks our own handler, to replace it on a later call
     h.setFormatter(_OneLine(verbose))
     log.addHandler(h)
     log.setLevel(logging.INFO if verbose else logging.ERROR)

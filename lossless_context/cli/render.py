@@ -4,7 +4,10 @@ renderings of the agent tools' JSON (grep hits, a node's description, an expansi
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import JustifyMethod
 
 
 def _ts(t: Any) -> str:
@@ -16,11 +19,12 @@ def _ts(t: Any) -> str:
 
 
 def _size(n: int) -> str:
+    x = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
+        if x < 1024 or unit == "GiB":
+            return f"{x:,.0f} {unit}" if unit == "B" else f"{x:,.1f} {unit}"
+        x /= 1024
+    return str(x)
 
 
 def _depths(by_depth: dict[Any, int]) -> str:
@@ -70,9 +74,11 @@ def sessions_table(console: Any, rows: list[dict[str, Any]]) -> None:
     for r in rows:
         by_parent.setdefault(r["parent_id"] if r["parent_id"] in ids else None, []).append(r)
     t = Table(title=f"{len(rows)} sessions", title_justify="left")
-    for col, just in (("session", "left"), ("parent", "left"), ("conversation", "left"), ("messages", "right"),
-                      ("summaries", "right"), ("compactions", "right"), ("updated", "left")):
-        t.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("session", "left"), ("parent", "left"), ("conversation", "left"), ("messages", "right"),
+        ("summaries", "right"), ("compactions", "right"), ("updated", "left"))
+    for col, just in columns:
+        t.add_column(col, justify=just, overflow="fold")
     seen: set[str] = set()
 
     def add(r: dict[str, Any], depth: int) -> None:

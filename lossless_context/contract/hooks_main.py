@@ -138,7 +138,7 @@ class NewHostHooks:
                                           extra=extra))
                 block = []
 
-        for i, e in enumerate(ctx):
+        for e in ctx:
             if e.kind == "s":
                 if e.ref in sums:
                     block.append(sums[e.ref])

@@ -43,7 +43,7 @@ from typing import Any, Callable, Mapping
 def context_engine_class() -> type | None:
     """The host's ContextEngine base class, or None without the host."""
     try:
-        from agent.context_engine import ContextEngine  # type: ignore[import-not-found]
+        from agent.context_engine import ContextEngine
     except Exception:
         return None
     return ContextEngine
@@ -54,7 +54,7 @@ def llm_call() -> Callable[..., Any]:
 
     Raises ImportError (with the reason) when the host's client cannot be imported."""
     try:
-        from agent.auxiliary_client import call_llm  # type: ignore[import-not-found]
+        from agent.auxiliary_client import call_llm
     except Exception as exc:
         raise ImportError(f"host auxiliary client unavailable: {exc}") from exc
     return call_llm
@@ -72,7 +72,7 @@ def has_llm() -> bool:
 def secret_redactor() -> Callable[..., str] | None:
     """The host's `redact_sensitive_text`, or None."""
     try:
-        from agent.redact import redact_sensitive_text  # type: ignore[import-not-found]
+        from agent.redact import redact_sensitive_text
     except Exception:
         return None
     return redact_sensitive_text if callable(redact_sensitive_text) else None
@@ -81,7 +81,7 @@ def secret_redactor() -> Callable[..., str] | None:
 def memory_sanitizer() -> Callable[[str], str] | None:
     """The host's `sanitize_context` (strips its injected memory blocks), or None."""
     try:
-        from agent.memory_manager import sanitize_context  # type: ignore[import-not-found]
+        from agent.memory_manager import sanitize_context
     except Exception:
         return None
     return sanitize_context if callable(sanitize_context) else None
@@ -90,7 +90,7 @@ def memory_sanitizer() -> Callable[[str], str] | None:
 def hermes_home() -> Path | None:
     """HERMES_HOME as the host resolves it (profiles included), or None without the host."""
     try:
-        from hermes_constants import get_hermes_home  # type: ignore[import-not-found]
+        from hermes_constants import get_hermes_home
 
         return Path(get_hermes_home())
     except Exception:
@@ -101,7 +101,7 @@ def usage_pricer() -> Callable[[str, str, int, int], float | None] | None:
     """A price estimate (model, provider, tokens in, tokens out) → USD from the host's pricing
     metadata, or None without it."""
     try:
-        from agent.usage_pricing import CanonicalUsage, estimate_usage_cost  # type: ignore[import-not-found]
+        from agent.usage_pricing import CanonicalUsage, estimate_usage_cost
     except Exception:
         return None
 
@@ -120,11 +120,11 @@ def rough_estimator() -> tuple[Callable[[list], int], Callable[[dict], int] | No
     message at a time keeps a running total instead of re-estimating the whole list); None
     without the host."""
     try:
-        from agent.model_metadata import estimate_messages_tokens_rough  # type: ignore[import-not-found]
+        from agent.model_metadata import estimate_messages_tokens_rough
     except Exception:
         return None
     try:  # private in the host, but the very function its estimate sums (none of our names)
-        from agent.model_metadata import _estimate_message_chars  # type: ignore[import-not-found]
+        from agent.model_metadata import _estimate_message_chars
     except Exception:
         _estimate_message_chars = None
     return estimate_messages_tokens_rough, _estimate_message_chars

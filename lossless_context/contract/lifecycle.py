@@ -55,6 +55,11 @@ def held(location: str, session_id: str, wait: float) -> Iterator[None]:
 class SessionLifecycle:
     """Session binding, routing and the commit signal; state lives on the engine."""
 
+    # The engine's state this mixin writes (LCMEngine._init_runtime_state sets them).
+    _session_id: str | None
+    _conversation_id: str | None
+    _no_progress_at: int | None
+
     def _sid(self, kwargs: dict[str, Any] | None = None) -> str:
         if kwargs:
             sid = kwargs.get("session_id")
@@ -238,7 +243,7 @@ class SessionLifecycle:
             log_hook_failure("on_session_end flush failed (nothing lost from the host)", exc)
 
     def on_session_reset(self, *args: Any, **kwargs: Any) -> None:
-        super().on_session_reset()
+        super().on_session_reset()  # type: ignore[misc]  # the host's ContextEngine, after this mixin in LCMEngine's MRO
         self._conversation_id = None  # the next session names its own conversation (or none)
         self._no_progress_at = None
         self._overhead = 0

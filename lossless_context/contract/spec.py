@@ -16,7 +16,7 @@ Where each is implemented: `engine.py` (budgets, compress, status, tools), `cont
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Protocol
 
 # Attributes the host reads (r) and writes (w) directly on the engine.
 HOST_ATTRIBUTES: dict[str, str] = {
@@ -40,8 +40,9 @@ HOST_ATTRIBUTES: dict[str, str] = {
 }
 
 
-class HostCalls:
-    """Every method the host calls, in the order of a session (signatures as the host calls them)."""
+class HostCalls(Protocol):
+    """Every method the host calls, in the order of a session (signatures as the host calls them).
+    A Protocol: the bodies are the promises, in words; the engine is what implements them."""
 
     # -- construction ----------------------------------------------------------------------------
     def update_model(self, model: str, context_length: int, base_url: str = "", api_key: Any = "",

@@ -9,3 +9,5 @@ Not part of the core: nothing outside this folder and the CLI imports it (tests/
 """
 
 from .demo import DemoResult, expand_message, print_tables, replay, run_demo, with_timestamps
+
+__all__ = ["DemoResult", "expand_message", "print_tables", "replay", "run_demo", "with_timestamps"]

@@ -123,7 +123,7 @@ class R19Host:
             k = self._one(m)
             if k is None:
                 self._cache = (None, [])
-                return fixed + int(self._host_est[0](list(self.messages)))
+                return fixed + self._tokens_of(self.messages)
             counts.append(k)
         self._cache = (lst, counts)
         return fixed + ((sum(counts) + 3) // 4 if self._host_est is not None else sum(counts))

@@ -599,14 +599,15 @@ class SessionStream(Iterator[dict]):
         """One user message on the current (or a new or resumed) topic and one assistant answer."""
         r = self._rng
         fresh = self._topic is None or r.random() < 0.3
-        if fresh:
+        if fresh or self._topic is None:
             self._topic = r.choice(_TOPIC_NAMES)
             if self._topic not in self._slots or r.random() < 0.3:
                 self._slots[self._topic] = {k: r.choice(v) for k, v in _TOPICS[self._topic].items()
                                             if k not in ("open", "follow", "say")}
-        topic = _TOPICS[self._topic]
+        name: str = self._topic
+        topic = _TOPICS[name]
         slots = {"days": r.randint(3, 10), "k": r.randint(2, 8), "money": r.randint(8, 40) * 10,
-                 **self._slots[self._topic]}
+                 **self._slots[name]}
         yield [{"role": "user", "content": preface + r.choice(topic["open" if fresh else "follow"]).format(**slots)}]
         said = r.sample(topic["say"], r.randint(2, len(topic["say"])))
         body = "\n".join(f"{i}. {s}" for i, s in enumerate(said, 1)) if r.random() < 0.4 else " ".join(said)

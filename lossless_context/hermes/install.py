@@ -25,7 +25,7 @@ import tempfile
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 PLUGIN_NAME = "lcm"
 PLUGIN_FILES = ("plugin.yaml", "__init__.py")
@@ -135,7 +135,7 @@ def _remove_value(parent: Any, key: str, value: str) -> bool:
         was_last = i == len(seq) - 1
         del seq[i]  # ruamel shifts the comments of the following items
         token = tok[0] if tok else None
-        if token is None or not was_last or "\n" not in token.value:
+        if token is None or ca is None or not was_last or "\n" not in token.value:
             continue
         tail = token.value[token.value.index("\n") + 1:]
         if not tail:
@@ -148,7 +148,7 @@ def _remove_value(parent: Any, key: str, value: str) -> bool:
                 token.value = "\n" + tail
                 ca.items[len(seq) - 1] = [token, None, None, None]
         else:
-            seq.fa.set_flow_style()
+            cast(Any, seq).fa.set_flow_style()  # a ruamel CommentedSeq: its flow attributes
             token.value = "\n" + tail
             pca = getattr(parent, "ca", None)
             if pca is not None:

@@ -126,7 +126,8 @@ def _split(unreachable: list[tuple], latest: list[tuple]) -> tuple[list[tuple], 
     searchable, but not part of the conversation the host continues — information, not damage.
     The others are the newest rows (an append whose context update did not happen): repaired."""
     newest = {sid: mid for sid, mid in latest if mid is not None}
-    left, other = [], []
+    left: list[tuple] = []
+    other: list[tuple] = []
     for mid, sid in unreachable:
         (left if mid < newest.get(sid, -1) else other).append((mid, sid))
     return left, other
@@ -141,7 +142,7 @@ def _left_out_check(rep: DoctorReport, left: list[tuple]) -> None:
                 f"e.g. m{left[0][0]} in {sessions[0]}", info=True)
 
 
-def _depth_check(store: Store, rep: DoctorReport, repair: bool, fanin: int) -> None:
+def _depth_check(store: Any, rep: DoctorReport, repair: bool, fanin: int) -> None:
     """Depth of each active context's summaries against ⌈log_fanin(leaves)⌉ + 1; chains left by
     0.1.x are information (nothing is wrong with their data) and `--repair` rebalances them."""
     from ..pipeline.dag_rebalance import find_unbalanced, rebalance

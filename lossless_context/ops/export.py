@@ -77,7 +77,9 @@ class StoreSQL:
     """Plain SQL over either backend. Statements use `?` placeholders."""
 
     def __init__(self, store: Store) -> None:
-        self.store = store
+        # A dialect's store: its documented maintenance SQL (`read_sql`/`write_sql` on
+        # PostgreSQL, `conn()`/`tx()` on SQLite), which the common Store interface leaves out.
+        self.store: Any = store
         self.pg = store.kind != "sqlite"
 
     def _sql(self, sql: str) -> str:
@@ -85,14 +87,14 @@ class StoreSQL:
 
     def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
         if self.pg:
-            return self.store.read_sql(lambda c: c.execute(self._sql(sql), tuple(params)).fetchall())  # type: ignore[attr-defined]
-        return self.store.conn().execute(sql, tuple(params)).fetchall()  # type: ignore[attr-defined]
+            return self.store.read_sql(lambda c: c.execute(self._sql(sql), tuple(params)).fetchall())
+        return self.store.conn().execute(sql, tuple(params)).fetchall()
 
     def write(self, fn: Callable[[Callable[..., Any]], Any]) -> Any:
         """Run fn(execute) in one write transaction; execute(sql, params) returns a cursor."""
         if self.pg:
-            return self.store.write_sql(lambda c: fn(lambda sql, p=(): c.execute(self._sql(sql), tuple(p))))  # type: ignore[attr-defined]
-        with self.store.tx() as c:  # type: ignore[attr-defined]
+            return self.store.write_sql(lambda c: fn(lambda sql, p=(): c.execute(self._sql(sql), tuple(p))))
+        with self.store.tx() as c:
             return fn(lambda sql, p=(): c.execute(sql, tuple(p)))
 
     def in_list(self, ids: Sequence[Any]) -> str:
@@ -347,7 +349,7 @@ def read_records(lines: Iterable[str]) -> tuple[dict[str, Any], list[dict[str, A
         except ValueError as exc:
             if header is None:
                 raise ExportError(f"not a {FORMAT} export (line {no} is not JSON)") from exc
-            raise ExportError(f"line {no}: not JSON ({exc.msg})") from exc
+            raise ExportError(f"line {no}: not JSON ({getattr(exc, 'msg', exc)})") from exc
         if not isinstance(obj, dict):
             raise ExportError(f"line {no}: expected a JSON object")
         if header is None:

@@ -38,7 +38,7 @@ class BackgroundWorker:
 
     def __init__(self, concurrency: int = 2) -> None:
         self.concurrency = max(1, int(concurrency))
-        self._q: queue.Queue[tuple[str, Callable[[Callable[[], bool]], None]] | None] = queue.Queue()
+        self._q: queue.Queue[tuple[str, Callable[[Callable[[], bool]], object]] | None] = queue.Queue()
         self._busy: set[str] = set()
         self._queued: set[str] = set()
         self._lock = threading.Lock()
@@ -71,7 +71,7 @@ class BackgroundWorker:
         with self._lock:
             return len(self._queued) + len(self._busy)
 
-    def submit(self, session_id: str, job: Callable[[Callable[[], bool]], None]) -> bool:
+    def submit(self, session_id: str, job: Callable[[Callable[[], bool]], object]) -> bool:
         """Queue a job unless one for this session is already queued (the newest plan wins
         when it runs, so coalescing loses nothing)."""
         if self._stop.is_set():

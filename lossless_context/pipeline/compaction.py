@@ -205,7 +205,7 @@ class Compactor:
                               failures=self.failures, spend=self.spend)
         pass_id = new_pass_id(self.owner)
         held = self._cover_unemitted(slots, h, t, output, nodes, records)
-        items: list[tuple[str, Any]] = []
+        items = []
         for s in slots[:h]:
             if s.refs[0] not in held:
                 items.append(("m", s.refs[0]) if s.kind != "s" else ("s", s.refs[0]))

@@ -80,7 +80,7 @@ def _user_text(rec: MessageRecord | None, msg: Any) -> str | None:
 
 
 def _args(tc: Any) -> tuple[str, Any]:
-    fn = tc.get("function") if isinstance(tc, Mapping) and isinstance(tc.get("function"), Mapping) else {}
+    fn = f if isinstance(tc, Mapping) and isinstance(f := tc.get("function"), Mapping) else {}
     args = fn.get("arguments")
     if isinstance(args, str):
         try:
@@ -123,7 +123,7 @@ def gather(prev: State, slots: Sequence[Slot], records: Mapping[int, MessageReco
     st = State(prev.objective, prev.request, prev.plan, list(prev.plan_mids), list(prev.files))
     edits: dict[int, list[str]] = {}
     results: dict[str, tuple[int, str]] = {}
-    for i, s in enumerate(slots):
+    for s in slots:
         if s.kind == "m" and s.role == "tool" and s.result_for:
             rec = records.get(s.refs[0])
             raw = rec.raw if rec is not None else s.msg
@@ -144,11 +144,11 @@ def gather(prev: State, slots: Sequence[Slot], records: Mapping[int, MessageReco
             if st.request is None or mid >= st.request.mid:
                 st.request = Item(mid, text)
         elif s.role == "assistant" and isinstance(raw, Mapping):
-            calls = raw.get("tool_calls") if isinstance(raw.get("tool_calls"), list) else []
+            calls = c if isinstance(c := raw.get("tool_calls"), list) else []
             for tc in calls:
                 name, args = _args(tc)
                 if name in PLAN_TOOLS:
-                    res = results.get(tc.get("id")) if isinstance(tc, Mapping) else None
+                    res = results.get(cid) if isinstance(tc, Mapping) and isinstance(cid := tc.get("id"), str) else None
                     plan = _todo_state(args, res[1] if res else None)
                     if plan and (st.plan is None or mid >= st.plan.mid):
                         st.plan = Item(mid, plan)

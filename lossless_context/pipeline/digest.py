@@ -83,7 +83,7 @@ def shorten_json(text: str, ref: str) -> str | None:
 def _call_line(call: Any, ref: str) -> str | None:
     if not isinstance(call, Mapping):
         return None
-    fn = call.get("function") if isinstance(call.get("function"), Mapping) else {}
+    fn = f if isinstance(f := call.get("function"), Mapping) else {}
     args = fn.get("arguments")
     if not isinstance(args, str):
         try:

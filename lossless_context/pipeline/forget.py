@@ -23,7 +23,7 @@ them still is, were rolled back by the host. They are kept but hidden from searc
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Sequence
 
 from .assemble import Slot
 from .compaction import source_text
@@ -241,8 +241,7 @@ def _repaired(store: Store, ctx: Sequence[ContextEntry], mids: set[int], sids: s
             expand(e.ref)
         else:
             out.append(("s", e.ref))
-    seen: set[tuple[str, int]] = set()
-    return [x for x in out if not (x in seen or seen.add(x))]  # type: ignore[func-returns-value]
+    return list(dict.fromkeys(out))  # each once, in order
 
 
 def rolled_back(old: Sequence[ContextEntry], new: Sequence[ContextEntry]) -> list[int]:

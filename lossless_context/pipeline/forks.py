@@ -43,7 +43,7 @@ def is_review_list(messages: Sequence[Any]) -> bool:
 
 
 def is_background(session: dict[str, Any] | None) -> bool:
-    return bool(session) and session.get("boundary_reason") == BACKGROUND  # type: ignore[union-attr]
+    return session is not None and session.get("boundary_reason") == BACKGROUND
 
 
 def latest_real_session(sessions: Sequence[dict[str, Any]]) -> str | None:
@@ -79,7 +79,7 @@ def seed_branch(store: Any, session_id: str, parent_id: str,
     if own or store.session_message_ids(session_id):
         return False
     copied = host_copy() if host_copy is not None and store_parent is not None else []
-    if copied:
+    if copied and store_parent is not None:
         store_parent(copied)
     store.ensure_session(session_id, parent_id=parent_id, boundary_reason=BRANCH)
     store.set_fork_point(session_id)

@@ -191,7 +191,7 @@ class Walk:
         hit_mid, ident = self._in_log(msg, ident, uid)
         if hit_mid is not None:
             self.last_mid = hit_mid
-            return slot_for(msg, hit_mid, estimate_message_tokens(msg), ident), ident, None, False
+            return slot_for(msg, hit_mid, estimate_message_tokens(msg), ident or ""), ident, None, False
         # 6. New.
         return None, ident, None, False
 
@@ -224,10 +224,10 @@ class Walk:
             if mid > self.last_mid and mident == ident and (muid is None or uid is None or muid == uid):
                 self.log_pos = k + 1
                 return mid, ident
-        if len(window) == LOG_WINDOW:
+        if len(window) == LOG_WINDOW and ident is not None:  # (a full window computed it above)
             # The log after the last match is longer than the window (another host writes
             # this same session): look the message up by its identity instead.
-            found = store.find_ident(self.session_id, ident, self.last_mid)  # type: ignore[arg-type]
+            found = store.find_ident(self.session_id, ident, self.last_mid)
             if found is not None and (found[1] is None or uid is None or found[1] == uid):
                 self.log = None
                 return found[0], ident
@@ -402,7 +402,7 @@ def context_items(slots: Sequence[Slot | int]) -> list[tuple[str, int]]:
     call); an int is a new message's placeholder ref."""
     out: list[tuple[str, int]] = []
     for s in slots:
-        if type(s) is int:
+        if isinstance(s, int):
             out.append(("m", s))
         elif s.kind == "m":
             out.append(("m", s.refs[0]))

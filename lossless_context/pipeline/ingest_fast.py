@@ -19,7 +19,7 @@ where the host's habits allow:
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, cast
 
 from . import gcpause, ingest_resume
 from .assemble import Slot
@@ -94,14 +94,20 @@ def align_fast(
     else:
         remember()
         items = prefix_items + context_items(slots[n0:])
-        added_entries = slots_to_entries(slots[n0:])  # type: ignore[arg-type]
-    added = slots[n0:]
+        added_entries = slots_to_entries(_filled(slots)[n0:])
+    added = _filled(slots)[n0:]
     final = base.slots + added if base is not None else added
     entries = (base.entries if base is not None else []) + added_entries
     changed = bool(pending) or len(final) != len(context)
-    state = Resume(list(messages), idents, final, len(entries),  # type: ignore[arg-type]
+    state = Resume(list(messages), cast("list[str]", idents), final, len(entries),  # _remember filled them
                    max(walk.last_mid, max(new_ids, default=0)), entries, items, snap[0])
-    return IngestResult(final, new_ids, changed, entries, bool(pending), state)  # type: ignore[arg-type]
+    return IngestResult(final, new_ids, changed, entries, bool(pending), state)
+
+
+def _filled(slots: list[Slot | int]) -> list[Slot]:
+    """`slots` once no placeholder is left: _store_new's build() replaced each int by its Slot
+    (or there was nothing new). A view for the type checker; nothing is copied."""
+    return cast("list[Slot]", slots)
 
 
 def _remember(memo: IdentMemo, messages: Sequence[Any], idents: list[str | None], start: int,
@@ -142,7 +148,7 @@ def _store_new(store: Store, session_id: str, slots: list[Slot | int], idents: l
             row = new_message(msg, large_tokens, exploration_tokens, supersedes=supersedes, ident=ident)
             if idx >= 0:
                 s = slots[idx]
-                if type(s) is int:
+                if isinstance(s, int):
                     slots[idx] = slot_for(msg, s, row.tokens, row.ident)
                 else:  # unusable input: stored, never sent
                     s.ident, s.text_tokens = row.ident, row.tokens
@@ -156,8 +162,8 @@ def _store_new(store: Store, session_id: str, slots: list[Slot | int], idents: l
         # (a large append calls this while its writer thread still inserts and commits)
         for k, (idx, *_) in enumerate(pending):
             if idx >= 0:
-                slots[idx].refs[0] = ids[k]  # type: ignore[union-attr]
-        resolved[:] = [prefix_items + resolve_new_refs(new_items, ids), slots_to_entries(slots[n0:])]  # type: ignore[arg-type]
+                _filled(slots)[idx].refs[0] = ids[k]
+        resolved[:] = [prefix_items + resolve_new_refs(new_items, ids), slots_to_entries(_filled(slots)[n0:])]
 
     lazy = len(pending) > LAZY_ROWS
     with gcpause.paused() if lazy else contextlib.nullcontext():

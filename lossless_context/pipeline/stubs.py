@@ -319,7 +319,7 @@ def _path_hint(call: tuple[str, str] | None) -> str | None:
 
 
 def is_stub(exploration: str | None) -> bool:
-    return bool(exploration) and exploration.startswith(STUB_MARK)  # type: ignore[union-attr]
+    return isinstance(exploration, str) and exploration.startswith(STUB_MARK)
 
 
 # -- choosing what to stub --------------------------------------------------------------------
@@ -335,7 +335,7 @@ def calls_by_id(slots: Sequence[Slot]) -> dict[str, tuple[str, str]]:
         for tc in msg.get("tool_calls") or ():
             if not isinstance(tc, Mapping) or not isinstance(tc.get("id"), str):
                 continue
-            fn = tc.get("function") if isinstance(tc.get("function"), Mapping) else {}
+            fn = f if isinstance(f := tc.get("function"), Mapping) else {}
             args = fn.get("arguments")
             if not isinstance(args, str):
                 try:

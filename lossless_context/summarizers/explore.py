@@ -168,7 +168,7 @@ def _parse_json(text: str) -> tuple[bool, Any, str]:
 
 
 def _jsonl_records(text: str, limit: int = 50) -> list[Any] | None:
-    recs = []
+    recs: list[Any] = []
     for line in text.split("\n", limit * 2)[: limit * 2]:
         line = line.strip()
         if not line:
@@ -526,11 +526,11 @@ def _describe_code(text: str, lang: str) -> Lines:
         if lang == "python":
             while classes and classes[-1][0] >= indent:
                 classes.pop()
-            m = re.match(r"\s*(?:async\s+)?(def|class)\s+(\w+)", src)
-            if m and m.group(1) == "class":
-                classes.append((indent, m.group(2)))
-            elif m and classes and indent > 0:
-                label = _short(src.strip().replace(f"def {m.group(2)}", f"def {classes[-1][1]}.{m.group(2)}", 1), 100)
+            d = re.match(r"\s*(?:async\s+)?(def|class)\s+(\w+)", src)
+            if d and d.group(1) == "class":
+                classes.append((indent, d.group(2)))
+            elif d and classes and indent > 0:
+                label = _short(src.strip().replace(f"def {d.group(2)}", f"def {classes[-1][1]}.{d.group(2)}", 1), 100)
         shown.append((1 if indent == 0 else 2, f"  L{line_no} {label}"))
     imports: list[str] = []
     rx_imp = _IMPORT_RES.get(lang)

@@ -317,7 +317,7 @@ def _summarize(sources: Sequence[Source], target_tokens: int, focus: str | None,
     last_src = units[-1][0]
     last_asst = max((si for si, r in enumerate(roles) if r == "assistant"), default=None)
     prev_si = -1
-    for k, (si, ui, _) in enumerate(units):
+    for k, (si, _ui, _) in enumerate(units):
         if si == first_user:
             scores[k] += 6 if si != prev_si else 2
         if si == last_src:

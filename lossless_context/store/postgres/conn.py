@@ -29,10 +29,11 @@ try:  # optional dependency: `pip install lossless-context[postgres]`
     from psycopg import errors as pg_errors
     from psycopg_pool import ConnectionPool, PoolTimeout
 except ImportError:  # pragma: no cover - reported when the store is first used
-    psycopg = None  # type: ignore[assignment]
-    pg_errors = None  # type: ignore[assignment]
-    ConnectionPool = None  # type: ignore[assignment,misc]
-    PoolTimeout = Exception  # type: ignore[assignment,misc]
+    # Without psycopg the module still imports: the store reports the install hint on use.
+    psycopg = None  # type: ignore[assignment]  # (see above)
+    pg_errors = None  # type: ignore[assignment]  # (see above)
+    ConnectionPool = None  # type: ignore[assignment,misc]  # (see above)
+    PoolTimeout = Exception  # type: ignore[assignment,misc]  # (see above)
 
 log = logging.getLogger("lossless_context.store")
 

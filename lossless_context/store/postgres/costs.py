@@ -4,7 +4,7 @@ state, on PostgreSQL (migration 009): the bookkeeping of issue #19, apart from t
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..base import cost_totals
 from .text import pg_text as _t
@@ -12,6 +12,9 @@ from .text import pg_text as _t
 
 class PostgresCosts:
     """Mixed into PostgresStore: needs its `_read` and `_write`."""
+
+    _read: Callable[..., Any]
+    _write: Callable[..., Any]
 
     def put_summary_costs(self, rows: Sequence[tuple[int, str, int, int, int, float]]) -> None:
         if not rows:

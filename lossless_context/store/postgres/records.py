@@ -123,10 +123,13 @@ class PostgresRecords:
             "SELECT message_id FROM message_retractions WHERE message_id = ANY(%s)", (ids,))})
 
     def set_fork_point(self, session_id: str) -> None:
-        self._write(lambda c: touch_scopes() or c.execute(
-            "UPDATE sessions SET fork_message_id=(SELECT COALESCE(MAX(id), 0) FROM messages),"
-            " fork_summary_id=(SELECT COALESCE(MAX(id), 0) FROM summaries)"
-            " WHERE id=%s AND fork_message_id IS NULL", (_t(session_id),)))
+        def tx(c: Any) -> None:
+            touch_scopes()
+            c.execute("UPDATE sessions SET fork_message_id=(SELECT COALESCE(MAX(id), 0) FROM messages),"
+                      " fork_summary_id=(SELECT COALESCE(MAX(id), 0) FROM summaries)"
+                      " WHERE id=%s AND fork_message_id IS NULL", (_t(session_id),))
+
+        self._write(tx)
 
     def fork_point(self, session_id: str) -> tuple[int, int] | None:
         row = self._read(lambda c: c.execute("SELECT fork_message_id, fork_summary_id FROM sessions WHERE id=%s",

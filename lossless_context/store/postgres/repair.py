@@ -3,13 +3,18 @@ transaction, see doctor.py): kept apart from the store's hot paths."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
-from .index import FILL_BATCH
+from .index import FILL_BATCH, PostgresIndexer
 
 
 class PostgresRepairs:
     """Mixed into PostgresStore: needs its `_read`, `_write`, `_lock_sessions` and `_indexer`."""
+
+    _read: Callable[..., Any]
+    _write: Callable[..., Any]
+    _lock_sessions: Callable[..., dict[str, int]]
+    _indexer: PostgresIndexer
 
     def fill_index_sessions(self, batch: int = FILL_BATCH) -> int:
         """Give up to ``batch`` rows indexed before migration 013 their session (searches look

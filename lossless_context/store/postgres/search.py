@@ -22,7 +22,7 @@ from .text import pg_text as _t
 try:  # optional dependency: `pip install lossless-context[postgres]`
     import psycopg
 except ImportError:  # pragma: no cover - reported when the store is first used
-    psycopg = None  # type: ignore[assignment]
+    psycopg = None  # type: ignore[assignment]  # without psycopg the store reports the install hint
 
 # The scripts the CJK bigram index holds (the ranges of migration 008's lcm_cjk_grams).
 _QUOTED = re.compile(r"'((?:[^']|'')*)'")  # a lexeme in a tsquery's text
@@ -272,7 +272,7 @@ class PostgresSearch:
 
         res = self._read(run)
         if res is None:
-            return super().any_match(target, plans, seconds)  # type: ignore[misc]
+            return super().any_match(target, plans, seconds)  # type: ignore[misc]  # Store's, after this mixin in PostgresStore's MRO
         for (k, _), hit in zip(todo, res):
             out[k] = hit
         return out

@@ -93,8 +93,9 @@ class PostgresStore(PostgresRecords, PostgresLifecycle, PostgresSearch, Postgres
             sids, touched[mark:] = touched[mark:], []
             scopes = take_touched()
             cache = peek(self._dsn) if sids or scopes else None
-            for sid in sids if cache is not None else ():
-                cache.forget(sid)
+            for sid in sids:
+                if cache is not None:
+                    cache.forget(sid)
             if scopes and cache is not None:
                 cache.scopes_changed()
 
@@ -104,7 +105,7 @@ class PostgresStore(PostgresRecords, PostgresLifecycle, PostgresSearch, Postgres
         held = self._version_cache
         cache = held[1] if held is not None and held[0] == os.getpid() else None
         generation = cache.scope_generation() if cache is not None else None
-        if generation is None:
+        if cache is None or generation is None:
             return read()
         hit = cache.scope_get(key)
         if hit is not None:
@@ -306,6 +307,7 @@ class PostgresStore(PostgresRecords, PostgresLifecycle, PostgresSearch, Postgres
         # One id (an expand, a describe) is a primary-key equality, not ANY(array): the array's
         # adaptation and the ANY plan cost more than reading the row (0.23 vs 0.16 ms). Rows
         # come back in binary: no text parsing of the numbers and timestamps.
+        args: tuple[Any, ...]
         if len(ids) == 1:
             sql, args = f"SELECT {MSG_COLS} FROM messages WHERE id = %s", (ids[0],)
         else:
@@ -408,8 +410,8 @@ class PostgresStore(PostgresRecords, PostgresLifecycle, PostgresSearch, Postgres
     def iter_all_messages(self, batch: int = 1000) -> Iterator[MessageRecord]:
         last = 0
         while True:
-            rows = self._read(lambda c: c.execute(
-                f"SELECT {MSG_COLS} FROM messages WHERE id>%s ORDER BY id LIMIT %s", (last, batch)).fetchall())
+            rows = self._read(lambda c, after=last: c.execute(
+                f"SELECT {MSG_COLS} FROM messages WHERE id>%s ORDER BY id LIMIT %s", (after, batch)).fetchall())
             if not rows:
                 return
             for r in rows:
@@ -728,10 +730,7 @@ class PostgresStore(PostgresRecords, PostgresLifecycle, PostgresSearch, Postgres
     # -- maintenance ------------------------------------------------------------------------------
 
     def stats(self, session_id: str | None = None) -> dict[str, Any]:
-        if session_id is None:
-            w, p = "", ()
-        else:
-            w, p = " WHERE session_id=%s", (_t(session_id),)
+        w, p = ("", ()) if session_id is None else (" WHERE session_id=%s", (_t(session_id),))
 
         def run(c: Any) -> dict[str, Any]:
             msgs = c.execute(f"SELECT COUNT(*), COALESCE(SUM(tokens),0)::bigint FROM messages{w}", p).fetchone()

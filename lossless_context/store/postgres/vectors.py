@@ -3,13 +3,16 @@ Mixed into PostgresStore (its `_read` and `_write`)."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .text import pg_text as _t
 
 
 class PostgresVectors:
     """Store methods of the semantic arm; relies on PostgresStore's `_read` and `_write`."""
+
+    _read: Callable[..., Any]
+    _write: Callable[..., Any]
 
     def put_vectors(self, model: str, rows: Sequence[tuple[int, bytes]]) -> int:
         if not rows:

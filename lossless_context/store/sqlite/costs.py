@@ -3,8 +3,9 @@ tier-0 representations (migration 013). Mixed into SQLiteStore (its `tx()` and `
 
 from __future__ import annotations
 
+import sqlite3
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ...messages import clean_text
 from ..base import cost_totals
@@ -12,6 +13,9 @@ from ..base import cost_totals
 
 class SQLiteCosts:
     """Store methods of issue #19; relies on SQLiteStore's `tx()` and `conn()`."""
+
+    conn: Callable[[], sqlite3.Connection]
+    tx: Callable[[], Any]
 
     def put_summary_costs(self, rows: Sequence[tuple[int, str, int, int, int, float]]) -> None:
         if rows:

@@ -90,10 +90,10 @@ class ReadOnlySQLiteStore(SQLiteStore):
         raise self._refuse()
         yield  # pragma: no cover  (a generator, for contextmanager)
 
-    def _begin(self, c: sqlite3.Connection) -> None:  # type: ignore[override]
+    def _begin(self, c: sqlite3.Connection) -> None:  # type: ignore[override]  # an instance method over the base's staticmethod: it refuses
         raise self._refuse()
 
-    def append_messages(self, *args, **kwargs):  # type: ignore[override]
+    def append_messages(self, *args, **kwargs):
         raise self._refuse()
 
     def wait_indexed(self) -> None:

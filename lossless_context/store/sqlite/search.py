@@ -106,10 +106,10 @@ class SQLiteSearch:
             scoped = (_scoped_match(plan.fts_match, session_ids)
                       if not is_msg and order != "rank" and under_summary is None else None)
             if scoped is not None:
-                rows = self._search_scoped(c, scoped, cols, where, params, limit, offset)
-                if rows is not None:
+                newest = self._search_scoped(c, scoped, cols, where, params, limit, offset)
+                if newest is not None:
                     keys = ("id", "session_id", "role", "created_at", "text", "rank")
-                    return [dict(zip(keys, r)) for r in rows]
+                    return [dict(zip(keys, r)) for r in newest]
             score = f"bm25({table}_fts)" if order == "rank" else "0.0"
             by_session = order != "rank" and bool(session_ids) and under_summary is None
             if by_session:  # a lineage's newest matches, one id range of it at a time

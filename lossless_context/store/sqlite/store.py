@@ -694,10 +694,7 @@ class SQLiteStore(SQLiteRecords, SQLiteLifecycle, SQLiteSearch, SQLiteCosts, SQL
 
     def stats(self, session_id: str | None = None) -> dict[str, Any]:
         c = self.conn()
-        if session_id is None:
-            w, p = "", ()
-        else:
-            w, p = " WHERE session_id=?", (session_id,)
+        w, p = ("", ()) if session_id is None else (" WHERE session_id=?", (session_id,))
         msgs = c.execute(f"SELECT COUNT(*), COALESCE(SUM(tokens),0) FROM messages{w}", p).fetchone()
         by_depth = {
             int(d): n

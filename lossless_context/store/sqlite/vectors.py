@@ -3,11 +3,15 @@ Mixed into SQLiteStore (its `tx()` and `conn()`)."""
 
 from __future__ import annotations
 
-from typing import Sequence
+import sqlite3
+from typing import Any, Callable, Sequence
 
 
 class SQLiteVectors:
     """Store methods of the semantic arm; relies on SQLiteStore's `tx()` and `conn()`."""
+
+    conn: Callable[[], sqlite3.Connection]
+    tx: Callable[[], Any]
 
     def put_vectors(self, model: str, rows: Sequence[tuple[int, bytes]]) -> int:
         if not rows:
