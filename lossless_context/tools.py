@@ -214,7 +214,7 @@ def _answer(name: str, args: Any, names: set[str], run: Callable[[dict], dict[st
         if isinstance(args, str):
             try:
                 args = json.loads(args) if args.strip() else {}
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:  # (RecursionError: nested too deeply)
                 raise ToolError(f"arguments are not valid JSON: {exc}") from exc
         if args is None:
             args = {}

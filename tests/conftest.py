@@ -101,3 +101,16 @@ def pytest_runtest_makereport(item, call):
 def pytest_make_collect_report(collector):
     outcome = yield
     _require_hermes(outcome.get_result())
+
+
+def pytest_configure(config):
+    """LCM_MUTANT=<name> breaks a named part of the product for this run (tests/support/mutants.py,
+    driven by tests/mutation.py): the tests that must catch it should go red."""
+    from tests.support.mutants import apply_from_env
+
+    config._lcm_mutant = apply_from_env()
+
+
+def pytest_report_header(config):
+    name = getattr(config, "_lcm_mutant", None)
+    return f"MUTANT APPLIED: {name} (tests are expected to fail)" if name else None

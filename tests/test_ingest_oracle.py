@@ -21,15 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from lossless_context import LCMEngine
 from lossless_context import engine as engine_module
 from lossless_context.pipeline import ingest, ingest_fast
 from lossless_context.config import LCMConfig
+from lossless_context.demo.host_driver import R19Host
 from lossless_context.demo.sessions import chat_session, coding_session, mixed_session
 from lossless_context.pipeline.ingest import IngestResult
-from lossless_context.messages import is_summary_message, role_of, safe_json
+from lossless_context.messages import is_summary_message, safe_json
 
 SID = "oracle"
 CONTEXT_LENGTH = 16_000  # small: compaction happens within a few hundred messages
@@ -68,12 +69,26 @@ OPS = st.one_of(
 
 
 class Host:
-    """One host session playing `ops`: the live list (its own objects) and what came back."""
+    """One host session playing `ops` through the one R19 host driver (demo/host_driver.py):
+    it holds the live list (its own objects) and makes the host's calls (start, a pass and its
+    adoption and commit, the flush at exit); the ops here are what a host does to its list
+    between calls. `ingest` is the engine's own alignment, called directly (as a tool call
+    with the live list does)."""
 
-    def __init__(self, engine: LCMEngine, pool: list[dict[str, Any]]) -> None:
+    def __init__(self, engine: LCMEngine, pool: list[dict[str, Any]], commit: bool = True) -> None:
         self.engine, self.pool, self.next = engine, copy.deepcopy(pool), 0
-        self.live: list[Any] = []
+        self.driver = R19Host(engine, session_id=SID, context_length=CONTEXT_LENGTH, model="test-model",
+                              commit=commit)
+        self.driver.start()
         self.outputs: list[str] = []
+
+    @property
+    def live(self) -> list[Any]:
+        return self.driver.messages
+
+    @live.setter
+    def live(self, messages: list[Any]) -> None:
+        self.driver.messages = messages
 
     def _at(self, k: int) -> int | None:
         return k % len(self.live) if self.live else None
@@ -87,11 +102,10 @@ class Host:
         elif name == "ingest":
             self.outputs.append(safe_json([(s.kind, s.refs) for s in self.engine.ingest(live, session_id=SID)]))
         elif name == "end":
-            self.engine.on_session_end(SID, copy.deepcopy(live))
-        elif name == "compress":
-            out = self.engine.compress(live, force=arg[0])
-            self.outputs.append(safe_json(out))
-            self.live = [m for m in out if not (isinstance(m, dict) and m.get("role") == "system")]
+            self.driver.end()
+        elif name == "compress":  # (force) adopted and committed as the host does: the output becomes its list
+            self.driver.compress_once(force=arg[0])
+            self.outputs.append(safe_json(self.live))
         elif name == "edit_uid" and live:
             i = self._at(arg[0])
             m = live[i] if isinstance(live[i], dict) else {"role": "user"}
@@ -177,20 +191,16 @@ def recorded(monkeypatch):
 
 
 def _engine(path: Path) -> LCMEngine:
-    e = LCMEngine(config=LCMConfig.load({"store": str(path), "summarizer": "extractive"}, read_file=False))
-    e.update_model(model="test-model", context_length=CONTEXT_LENGTH, base_url="http://127.0.0.1:9/v1",
-                   api_key="k", provider="custom", api_mode="chat_completions")
-    e.on_session_start(SID, platform="cli", model="test-model", context_length=CONTEXT_LENGTH)
-    return e
+    return LCMEngine(config=LCMConfig.load({"store": str(path), "summarizer": "extractive"}, read_file=False))
 
 
-def play_both(tmp: Path, pool: list[dict[str, Any]], ops: list[tuple], recorded: dict) -> int:
+def play_both(tmp: Path, pool: list[dict[str, Any]], ops: list[tuple], recorded: dict, commit: bool = True) -> int:
     """Play `ops` against a fast and a plain engine; assert they agree; the number of alignments."""
     tmp.mkdir(parents=True, exist_ok=True)
     hosts = {}
     for name in ("fast.db", "plain.db"):
         e = _engine(tmp / name)
-        host = hosts[name] = Host(e, pool)
+        host = hosts[name] = Host(e, pool, commit)
         try:
             for op in ops:
                 host.play(op)
@@ -207,23 +217,11 @@ def play_both(tmp: Path, pool: list[dict[str, Any]], ops: list[tuple], recorded:
     return len(fast)
 
 
-UNUSABLE_HOSTILE = {i for i, m in enumerate(HOSTILE) if role_of(m) in ("invalid", "unknown")}
-MOVES = {"edit_uid", "edit_in_place", "merge", "merge_summary", "swap"}  # an earlier message becomes a newer row
-
-
-def _known_divergence(ops: list[tuple]) -> bool:
-    """Unusable input ("x" slots: stored, never sent, so not in the active context) followed
-    by an earlier message turning into a newer row: see test_known_divergence_below."""
-    first = next((k for k, op in enumerate(ops) if op[0] == "hostile" and op[1] in UNUSABLE_HOSTILE), None)
-    return first is not None and any(op[0] in MOVES for op in ops[first:])
-
-
 @settings(max_examples=60, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(kind=st.sampled_from(["coding", "chat", "mixed"]), seed=st.integers(0, 50),
        ops=st.lists(OPS, min_size=1, max_size=25))
 def test_fast_and_plain_agree_on_generated_sessions(tmp_path_factory, recorded, kind, seed, ops):
-    assume(not _known_divergence(ops))
     recorded.clear()
     pool = _pool(kind, seed, 1200)
     play_both(tmp_path_factory.mktemp("oracle"), pool, ops, recorded)
@@ -270,13 +268,36 @@ def test_a_merged_summary_block_is_stored_once_however_often_it_is_resent(tmp_pa
         assert merged and all(n == 1 for _, n in merged), (name, merged)
 
 
+REPLAY_OPS = [("append", 300), ("compress", True), ("append", 40), ("compress", True), ("replay",), ("ingest",),
+              ("end",), ("append", 30), ("compress", False), ("replay",), ("append", 20), ("compress", True),
+              ("ingest",)]
+
+
+def _summarised_twice(path: Path) -> int:
+    db = sqlite3.connect(path)
+    try:
+        return db.execute("SELECT COUNT(*) FROM (SELECT sm.message_id FROM summary_messages sm JOIN summaries s"
+                          " ON s.id = sm.summary_id WHERE s.state = 'published' GROUP BY 1 HAVING COUNT(*) > 1)"
+                          ).fetchone()[0]
+    finally:
+        db.close()
+
+
+@pytest.mark.xfail(strict=True, reason="found by driving the oracle through the committing host driver: a pass "
+                   "over a list that ends in an assistant tool call without its results (the `append 30` cut) "
+                   "summarises that call with the span before it; replayed with its results, the span is no "
+                   "longer one run, is not folded, and 28 messages end under two leaves (reported, issue #37)")
+def test_a_replay_after_committed_passes_summarises_nothing_twice(tmp_path, recorded):
+    play_both(tmp_path, _pool("coding", 3, 1200), REPLAY_OPS, recorded, commit=True)
+    assert _summarised_twice(tmp_path / "fast.db") == 0
+
+
 def test_fast_and_plain_agree_on_a_replayed_list(tmp_path, recorded):
     """The originals again in place of our compacted list, after passes: both walks open the
-    context's summaries alike, the same spans fold back, nothing is stored twice."""
-    ops = [("append", 300), ("compress", True), ("append", 40), ("compress", True), ("replay",), ("ingest",),
-           ("end",), ("append", 30), ("compress", False), ("replay",), ("append", 20), ("compress", True),
-           ("ingest",)]
-    play_both(tmp_path, _pool("coding", 3, 1200), ops, recorded)
+    context's summaries alike, the same spans fold back, nothing is stored twice. (The host
+    adopts each pass from its list alone here, without the commit signal: see the xfail test
+    above for the committed case.)"""
+    play_both(tmp_path, _pool("coding", 3, 1200), REPLAY_OPS, recorded, commit=False)
     for name in ("fast.db", "plain.db"):
         db = sqlite3.connect(tmp_path / name)
         try:
@@ -309,19 +330,23 @@ def test_the_scripts_exercise_the_fast_paths(tmp_path, recorded, monkeypatch):
     assert True in merged, "a summary block merged with a neighbour came back"
 
 
-def test_known_divergence_below(tmp_path, recorded):
-    """The one case where resuming does not give what the plain walk gives (pre-existing;
-    kept as it is, since ingest must not change here). Unusable input ("x": stored, never
-    sent) is not in the active context, so the plain walk finds it again only in the log
-    after the newest row matched so far. When a message before it became a newer row (an
-    edit), a fresh alignment of the very same list stores the unusable input once more;
-    a resumed call keeps the slot of the earlier call and stores nothing."""
-    ops = [("append", 5), ("hostile", HOSTILE.index(None)), ("append", 2), ("ingest",),
-           ("edit_uid", 0), ("append", 2), ("ingest",)]
-    with pytest.raises(AssertionError, match="alignment 2 differs"):
-        play_both(tmp_path, _pool("coding", 0, 100), ops, recorded)
-    fast, plain = recorded["fast.db"][2], recorded["plain.db"][2]
-    assert fast[1] == [] and plain[1] == [12], "the plain walk stores the unusable input again"
-    assert [s for s in fast[0] if s[0] == "x"] == [("x", [6], "null", "invalid", 0, [], None)]
-    assert [s for s in plain[0] if s[0] == "x"] == [("x", [12], "null", "invalid", 0, [], None)]
-    assert fast[3] == plain[3], "the active context (what the model sees) is the same"
+@pytest.mark.parametrize("hostile", [HOSTILE.index(None), HOSTILE.index(7), HOSTILE.index({"content": "no role"})])
+def test_unusable_input_after_an_edit_is_found_again(tmp_path, recorded, hostile):
+    """Unusable input ("x": stored, never sent) is in no context, so a walk finds it again in
+    the log only. When a message before it became a newer row (an edit under its uid), the
+    newest matched row is past it; it is looked up after the list's previous message instead,
+    so a fresh (plain) alignment of the same list stores nothing again, as the resumed one
+    does. (The plain walk used to store it once more: pinned here as a known divergence.)"""
+    ops = [("append", 5), ("hostile", hostile), ("append", 2), ("ingest",),
+           ("edit_uid", 0), ("append", 2), ("ingest",), ("hostile", hostile), ("ingest",)]
+    play_both(tmp_path, _pool("coding", 0, 100), ops, recorded)
+    for name in ("fast.db", "plain.db"):
+        calls = recorded[name]
+        assert calls[2][1] == [12], (name, calls[2][1])  # the second unusable input: a new row
+        assert calls[3][1] == [], (name, calls[3][1])  # the list again: nothing new
+        assert [s[1] for s in calls[3][0] if s[0] == "x"] == [[6], [12]], name
+        db = sqlite3.connect(tmp_path / name)
+        try:
+            assert db.execute("SELECT COUNT(*) FROM messages WHERE role IN ('invalid', 'unknown')").fetchone()[0] == 2
+        finally:
+            db.close()

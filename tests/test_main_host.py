@@ -1,4 +1,4 @@
-"""Upstream main (0.20+) as a host: its budgets and hooks (HOST_CONTRACT.md §10, issue #18).
+"""Upstream main (0.20+) as a host: its budgets and hooks (docs/host-contract.md#n-the-pass-on-a-worker-thread, issue #18).
 
 Runs against the real released host's `ContextEngine` (0.19.0) and our simulator of main's
 behaviour (`tests/support/newhost.MainHost`): pooled worker thread, a silence budget that

@@ -1,7 +1,9 @@
-"""The newer host contract (HOST_CONTRACT.md §4–5) through a host of our own."""
+"""The newer host contract (docs/host-contract.md#n-optional-hooks, docs/host-contract.md#n-message-identity)
+through a host of our own."""
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 
@@ -136,3 +138,38 @@ def test_parallel_sessions_on_one_engine(tmp_path, request, backend):
     for i in range(4):
         assert_connected(e.store, f"par-{i}")
     assert e.store.stats()["messages"] == 4 * 500
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_the_same_request_after_a_commit_gets_the_new_context(tmp_path, request, backend):
+    """select_context keeps its answer while the committed context is unchanged; a pass committed
+    between two identical requests (a provider retry) must show, not the answer kept from before."""
+    from lossless_context.messages import summary_node_ids
+
+    e = _engine(_location(request, tmp_path, backend))
+    e.update_model("m", 64_000)
+    sid = "gw-retry"
+    e.on_session_start(sid)
+    msgs = coding_session(1400, seed=9).messages
+    half = len(msgs) // 2
+    system = {"role": "system", "content": "You are a coding agent."}
+
+    def commit(lst):
+        out = e.compress([system] + lst, force=True, session_id=sid)
+        e.on_session_start(sid, boundary_reason="compression", old_session_id=sid)
+        return out[1:]
+
+    def shown(sel):
+        return {i for m in sel for i in summary_node_ids(m)}
+
+    def committed():
+        return {entry.ref for entry in e.store.get_context(sid)[1] if entry.kind == "s"}
+
+    kept = commit(msgs[:half])
+    req = [system] + msgs  # a request still built from the history before the passes
+    first = e.select_context(copy.deepcopy(req), budget_tokens=e.threshold_tokens, session_id=sid)
+    assert isinstance(first, list) and shown(first) == committed() != set()
+    commit(kept + msgs[half:])  # the next pass commits in between
+    again = e.select_context(copy.deepcopy(req), budget_tokens=e.threshold_tokens, session_id=sid)
+    assert isinstance(again, list) and shown(again) == committed(), "a stale selection came back"
+    assert shown(again) != shown(first)

@@ -11,6 +11,7 @@ from lossless_context.config import LCMConfig
 from lossless_context.demo.sessions import coding_session, turn_ranges
 from lossless_context.demo.host_driver import R19Host
 from tests.support.pg import module_store_location
+from tests.support.recall import message_hits, recovered
 
 HOSTILE = [
     "AND", "OR NOT", "NEAR(a b)", '"', '""', "*", "NEAR(", ")", "--", "'; DROP TABLE messages; --",
@@ -52,16 +53,10 @@ def test_canaries_found_grouped_and_recovered_verbatim(built):
         # grouped by the top-level summary that covers the hit, with the chain above it
         if h["summary_chain"]:
             assert g["summary_id"] == h["summary_chain"][-1]
-        page = call(e, "lcm_expand", id=h["id"], max_tokens=12_000)
-        original = sess.messages[c.message_index]
-        if h["kind"] == "message" and "message" in page:
-            if page["message"] == original:
-                continue
-        # otherwise it must be on some page of the right message
-        assert any(
-            call(e, "lcm_expand", id=hh["id"], max_tokens=12_000).get("message") == original
-            for _, hh in hits if hh["kind"] == "message"
-        ) or c.value in json.dumps(page)
+        # the message that holds it comes back as the original (every page of it), not a
+        # summary or a snippet that merely mentions it
+        assert recovered(e, message_hits(res), sess.messages[c.message_index]), (
+            f"canary {c.key} ({c.value}) not recovered as its original message")
 
 
 def test_natural_language_query_and_identifier_rank_first(built):

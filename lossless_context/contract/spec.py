@@ -7,7 +7,7 @@ does not name yet; tests/test_contract.py calls each one so).
 Nothing here runs; it is the list the engine is checked against (tests/test_contract.py: each
 declared method and attribute exists on `LCMEngine` with a compatible signature, and every public
 method of the installed host's `ContextEngine` is declared here). R19 = hermes-agent 0.19.0 (PyPI);
-N = upstream main (0.20.0 and later). Details and observations: HOST_CONTRACT.md.
+N = upstream main (0.20.0 and later). Details and observations: docs/host-contract.md.
 
 Where each is implemented: `engine.py` (budgets, compress, status, tools), `contract/lifecycle.py`
 (binding and session events), `contract/hooks_r19.py` (signals and optional R19 hooks),

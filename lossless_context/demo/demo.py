@@ -1,7 +1,7 @@
 """The `lcm demo` replay: a long deterministic coding session driven through a real engine.
 
 Holds `run_demo()`, which generates `sessions.coding_session(n, seed)` and feeds it to an
-`LCMEngine` exactly the way the Hermes host does (HOST_CONTRACT.md §3, R19 order): turn by
+`LCMEngine` exactly the way the Hermes host does (docs/host-contract.md#r19-order-of-calls): turn by
 turn, a preflight `should_compress(estimate)` when the user message arrives and again
 after every tool batch, up to three `compress()` passes, and — only when the host adopts
 a result — the commit: `on_session_end(sid, messages)` then `on_session_start(new_sid,

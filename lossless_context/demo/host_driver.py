@@ -2,7 +2,8 @@
 
 Shared by `lcm demo`, the tests and the benchmarks, and engine-agnostic (the benchmarks drive
 the host's own `ContextCompressor` with it too). It holds the conversation list the way the host
-does and follows HOST_CONTRACT.md §3 and §8:
+does and follows docs/host-contract.md#r19-order-of-calls and
+docs/host-contract.md#r19-passes-and-the-commit-signal:
 
 * start: `update_model(...)`, `bind_session_state(None, sid)`, `on_session_start(sid, ...)`;
 * `feed(messages)` replays a recorded conversation with the host's checks: every user turn

@@ -57,7 +57,7 @@ class State:
     def from_json(cls, data: str | None) -> "State":
         try:
             d = json.loads(data) if data else {}
-        except ValueError:
+        except (ValueError, RecursionError):
             d = {}
         if not isinstance(d, dict):
             d = {}
@@ -85,7 +85,7 @@ def _args(tc: Any) -> tuple[str, Any]:
     if isinstance(args, str):
         try:
             args = json.loads(args)
-        except ValueError:
+        except (ValueError, RecursionError):  # the host's input: any text, nested any depth
             pass
     return str(fn.get("name") or ""), args
 
@@ -109,7 +109,7 @@ def _todo_state(call_args: Any, result: str | None) -> str | None:
     if result:
         try:
             data = json.loads(result)
-        except ValueError:
+        except (ValueError, RecursionError):
             data = None
         if isinstance(data, Mapping) and isinstance(data.get("todos"), list):
             return render_todos(data["todos"])

@@ -72,7 +72,8 @@ Placed = tuple["Slot | None", "str | None", "int | None", bool]
 
 class Walk:
     """The alignment's position: how far the host's list has matched the stored context
-    (`j`) and the stored log (`last_mid`, the newest stored message matched so far)."""
+    (`j`) and the stored log (`last_mid`, the newest stored message matched so far;
+    `prev_mid`, the stored row of the list's previous message, when it had one)."""
 
     def __init__(self, store: Store, session_id: str, scope: Sequence[str], context: Sequence[ContextEntry],
                  ident_of: Callable[[Any], str] = content_ident, j: int = 0, last_mid: int = 0) -> None:
@@ -80,6 +81,7 @@ class Walk:
         self.ident_of = ident_of
         self.j = j
         self.last_mid = last_mid
+        self.prev_mid = last_mid
         self.log: list[tuple[int, str, str | None]] | None = None  # a window of the log after last_mid
         self.log_pos = 0
         self.blocks: set[int] = set()  # summaries the list carried as our summary blocks
@@ -127,7 +129,7 @@ class Walk:
                     self.j += 1
                 # Everything the block covers is behind us: a later message equal to one of
                 # those is new, not that old row.
-                self.last_mid = max(self.last_mid, _last_covered(store, valid[-1]))
+                self.last_mid = self.prev_mid = max(self.last_mid, _last_covered(store, valid[-1]))
                 if _is_merged(msg):
                     ident = ident if ident is not None else self.ident_of(msg)
                     # stored verbatim once: the host re-sends the same merged message with
@@ -151,6 +153,7 @@ class Walk:
                 slot = slot_for(msg, lref, estimate_message_tokens(msg), e.ident)
                 slot.text_tokens = e.tokens
                 self.last_mid = max(self.last_mid, lref)
+                self.prev_mid = lref
                 return slot, ident, None, False
         # 3. The active context, in order, with a bounded lookahead (host may drop items).
         j = self.j
@@ -172,6 +175,7 @@ class Walk:
             if found is not None:
                 e = context[found]
                 self.j = found + 1
+                self.prev_mid = e.ref
                 if e.ref > self.last_mid:
                     self.last_mid = e.ref
                 return slot_for(msg, e.ref, e.tokens, e.ident), ident, None, False
@@ -184,15 +188,26 @@ class Walk:
             if hit is not None:
                 if hit[1] == ident:
                     self.last_mid = max(self.last_mid, hit[0])
+                    self.prev_mid = hit[0]
                     return slot_for(msg, hit[0], estimate_message_tokens(msg), ident), ident, None, False
                 return None, ident, hit[0], False
-        # 5. The log stored after the last matched message (e.g. a /compress head prefix
+        # 5. Unusable input (stored, never sent) is in no context: the log is its only place,
+        #    and it follows the list's previous message there — which an edit earlier in the
+        #    list (a newer version row, now the newest matched) must not hide: else every
+        #    fresh alignment of the same list would store it once more.
+        if self.prev_mid < self.last_mid and role_of(msg) in UNUSABLE:
+            ident = ident if ident is not None else self.ident_of(msg)
+            again = store.find_ident(self.session_id, ident, self.prev_mid)
+            if again is not None:
+                self.prev_mid = again[0]
+                return slot_for(msg, again[0], 0, ident), ident, None, False
+        # 6. The log stored after the last matched message (e.g. a /compress head prefix
         #    whose verbatim tail the host re-appended, or a flush by on_session_end).
         hit_mid, ident = self._in_log(msg, ident, uid)
         if hit_mid is not None:
-            self.last_mid = hit_mid
+            self.last_mid = self.prev_mid = hit_mid
             return slot_for(msg, hit_mid, estimate_message_tokens(msg), ident or ""), ident, None, False
-        # 6. New.
+        # 7. New.
         return None, ident, None, False
 
     def _open(self, j: int, ident: str) -> Sequence[ContextEntry]:

@@ -121,7 +121,7 @@ def _body_text(content: str) -> tuple[str, list[str]]:
         return content, facts
     try:
         data = json.loads(content)
-    except ValueError:
+    except (ValueError, RecursionError):
         return content, facts
     if not isinstance(data, dict):
         return content, facts
@@ -308,7 +308,7 @@ def _path_hint(call: tuple[str, str] | None) -> str | None:
     name, args = call
     try:
         data = json.loads(args)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):
         data = None
     if isinstance(data, dict):
         for k in ("path", "file_path", "filename", "file"):

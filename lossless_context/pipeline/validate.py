@@ -73,7 +73,7 @@ def _call_problem(tc: Any) -> str | None:
     try:
         if isinstance(fn.get("arguments"), str) and isinstance(json.loads(fn["arguments"]), dict):
             return None
-    except ValueError:
+    except (ValueError, RecursionError):  # (nested too deep for the parser: not usable either)
         pass
     return "arguments are not a JSON object string"
 

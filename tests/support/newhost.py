@@ -1,4 +1,5 @@
-"""A host of our own following HOST_CONTRACT.md §4–5 (the newer Hermes contract).
+"""A host of our own following docs/host-contract.md#n-optional-hooks and
+docs/host-contract.md#n-message-identity (the newer Hermes contract).
 
 Stamps `message_uid` on every message (and `_tool_call_uids`/`_tool_call_uid`), calls
 `select_context` before every request, `on_turn_complete` after every turn,
@@ -113,7 +114,7 @@ class NewHost:
 
 
 # --------------------------------------------------------------------------------------------
-# Upstream main (0.20+) on top of the contract above: what HOST_CONTRACT.md §10 describes.
+# Upstream main (0.20+) on top of the contract above: what docs/host-contract.md#n-the-pass-on-a-worker-thread describes.
 # --------------------------------------------------------------------------------------------
 
 import concurrent.futures  # noqa: E402
