@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from .common import get_path
@@ -557,6 +559,15 @@ def _gateway(g: dict[str, Any]) -> list[str]:
     return L + [""]
 
 
+def _stale_modules(profiles: list[dict[str, Any]]) -> list[str]:
+    """Our modules named by `profiles` (`lossless_context/x.py:12(fn)`) that the tree no longer has."""
+    root = Path(__file__).resolve().parents[1]
+    named = {m.group(1) for pr in profiles
+             for key in ("by_own_time", "by_cumulative_time_ours") for r in pr.get(key, [])
+             if (m := re.match(r"(lossless_context/[\w/]+\.py):", str(r.get("function", ""))))}
+    return sorted(n for n in named if not (root / n).exists())
+
+
 def _profiles(parts: dict[str, Any]) -> list[str]:
     found = []
     sc = parts.get("scale") or {}
@@ -572,6 +583,14 @@ def _profiles(parts: dict[str, Any]) -> list[str]:
              if (p.get("measure") or {}).get("query_plans")]
     if not found:
         return []
+    stale = _stale_modules(found)
+    if stale:
+        # Profiles of code that has since moved would be read as this code's: say so instead.
+        return ["", "## Profiles (cProfile)", "",
+                "The profiles kept in `bench/results.json` come from an earlier `scale` run and name modules "
+                f"that no longer exist ({', '.join(stale[:4])}"
+                f"{', …' if len(stale) > 4 else ''}), so they are not shown as this code's. "
+                "`python -m bench --only scale` profiles the current code (full mode).", ""]
     L = ["", "## Profiles (cProfile)", "",
          "Where the time goes in the costs that miss their targets, profiled in the run above: one ingest batch "
          "(2,000 new messages appended to a 2,000-message list, separate store), and 5 more compress passes plus "

@@ -16,6 +16,7 @@ from lossless_context.ops.doctor import run_doctor
 from lossless_context.pipeline.forget import forget_session, rolled_back
 from lossless_context.records import ContextEntry
 from lossless_context.tokens import estimate_messages_tokens
+from tests.support.hostdb import add_session, session_db
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -29,12 +30,12 @@ def location(request, tmp_path, monkeypatch):
     return request.getfixturevalue("pg_fresh_dsn")
 
 
-class _HostDB:
-    def __init__(self) -> None:
-        self.parents: dict[str, str] = {}
-
-    def get_session(self, sid):
-        return {"id": sid, "parent_session_id": self.parents.get(sid)}
+@pytest.fixture
+def host_db(tmp_path):
+    """The host's own SessionDB, with the parent session P."""
+    db = session_db(tmp_path / "state.db", {"P": None})
+    yield db
+    db.close()
 
 
 def _engine(location: str) -> LCMEngine:
@@ -57,8 +58,8 @@ def _turns(tag: str, n: int, big: int = 0) -> list[dict]:
     return out
 
 
-def test_branch_is_bounded_at_the_fork_and_stores_only_what_is_new(location):
-    db = _HostDB()
+def test_branch_is_bounded_at_the_fork_and_stores_only_what_is_new(location, host_db):
+    db = host_db
     reg = _engine(location)
     p = copy.deepcopy(reg)
     p.bind_session_state(db, "P")
@@ -70,7 +71,7 @@ def test_branch_is_bounded_at_the_fork_and_stores_only_what_is_new(location):
     p.on_session_end("P", out)
     stored_before = p.store.stats()["messages"]
     # /branch: the host copies P's history into B and rebinds (R19: no on_session_start)
-    db.parents["B"] = "P"
+    add_session(db, "B", parent="P")
     b = copy.deepcopy(reg)
     b.bind_session_state(db, "B")
     b_hist = copy.deepcopy(out)
@@ -124,8 +125,8 @@ def test_rolled_back_is_only_a_lost_tail():
     assert rolled_back(ents(1, 2), ents(3, 4)) == []  # nothing in common: another list, not an undo
 
 
-def test_forget_removes_a_session_and_repairs_a_branch_that_shared_it(location):
-    db = _HostDB()
+def test_forget_removes_a_session_and_repairs_a_branch_that_shared_it(location, host_db):
+    db = host_db
     reg = _engine(location)
     p = copy.deepcopy(reg)
     p.bind_session_state(db, "P")
@@ -134,12 +135,13 @@ def test_forget_removes_a_session_and_repairs_a_branch_that_shared_it(location):
     out = p.compress(hist, current_tokens=estimate_messages_tokens(hist))
     p.on_session_start("P", boundary_reason="compression", old_session_id="P")
     p.on_session_end("P", out)
-    db.parents["B"] = "P"
+    add_session(db, "B", parent="P")
     b = copy.deepcopy(reg)
     b.bind_session_state(db, "B")
     b.on_session_end("B", copy.deepcopy(out) + [{"role": "user", "content": "KEEPME-77 lives in the branch"},
                                                  {"role": "assistant", "content": "ok"}])
     other = copy.deepcopy(reg)
+    add_session(db, "O")
     other.bind_session_state(db, "O")
     other.on_session_end("O", [{"role": "user", "content": "unrelated FORGETME-5150 mention in O"}])
     assert _grep(b, "FORGETME-5150")

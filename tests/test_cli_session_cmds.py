@@ -8,12 +8,8 @@ import json
 from lossless_context import LCMEngine
 from lossless_context.config import LCMConfig
 from lossless_context.tokens import estimate_messages_tokens
+from tests.support.hostdb import session_db
 from tests.test_cli import ok, run_lcm
-
-
-class _HostDB:
-    def get_session(self, sid):
-        return {"id": sid, "parent_session_id": None}
 
 
 def _store(tmp_path) -> tuple[LCMEngine, str]:
@@ -21,7 +17,8 @@ def _store(tmp_path) -> tuple[LCMEngine, str]:
     reg = LCMEngine(config=LCMConfig.load({"store": loc, "summarizer": "extractive"}, read_file=False))
     e = copy.deepcopy(reg)
     e.update_model("m", 64_000)
-    e.bind_session_state(_HostDB(), "real")
+    host_db = session_db(tmp_path / "state.db", {"real": None})  # the host's own session database
+    e.bind_session_state(host_db, "real")
     hist = [{"role": "user", "content": "SECRETWORD-881 first"}, {"role": "assistant", "content": "ok"}]
     for i in range(14):
         hist += [{"role": "user", "content": f"q{i} " + "u" * 14_000}, {"role": "assistant", "content": "a" * 14_000}]

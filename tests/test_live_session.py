@@ -18,6 +18,7 @@ from lossless_context.pipeline.forks import BACKGROUND, is_review_list, latest_r
 from lossless_context.hermes.plugin import register
 from lossless_context.tokens import estimate_messages_tokens
 from lossless_context.ops.viewer import latest_session
+from tests.support.hostdb import session_db
 
 CANARY = "EARLYFACT-4411"
 
@@ -34,14 +35,12 @@ class _Ctx:
         self.commands[name] = handler
 
 
-class _HostDB:
-    """The host's SessionDB as the engine reads it (read-only, parent lookups)."""
-
-    def __init__(self, parents: dict | None = None) -> None:
-        self.parents = parents or {}
-
-    def get_session(self, sid):
-        return {"id": sid, "parent_session_id": self.parents.get(sid)}
+@pytest.fixture
+def host_db(tmp_path):
+    """The host's own session database (its real class), holding the user's sessions."""
+    db = session_db(tmp_path / "state.db", {"user-session": None, "s-a": None})
+    yield db
+    db.close()
 
 
 @pytest.fixture
@@ -73,9 +72,9 @@ def _history(n: int) -> list[dict]:
     return out
 
 
-def test_status_grep_describe_act_on_the_live_copy(plugin):
+def test_status_grep_describe_act_on_the_live_copy(plugin, host_db):
     registered, handler = plugin.engine, plugin.commands["lcm"]
-    live = _agent(registered, "user-session", _HostDB())
+    live = _agent(registered, "user-session", host_db)
     hist = _history(16)
     out = live.compress(hist, current_tokens=estimate_messages_tokens(hist))
     assert out != hist
@@ -104,9 +103,9 @@ def test_status_grep_describe_act_on_the_live_copy(plugin):
     assert fork.current_session() == "review-fork-1"
 
 
-def test_figures_are_shared_by_every_copy(plugin):
+def test_figures_are_shared_by_every_copy(plugin, host_db):
     registered = plugin.engine
-    a = _agent(registered, "s-a", _HostDB())
+    a = _agent(registered, "s-a", host_db)
     hist = _history(16)
     a.compress(hist, current_tokens=estimate_messages_tokens(hist))
     b = copy.deepcopy(registered)

@@ -6,11 +6,17 @@ Real parts: a store path under a regular file, a read-only store file, a TCP lis
 
 from __future__ import annotations
 
+import grp
 import json
 import os
+import pwd
+import shutil
 import socket
-import stat
+import subprocess
+import sys
+import tempfile
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -129,17 +135,48 @@ def test_a_busy_lock_is_not_an_outage(tmp_path):
     assert not is_outage(ValueError("bad input"))
 
 
+# Run in a process of its own: as root (CI) it drops to the unprivileged user `nobody` first
+# (setpriv, as tests/test_readonly_store.py does), since root writes read-only files.
+READ_ONLY_SCENARIO = """
+import json, logging, os, stat, sys
+from tests.test_store_guard import _conversation, _engine
+from lossless_context.pipeline.validate import pairing_problems
+from lossless_context.tokens import estimate_messages_tokens
+logging.basicConfig(level=logging.ERROR)  # an internal error shows on stderr (checked by the parent)
+path = sys.argv[1]
+e0 = _engine(path)
+e0.ingest(_conversation(2), session_id="s")
+e0.store.close()
+os.chmod(path, stat.S_IRUSR)
+e = _engine(path)
+msgs = _conversation(20)
+out = e.compress(msgs, current_tokens=estimate_messages_tokens(msgs), session_id="s")
+print(json.dumps({"uid": os.geteuid(), "writable": os.access(path, os.W_OK), "pairing": pairing_problems(out),
+                  "before": estimate_messages_tokens(msgs), "after": estimate_messages_tokens(out),
+                  "reason": e.get_status().get("lcm_last_reason")}))
+"""
+
+
 def test_read_only_store_file(tmp_path):
-    if os.geteuid() == 0:
-        pytest.skip("root writes read-only files")
-    path = tmp_path / "lcm.db"
-    e0 = _engine(str(path))
-    e0.ingest(_conversation(2), session_id="s")
-    path.chmod(stat.S_IRUSR)
-    e = _engine(str(path))
-    msgs = _conversation(20)
-    out = e.compress(msgs, current_tokens=estimate_messages_tokens(msgs), session_id="s")
-    assert pairing_problems(out) == [] and estimate_messages_tokens(out) < estimate_messages_tokens(msgs)
+    """A store file its user may not write (0400): the session goes on, trimmed to the window."""
+    workdir = Path(tempfile.mkdtemp(prefix="lcm-ro-guard-", dir="/tmp"))
+    try:
+        env = {"PATH": os.environ.get("PATH", ""), "HOME": str(workdir), "HERMES_HOME": str(workdir / "hermes"),
+               "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        cmd = [sys.executable, "-c", READ_ONLY_SCENARIO, str(workdir / "lcm.db")]
+        if os.geteuid() == 0:
+            setpriv = shutil.which("setpriv")
+            assert setpriv, "setpriv (util-linux) is needed to drop root for this test"
+            os.chown(workdir, pwd.getpwnam("nobody").pw_uid, grp.getgrnam("nogroup").gr_gid)
+            cmd = [setpriv, "--reuid=nobody", "--regid=nogroup", "--clear-groups", *cmd]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(workdir), timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        res = json.loads(r.stdout.strip().splitlines()[-1])
+        assert res["uid"] != 0 and res["writable"] is False, res
+        assert res["pairing"] == [] and res["after"] < res["before"], res
+        assert "Traceback" not in r.stderr and "ERROR" not in r.stderr, r.stderr[-3000:]
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 class _HungServer:

@@ -6,8 +6,8 @@
                  stand-in otherwise): every method the host calls and attribute it reads;
 * `hooks_r19`  — signals the 0.19.0 host sends besides compress() (usage, resets, /compress);
 * `hooks_main` — upstream main's additions (status line, select_context, prune, cooldowns);
-* `lifecycle`  — session binding, the live session and forks, start/end/reset, the commit signal;
-* `forks`      — the host's /branch and background-review forks, told apart and linked;
+* `lifecycle`  — session binding, the live session and forks (told apart and linked by
+                 `pipeline/forks.py`), start/end/reset, the commit signal;
 * `passbudget` — how much of the host's figure a pass may spend (its overhead, its silence budget);
 * `host`       — every Hermes symbol the core uses, imported here and only here.
 

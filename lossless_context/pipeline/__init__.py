@@ -4,7 +4,8 @@
                      the plain walk; the engine runs the same walk with its fast paths
                      (`ingest_fast`: identity memo, pipelined store, `gcpause`; `ingest_resume`:
                      resuming where the last call ended) — tests/test_ingest_oracle.py checks
-                     that both store and return the same;
+                     that both store and return the same; `ingest_replay` folds a list that
+                     replays originals back into the summaries that cover them;
 2. `stubs`         — tier 0: old tool results shown as stubs, before any summary (`stub_prep`:
                      each result's stub made when it is stored, in a thread, off the pass);
 3. `digest`        — what a summariser is sent of each message;
@@ -12,10 +13,14 @@
                      `dag_rebalance` keep the DAG a hierarchy; `continuity` keeps the task in view);
 5. `assemble`      — system + head + summary message + tail: a valid OpenAI list by construction
                      (`validate`: what "valid" means, checked in one place);
-6. `owners`        — which engine staged a pass (a pass is published only when the host commits);
-7. `background`    — summarising ahead of time and upgrading deterministic nodes off the hot path;
-8. views and edits — `context_view`, `summary_view`, `originals` (what the model sees, what a node
-                     covers, the exact originals); `forget`, `resummarize`.
+6. `background`    — summarising ahead of time and upgrading deterministic nodes off the hot path;
+7. `forks`         — the host's background forks (review agents) told apart from the user's
+                     sessions, and a /branch seeded from its parent;
+8. views and edits — `context_view`, `summary_view` (what the model sees, what a node covers);
+                     `forget`, `resummarize`.
+
+(Which engine staged a pass is `store/owners.py`; the exact originals behind a hit,
+`search/originals.py`.)
 
 Modules here use the stores through `store.base.Store` and summarisers through
 `summarizers.summarize`; they never import the contract, the CLI, the adapter or the demo.

@@ -6,7 +6,9 @@
                  of scoring every match;
 * `ranking`    — re-ranking candidates with what the DAG knows (covering summary, neighbours,
                  speaker, time);
-* `originals`  — originals first: hits inside summaries traced back to the messages they cover.
+* `originals`  — originals first: hits inside summaries traced back to the messages they cover;
+* `semantic`   — the optional semantic arm: message vectors from a local embedding model, fused
+                 with the lexical ranking for plain-language questions.
 
 Search never crosses conversation lineages unless configured (the stores scope every query).
 """

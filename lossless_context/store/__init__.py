@@ -1,4 +1,11 @@
-"""Durable stores for the lossless history: SQLite (embedded default) and PostgreSQL."""
+"""Durable stores for the lossless history: SQLite (embedded default) and PostgreSQL.
+
+* `base`      — the `Store` interface both backends implement, and its shared helpers;
+* `sqlite/`, `postgres/` — the two backends (each folder's docstring lists its modules);
+* `rows`      — message and summary rows as both stores read them (columns, records);
+* `guard`     — the store circuit breaker, and the session's way on without its store;
+* `owners`    — which engine staged a pass, and whether it can still commit it.
+"""
 
 from __future__ import annotations
 
