@@ -139,7 +139,7 @@ def compression_timeouts(block: Mapping[str, Any]) -> tuple[float, float] | None
     block `block` for a pass, or None when the host has no such resolution (0.19.0, no host)."""
     for name in _TIMEOUT_MODULES:
         try:
-            fn = getattr(importlib.import_module(name), "resolve_context_compression_timeouts")
+            fn = importlib.import_module(name).resolve_context_compression_timeouts
         except Exception:
             continue
         try:

@@ -23,7 +23,7 @@ them still is, were rolled back by the host. They are kept but hidden from searc
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 from .assemble import Slot
 from .compaction import source_text

@@ -49,6 +49,7 @@ from .search import PostgresSearch
 from .vectors import PostgresVectors
 from .versions import VersionCache, cache_for, peek, take_touched, touch_scopes
 
+
 log = logging.getLogger("lossless_context.store")
 
 # A session's last seq. ORDER BY ... LIMIT 1, not MAX(seq): planned with the statistics of a
