@@ -7,6 +7,8 @@
 * `ranking`    — re-ranking candidates with what the DAG knows (covering summary, neighbours,
                  speaker, time);
 * `originals`  — originals first: hits inside summaries traced back to the messages they cover;
+* `traffic`    — the agent's own tool traffic (lcm_* calls and answers, the questions that asked
+                 for them), told apart so it ranks below the originals it quotes;
 * `semantic`   — the optional semantic arm: message vectors from a local embedding model, fused
                  with the lexical ranking for plain-language questions.
 
