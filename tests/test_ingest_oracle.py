@@ -30,6 +30,8 @@ from lossless_context.config import LCMConfig
 from lossless_context.demo.host_driver import R19Host
 from lossless_context.demo.sessions import chat_session, coding_session, mixed_session
 from lossless_context.pipeline.ingest import IngestResult
+from lossless_context.pipeline.stub_prep import StubPreparer
+from lossless_context.pipeline.stubs import stub_policy
 from lossless_context.messages import is_summary_message, safe_json
 
 SID = "oracle"
@@ -205,6 +207,9 @@ def play_both(tmp: Path, pool: list[dict[str, Any]], ops: list[tuple], recorded:
             for op in ops:
                 host.play(op)
             host.play(("ingest",))
+            # The tier-0 verdicts the stub preparer writes in its own thread (stub_prep.py) are
+            # part of the rows compared below: let it finish, so both stores hold all of them.
+            assert StubPreparer.for_store(e.store.location, e.store, stub_policy(e.config)).wait_idle(60)
         finally:
             e.store.close()
     fast, plain = recorded.get("fast.db", []), recorded.get("plain.db", [])
