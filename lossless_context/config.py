@@ -357,15 +357,17 @@ def load_yaml(text: str) -> Any:
     try:
         from ruamel.yaml import YAML
     except ImportError:
-        YAML = None
-    if YAML is not None:
-        import warnings
+        return _load_pyyaml(text)
+    import warnings
 
-        parser = YAML(typ="safe", pure=True)
-        parser.version = (1, 1)
-        with warnings.catch_warnings():  # ruamel warns about 1.1 floats such as `1e3` (it reads them)
-            warnings.simplefilter("ignore")
-            return parser.load(text)
+    parser = YAML(typ="safe", pure=True)
+    parser.version = (1, 1)
+    with warnings.catch_warnings():  # ruamel warns about 1.1 floats such as `1e3` (it reads them)
+        warnings.simplefilter("ignore")
+        return parser.load(text)
+
+
+def _load_pyyaml(text: str) -> Any:
     try:
         import yaml
     except ImportError:

@@ -182,8 +182,8 @@ def dispatch(engine: "LCMEngine", name: str, args: Any, **kwargs: Any) -> str:
                 raise
             except SessionBusy as exc:
                 log.debug("lcm: %s searches what is stored: %s", name, exc)
-            except Exception as exc:
-                log.warning("lcm: live ingestion before %s failed: %s", name, exc)
+            except Exception as exc:  # (unexpected: with its traceback)
+                log.warning("lcm: live ingestion before %s failed: %s", name, exc, exc_info=exc)
         ctx = _Ctx(engine, args, _engine_scope(engine, args))
         ctx.current = current
         return {"lcm_grep": ctx.grep, "lcm_describe": ctx.describe, "lcm_expand": ctx.expand,

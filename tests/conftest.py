@@ -10,7 +10,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.support.errorwatch import ErrorWatch, verdict, watching  # noqa: E402
-from tests.support.requires import hermes_skip_failure  # noqa: E402
+from tests.support.requires import OPTIONAL_HOST, hermes_skip_failure  # noqa: E402
 from tests.support.pg import pg_dsn, pg_fresh_dsn, pg_server  # noqa: E402,F401  (PostgreSQL fixtures)
 from tests.support import hosts as _hosts  # noqa: E402
 
@@ -18,6 +18,11 @@ from tests.support import hosts as _hosts  # noqa: E402
 def pytest_configure(config):
     config.addinivalue_line("markers", "hosts(*labels): run only on these Hermes hosts (default: all of "
                             + ", ".join(_hosts.LABELS) + ")")
+    # LCM_MUTANT=<name> breaks a named part of the product for this run (tests/support/mutants.py,
+    # driven by tests/mutation.py): the tests that must catch it should go red.
+    from tests.support.mutants import apply_from_env
+
+    config._lcm_mutant = apply_from_env()
 
 
 def pytest_generate_tests(metafunc):
@@ -45,7 +50,7 @@ def hermes_host(request):
     except _hosts.HostUnavailable as exc:
         if _hosts.required() and not _hosts.optional_label(label):
             pytest.fail(f"Hermes {label} is required (LCM_REQUIRE_HERMES) but unavailable: {exc}")
-        pytest.skip(f"Hermes {label}: {exc}")
+        pytest.skip(f"Hermes {label}: {exc}" + (f" {OPTIONAL_HOST}" if _hosts.optional_label(label) else ""))
     with _hosts.driving(host):
         yield host
 
@@ -101,14 +106,6 @@ def pytest_runtest_makereport(item, call):
 def pytest_make_collect_report(collector):
     outcome = yield
     _require_hermes(outcome.get_result())
-
-
-def pytest_configure(config):
-    """LCM_MUTANT=<name> breaks a named part of the product for this run (tests/support/mutants.py,
-    driven by tests/mutation.py): the tests that must catch it should go red."""
-    from tests.support.mutants import apply_from_env
-
-    config._lcm_mutant = apply_from_env()
 
 
 def pytest_report_header(config):

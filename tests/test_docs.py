@@ -145,8 +145,8 @@ def docstring_problems(pkg: Path, doc: str) -> list[str]:
         if not re.fullmatch(r"[a-z_][a-z0-9_]*(?:[./][A-Za-z_][A-Za-z0-9_]*)*", tok):
             continue  # a command, a phrase, a class
         first = re.split(r"[./]", tok)[0]
-        if first in NOT_MODULES:
-            continue
+        if first in NOT_MODULES or (first not in have and importlib.util.find_spec(first) is not None):
+            continue  # the command's name; another distribution's package (`mcp`)
         if first in have:
             named.add(first)
         elif importlib.util.find_spec(f"lossless_context.{first}") is None and not (PKG / first).exists():

@@ -71,7 +71,7 @@ def test_one_line_when_storing_stops_and_one_when_it_resumes(tmp_path, caplog):
     tokens = estimate_messages_tokens(msgs)
     told = []
     with caplog.at_level(logging.DEBUG, logger="lossless_context"):
-        for turn in range(6):  # a few turns of every hook while the store cannot be used
+        for _turn in range(6):  # a few turns of every hook while the store cannot be used
             e.on_session_start("s")
             e.select_context(msgs)
             e.on_turn_complete(msgs, usage={"prompt_tokens": tokens})

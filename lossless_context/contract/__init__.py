@@ -9,6 +9,8 @@
 * `lifecycle`  — session binding, the live session and forks (told apart and linked by
                  `pipeline/forks.py`), start/end/reset, the commit signal;
 * `passbudget` — how much of the host's figure a pass may spend (its overhead, its silence budget);
+* `units`      — the host's token figures in the provider's units (a mixin of LCMEngine);
+* `notices`    — one line in the chat when storing stops, and one when it resumes (a mixin);
 * `host`       — every Hermes symbol the core uses, imported here and only here.
 
 Nothing here is imported by the pipeline, the stores or the summarisers: the contract sits on

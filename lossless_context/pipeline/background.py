@@ -111,7 +111,9 @@ class BackgroundWorker:
                 job(self._stop.is_set)
                 ok = True
             except Exception as exc:  # a failed job loses only staged work
-                log.warning("lcm background job for %s failed: %s", sid, exc)
+                # (the store's outage was told by its breaker; anything else with its traceback)
+                log.warning("lcm background job for %s failed: %s", sid, exc,
+                            exc_info=None if type(exc).__name__ == "StoreUnavailable" else exc)
             finally:
                 # The counters are read-modify-write from several threads: under the lock, or a
                 # count may be lost.

@@ -53,11 +53,12 @@ def log_hook_failure(what: str, exc: BaseException) -> None:
     """A host hook that failed and went on: a store outage was already told once (by the
     breaker, with its reason), so each hook's failure during it is DEBUG, not another WARNING
     (a turn runs several hooks; one WARNING each made ~8 lines a minute). Anything else is a
-    WARNING."""
+    WARNING with its traceback: a failure nobody expected, which a bug report needs (and which
+    fails the test that caused it, tests/support/errorwatch.py)."""
     if isinstance(exc, StoreUnavailable) or type(exc).__name__ == "SessionBusy":
         log.debug("lcm: %s: %s", what, exc)
     else:
-        log.warning("lcm: %s: %s", what, exc)
+        log.warning("lcm: %s: %s", what, exc, exc_info=exc)
 
 
 def mask_location(location: str) -> str:

@@ -7,8 +7,8 @@ looks past the swallowing: during every test it records
 
 - each record of the `lossless_context` logger tree at ERROR or above, or carrying a traceback
   (`log.exception`, `exc_info=...`), whatever thread logged it;
-- each tool answer (`tools.dispatch`, the one path every tool call takes) that carries
-  ``internal error``;
+- each tool answer that carries ``internal error`` (`tools._answer` builds every answer, of the
+  engine's tools and of `lcm mcp`'s; the watcher wraps it, and `tools.dispatch` where it is not);
 
 and fails the test at teardown when any of them was not declared as expected.
 
@@ -150,25 +150,27 @@ def watching(watch: ErrorWatch, monkeypatch: Optional[object] = None) -> Iterato
 
 
 def _watch_answers(watch: ErrorWatch):  # type: ignore[no-untyped-def]
-    """Wrap `tools.dispatch` (looked up at call time by the engine) to see every tool answer."""
+    """Wrap the function that builds every tool answer (looked up at call time) to see them."""
     try:
         from lossless_context import tools
     except Exception:  # the package itself broken: the tests will say so
         return lambda: None
-    original = tools.dispatch
+    attr = "_answer" if callable(getattr(tools, "_answer", None)) else "dispatch"
+    original = getattr(tools, attr)
 
-    def dispatch(engine, name, args, **kwargs):  # type: ignore[no-untyped-def]
-        answer = original(engine, name, args, **kwargs)
+    def wrapped(*args, **kwargs):  # type: ignore[no-untyped-def]
+        answer = original(*args, **kwargs)
         if isinstance(answer, str) and INTERNAL in answer:
+            name = args[0] if attr == "_answer" else args[1]
             watch.note("answer", answer, f"tool {name}")
         return answer
 
-    dispatch.__wrapped__ = original  # type: ignore[attr-defined]
-    tools.dispatch = dispatch
+    wrapped.__wrapped__ = original  # type: ignore[attr-defined]
+    setattr(tools, attr, wrapped)
 
     def undo() -> None:
-        if tools.dispatch is dispatch:
-            tools.dispatch = original
+        if getattr(tools, attr) is wrapped:
+            setattr(tools, attr, original)
 
     return undo
 
