@@ -6,6 +6,8 @@ import sqlite3
 import threading
 import time
 
+import pytest
+
 from lossless_context import LCMEngine
 from lossless_context.pipeline.background import BackgroundWorker
 from lossless_context.pipeline.compaction import span_key
@@ -204,7 +206,8 @@ def test_bounded_concurrency_and_prompt_shutdown():
     assert not w2.submit("y", long_job)
 
 
-def test_job_counters_count_every_job():
+@pytest.mark.lcm_errors("background job for s\\d+ failed: boom")  # the failing jobs are the test's own
+def test_job_counters_count_every_job(lcm_errors):
     """jobs_done / jobs_failed are exact with several threads finishing jobs at once."""
     w = BackgroundWorker(concurrency=4)
     try:
@@ -218,5 +221,6 @@ def test_job_counters_count_every_job():
             assert w.submit(f"s{i}", bad if i % 5 == 0 else ok)
         assert w.wait_idle(60)
         assert (w.jobs_done, w.jobs_failed) == (160, 40)
+        assert len(lcm_errors.records) == 40  # each failure logged once, with its traceback
     finally:
         w.shutdown()
