@@ -126,7 +126,9 @@ def test_every_cited_path_exists():
     assert missing == [], "cited paths that do not exist:\n" + "\n".join(missing)
 
 
-NOT_MODULES = {"lcm"}  # the command's name, in backticks in package docstrings
+def _all_module_names() -> set[str]:
+    return {p.stem for p in PKG.rglob("*.py") if not p.stem.startswith("__")} | {
+        p.name for p in PKG.rglob("*") if p.is_dir() and (p / "__init__.py").exists()}
 
 
 def _modules_of(pkg: Path) -> set[str]:
@@ -134,23 +136,30 @@ def _modules_of(pkg: Path) -> set[str]:
         p.name for p in pkg.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
 
 
-def docstring_problems(pkg: Path, doc: str) -> list[str]:
-    """A package docstring names its real modules, and all of them: each backticked lower-case name
-    (`ingest`, `ingest.py`, `store.base.Store`) is a module of the package or of the tree, and every
-    module of the package is named."""
+def docstring_problems(pkg: Path, doc: str, elsewhere: set[str] | None = None) -> list[str]:
+    """A package docstring names its real modules, and all of them: every module of the package
+    is named; a name written as a file (`ingest.py`) is one of its modules or of the package's
+    top level; and a bare name of a module that lives in another folder (`elsewhere`: every
+    module name of the tree) is not claimed here — the module moved."""
     have = _modules_of(pkg)
+    elsewhere = _all_module_names() if elsewhere is None else elsewhere
     problems, named = [], set()
     for span in re.findall(r"`([^`\n]+)`", doc):
-        tok = span.strip().removesuffix(".py").rstrip("/")
+        tok = span.strip().removesuffix("/")
+        as_file = tok.endswith(".py")
+        tok = tok.removesuffix(".py")
         if not re.fullmatch(r"[a-z_][a-z0-9_]*(?:[./][A-Za-z_][A-Za-z0-9_]*)*", tok):
             continue  # a command, a phrase, a class
         first = re.split(r"[./]", tok)[0]
-        if first in NOT_MODULES or (first not in have and importlib.util.find_spec(first) is not None):
-            continue  # the command's name; another distribution's package (`mcp`)
         if first in have:
             named.add(first)
-        elif importlib.util.find_spec(f"lossless_context.{first}") is None and not (PKG / first).exists():
-            problems.append(f"`{span}` is not a module of {pkg.name}/ (or of the package)")
+        elif "." in tok or "/" in tok:  # a path from the package's top: `store.base.Store`, `pipeline/forks.py`
+            if importlib.util.find_spec(f"lossless_context.{first}") is None and not (PKG / first).exists() \
+                    and importlib.util.find_spec(first) is None:
+                problems.append(f"`{span}` is not a module of {pkg.name}/ (or of the package)")
+        elif as_file or first in elsewhere:
+            if not ((PKG / f"{first}.py").exists() or (PKG / first).is_dir()):
+                problems.append(f"`{span}` is not a module of {pkg.name}/ (or of the package)")
     problems += [f"module {m} is not named" for m in sorted(have - named)]
     return problems
 
@@ -310,8 +319,10 @@ def test_the_doc_checks_can_fail(tmp_path):
     pkg.mkdir()
     for name in ("__init__", "alpha", "beta"):
         (pkg / f"{name}.py").write_text("")
-    assert docstring_problems(pkg, "`alpha` and `gamma.py`") == [
+    assert docstring_problems(pkg, "`alpha` and `gamma.py`, `lcm rekey`, `rekey`", {"owners"}) == [
         "`gamma.py` is not a module of p/ (or of the package)", "module beta is not named"]
+    assert docstring_problems(pkg, "`alpha`, `beta`, `owners` (moved away)", {"owners"}) == [
+        "`owners` is not a module of p/ (or of the package)"]
     assert github_anchor("R19: order of calls") == "r19-order-of-calls"
     src = textwrap.dedent('''
         import threading

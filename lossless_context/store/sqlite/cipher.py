@@ -58,7 +58,7 @@ def driver() -> Any:
         with _DRIVER_LOCK:
             if _DRIVER is None:
                 try:
-                    from sqlcipher3 import dbapi2 as mod  # type: ignore[import-untyped,import-not-found,unused-ignore]
+                    from sqlcipher3 import dbapi2 as mod  # type: ignore[import-untyped,import-not-found,unused-ignore]  # an optional binding without type information; absent in many installs
                 except ImportError as exc:
                     raise CipherError(f"the store is encrypted and the SQLCipher binding is not installed: "
                                       f"{INSTALL_HINT}") from exc
@@ -81,7 +81,7 @@ def _connection_class() -> Any:
     if _CONNECTION is None:
         base = driver().Connection
 
-        class Connection(base):  # type: ignore[misc,valid-type]
+        class Connection(base):  # type: ignore[misc,valid-type]  # a class chosen at run time (the binding's Connection)
             def getlimit(self, category: int) -> int:
                 if category == sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER:
                     return 32_766  # (SQLite's default since 3.32; the binding's build allows more)
