@@ -343,16 +343,18 @@ SQL_TWICE = ("SELECT session_id, ident FROM messages GROUP BY session_id, ident 
              " ORDER BY session_id LIMIT 100000")
 SQL_SESSION_ROWS = ("SELECT m.id, m.ident, m.tokens, EXISTS (SELECT 1 FROM summary_messages sm"
                     " WHERE sm.message_id = m.id) FROM messages m WHERE m.session_id = ? ORDER BY m.seq")
-COPY_TOKENS = 50  # a message this long said again word for word is a copy, not the user repeating
-COPY_RUN = 3  # ... and so is a run of this many repeats in a row, or of two with a long one in it
-# (a short "continue" / "ok" pair said again is not)
+# A run of this many messages repeating an earlier run word for word, in order, is a copy, and
+# so is a run of two with a message of COPY_TOKENS in it; a single repeat never is (a user may
+# paste the same text again), nor a short "continue" / "ok" pair said again.
+COPY_RUN = 3
+COPY_TOKENS = 50
 
 
 def _copies_check(store: Any, rep: DoctorReport, repair: bool, rows: Callable[..., list[tuple]]) -> None:
     """Messages an earlier `lcm import hermes` stored again: it read 0.19.0's archived rows and
     the head and tail the host re-persists at each compaction as new turns. A copy repeats an
-    earlier message of its session word for word and is long, or part of a run of three or
-    more such repeats; one under a summary is left alone. ``--repair`` deletes the copies (the originals
+    earlier run of its session word for word, in order: three messages or more, or two with a
+    long one; one under a summary is left alone. ``--repair`` deletes the copies (the originals
     stay) and points the contexts that held them at the originals."""
     name = "no message stored twice by an import"
     sessions = sorted({str(r[0]) for r in rows(SQL_TWICE)})
@@ -412,7 +414,7 @@ def _copies(session_rows: list[tuple]) -> dict[int, int]:
     for i, j in dup.items():
         if session_rows[i][3]:  # under a summary: left alone
             continue
-        if copy_run.get(i) or long(i):
+        if copy_run.get(i):
             out[int(session_rows[i][0])] = int(session_rows[j][0])
     return out
 
