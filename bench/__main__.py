@@ -3,8 +3,8 @@
     python -m bench               # full run (default): scale 1k/10k/100k/1M, 3,000-message sessions, …
     python -m bench --quick       # the CI smoke configuration: seconds, small sizes
     python -m bench --only scale  # one part (scale | side_by_side | quality | backends | background |
-                                  # long_sessions | realtalk | recall_demo | pass_cost | mcp, or on request
-                                  # script_growth | lifecycle); the result is
+                                  # long_sessions | realtalk | recall_demo | pass_cost | mcp | bg_cost,
+                                  # or on request script_growth | lifecycle | pg_ident); the result is
                                   # merged into an existing results.json and RESULTS.md is re-rendered
     python -m bench --out-dir DIR # write the two files elsewhere (the smoke test does)
     python -m bench --only script_growth   # on request only: search growth by script at 3k..1M
@@ -29,9 +29,9 @@ from pathlib import Path
 from . import common
 
 PARTS = ("scale", "side_by_side", "quality", "backends", "background", "long_sessions", "realtalk", "recall_demo",
-         "pass_cost", "mcp")
+         "pass_cost", "mcp", "bg_cost")
 # Run only when asked (--only): they build large stores once and keep them (bench/script_growth.py)
-ON_REQUEST = ("script_growth", "lifecycle")  # (lifecycle: two 100k stores, a 1M prune)
+ON_REQUEST = ("script_growth", "lifecycle", "pg_ident")  # (lifecycle: two 100k stores, a 1M prune; pg_ident: 100k, 1M)
 
 
 def main(argv: list[str] | None = None) -> int:

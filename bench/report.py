@@ -98,7 +98,7 @@ def render(res: dict[str, Any]) -> str:
         L += recall_demo(parts["recall_demo"])
     if "grep_scale" in parts:
         L += grep_scale(parts["grep_scale"])
-    from .report_cost import pass_cost
+    from .report_cost import bg_cost, pass_cost, pg_ident
 
     if "pass_cost" in parts:
         L += pass_cost(parts["pass_cost"])
@@ -112,6 +112,10 @@ def render(res: dict[str, Any]) -> str:
 
     if "lifecycle" in parts:
         L += lifecycle(parts["lifecycle"])
+    if "bg_cost" in parts:
+        L += bg_cost(parts["bg_cost"])
+    if "pg_ident" in parts:
+        L += pg_ident(parts["pg_ident"])
     profiles = _profiles(parts)
     if profiles:
         L += profiles

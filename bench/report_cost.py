@@ -54,3 +54,73 @@ def get(d: Any, path: str) -> Any:
             return None
         d = d.get(k)
     return d
+
+
+def bg_cost(bc: dict[str, Any]) -> list[str]:
+    L = ["", "## 8. Zero wait by default: waiting saved and tokens spent ahead of need (`bench/bg_cost.py`)", ""]
+    if bc.get("error"):
+        return L + [f"failed: `{bc['error'][:2000]}`"]
+    mix = ", ".join(f"{n} ({_n(k)} messages)" for n, k in bc.get("mix", []))
+    L.append(f"{_n(bc.get('window'))}-token window; the newer host's calls (`on_turn_complete` each turn, then "
+             f"`compress` when asked); session mix: {mix}. *Wait* = wall time in `compress()`; *tokens* = chars/4 of "
+             "what the model server received (the worker's work included, after it drained); *ahead of need* = "
+             "tokens with the worker minus without it, per session.")
+    for speed, row in (bc.get("speeds") or {}).items():
+        L += ["", f"Every summary call takes **{speed} s** (think time between turns capped at "
+              f"{row.get('think_time_cap_s')} s):", ""]
+        off = row.get("off") or {}
+        rows = []
+        for mode in ("off", "on, before #41", "on"):
+            r = row.get(mode) or {}
+            for name, sess in (r.get("sessions") or {}).items():
+                base = (off.get("sessions") or {}).get(name) or {}
+                extra = (sess["tokens_sent"] - base["tokens_sent"]) if base and mode != "off" else None
+                saved = (base["wait_total_s"] - sess["wait_total_s"]) if base and mode != "off" else None
+                rows.append([mode, name, sess["passes"], _f(get(sess, "wait_ms.p50")), _f(get(sess, "wait_ms.p95")),
+                             _f(sess["wait_total_s"]), sess["calls"], _n(sess["tokens_sent"]),
+                             "—" if extra is None else f"{extra:+,}", "—" if saved is None else _f(saved)])
+        L += _table(["worker", "session", "passes", "wait p50 ms", "p95 ms", "total wait s", "model calls",
+                     "tokens sent", "ahead of need (tokens)", "waiting saved s"], rows)
+    return L
+
+
+def pg_ident(pi: dict[str, Any]) -> list[str]:
+    L = ["", "## 9. PostgreSQL identifiers as whole lexemes (`bench/pg_ident.py`)", ""]
+    if pi.get("error") or pi.get("skipped"):
+        return L + [f"not run: {pi.get('error') or pi.get('reason')}"]
+    L.append(f"The backends bench's history, kept between runs; *before* = a copy measured with the code of "
+             f"`{pi.get('baseline')}`, *after* = another copy opened by this tree (migration 032, then the "
+             "identifier lexemes of the rows already there) and measured; the scale bench's `measure` "
+             "(identifier = a planted canary, common identifier = `reconcile_day`).")
+    metrics = [("lcm_grep identifier ms p50", "lcm_grep.identifier.ms.p50"),
+               ("lcm_grep common identifier ms p50", "lcm_grep.identifier_common.ms.p50"),
+               ("lcm_grep text ms p50", "lcm_grep.text.ms.p50"),
+               ("lcm_grep CJK ms p50", "lcm_grep.cjk_substring.ms.p50"),
+               ("lcm_expand ms p50", "lcm_expand.ms.p50"),
+               ("compress() engine ms p50", "compress.engine_ms.p50"),
+               ("select_context cached ms p50", "select_context.cached_ms.p50")]
+    for p in pi.get("points", []):
+        L += ["", f"**{_n(p['n'])} messages**:", ""]
+        rows = []
+        for label, path in metrics:
+            b, a = get(p, f"before.{path}"), get(p, f"after.{path}")
+            ratio = round(a / b, 2) if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
+            rows.append([label, _f(b), _f(a), _f(ratio)])
+        L += _table(["metric", "before", "after", "after / before"], rows)
+        op = p.get("after_open") or {}
+        L += ["", f"Opening the store after (migration and backfill of the rows already indexed): open "
+              f"{_f(op.get('open_seconds'))} s, identifier backfill {_f(op.get('identifier_backfill_seconds'))} s."]
+    ing = pi.get("ingest") or {}
+    if ing:
+        L += ["", f"Ingest of the same {_n(ing.get('messages'))} messages (all-new batches on the commit path; "
+              "until indexed; the indexer's `lcm_tsvector` over their texts):", ""]
+        rows = []
+        for label in ("before", "after", "sqlite"):
+            r = ing.get(label) or {}
+            rows.append([label if label != "sqlite" else "SQLite (this tree)", _f(r.get("all_new_batch_msgs_per_s")),
+                         _f(r.get("msgs_per_s")), _f(get(r, "tsvector.seconds")), _f(get(r, "tsvector.bytes"))])
+        L += _table(["store", "all-new batch msgs/s", "until indexed msgs/s", "lcm_tsvector s", "tsvector bytes"], rows)
+        a, sq = get(ing, "after.all_new_batch_msgs_per_s"), get(ing, "sqlite.all_new_batch_msgs_per_s")
+        if a and sq:
+            L += ["", f"Commit path, PostgreSQL after / SQLite: ×{a / sq:.2f} (goal ≥ ×0.5)."]
+    return L

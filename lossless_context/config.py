@@ -60,7 +60,9 @@ class LCMConfig:
     lock_timeout: float = 30.0
     store_retry_seconds: float = 30.0  # after a store failure, calls fail fast this long (store/guard.py)
     store_timeout: float = 10.0  # client-side bound of one PostgreSQL store call (store/postgres/deadline.py)
-    background_compaction: bool = False
+    # auto: on when a model summarises (the host's or an endpoint), off with the extractive one
+    background_compaction: str = "auto"
+    background_spend_bound: bool = True  # summarise ahead only for a growing session near its threshold
     soft_threshold: float = 0.6
     hard_threshold: float = 0.9  # above this fraction of the window compress() blocks on the model
     background_concurrency: int = 2
@@ -307,8 +309,17 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
 }
 
 
+def _switch(raw: Any) -> tuple[bool, Any, str]:
+    """auto / on / off (booleans and their usual spellings too)."""
+    word = ("on" if raw else "off") if isinstance(raw, bool) else str(raw).strip().lower()
+    word = {"true": "on", "yes": "on", "1": "on", "false": "off", "no": "off", "0": "off"}.get(word, word)
+    return (True, word, "") if word in ("auto", "on", "off") else (False, None, "expected auto, on or off")
+
+
 def _coerce(name: str, typ: Any, raw: Any) -> tuple[bool, Any, str]:
     t = typ if isinstance(typ, str) else getattr(typ, "__name__", str(typ))
+    if name == "background_compaction":
+        return _switch(raw)
     try:
         if t == "bool":
             if isinstance(raw, bool):

@@ -20,7 +20,7 @@ from .ops import retention
 from .store import owners
 from .contract.base import base_class
 from .pipeline.assemble import Slot
-from .pipeline.background import BackgroundWorker, presummarize, upgrade_nodes
+from .pipeline.background import BackgroundWorker, SessionGrowth, presummarize, upgrade_nodes
 from .pipeline.compaction import Budget, Compactor, PassResult
 from .pipeline.dag_balance import node_targets
 from .config import LCMConfig, model_threshold
@@ -97,6 +97,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
         self._aligned_lock = threading.Lock()
         self._owner = owners.register(self)  # names this engine in the passes it stages
         self._select_cache: dict[str, Any] = {}
+        self._growth = SessionGrowth()  # each session's recent growth, for the spend bound (background.py)
         self._select_lock = threading.Lock()
         # Shared by every copy of the registered engine: /lcm status shows the figures of
         # the agents the user talks to, not of the never-driven registered object.
@@ -568,7 +569,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
                     budget.fresh_tail = self._forced_tail(budget, ours)
                 esc = self._get_escalator()
                 host_tokens = int((ours + overhead) * ratio)
-                fast = (cfg.background_compaction and esc.model is not None and not force
+                fast = (self._background_on() and esc.model is not None and not force
                         and host_tokens < cfg.hard_threshold * (self.context_length or host_tokens + 1))
                 pb = pass_budget(effective_host(cfg.host), time_budget=cfg.compaction_time_budget,
                                  summary_timeout=cfg.summary_timeout,
@@ -654,11 +655,18 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
 
     # -- background compaction -----------------------------------------------------------------
 
+    def _background_on(self) -> bool:
+        """`background_compaction`: on, off, or auto — on when a model summarises (a slow model
+        is what a user waits for; the extractive summariser costs milliseconds)."""
+        mode = self.config.background_compaction
+        if mode == "auto":
+            return self._get_escalator().model is not None
+        return mode == "on"
+
     def _worker(self) -> BackgroundWorker | None:
-        cfg = self.config
-        if not cfg.background_compaction:
+        if not self._background_on():
             return None
-        return BackgroundWorker.for_store(self.store.location, cfg.background_concurrency)
+        return BackgroundWorker.for_store(self.store.location, self.config.background_concurrency)
 
     def _submit_upgrade(self, sid: str, node_ids: list[int], budget: Budget) -> None:
         worker = self._worker()
@@ -676,9 +684,12 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
         if esc.model is None:
             return False
         tokens = (estimate_messages_tokens(messages) + self._overhead) * self.provider_ratio(session_id)
+        sid = session_id or self._sid()
+        growing = self._growth.note(sid, int(tokens))
         if tokens < self.config.soft_threshold * self.context_length:
             return False
-        sid = session_id or self._sid()
+        if self.config.background_spend_bound and not growing(self.threshold_tokens):
+            return False  # not growing, or its pass is not near: a summary made now may never be used
         store, budget = self.store, self._budget(self._overhead)
         stubs = stub_policy(self.config) if self.config.tool_stubs else None
         return worker.submit(sid, lambda stop: presummarize(store, esc, sid, budget, stop, stubs))

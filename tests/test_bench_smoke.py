@@ -28,7 +28,7 @@ def test_bench_quick_writes_results(tmp_path: Path) -> None:
     for heading in ("## Machine", "## Summary", "## 1. Scale curves", "## 2. Side by side",
                     "## 3. Summary quality", "## 4. SQLite vs PostgreSQL", "## 5. Zero-wait compaction", "## 6. Long sessions",
                     "## 7. The cost of a pass",
-                    "## 8. lcm_grep through `lcm mcp`", "## How to run"):
+                    "## 8. lcm_grep through `lcm mcp`", "## 9. Zero wait by default", "## How to run"):
         assert heading in md, heading
     assert data["meta"]["mode"] == "quick"
     m = data["machine"]
@@ -36,7 +36,7 @@ def test_bench_quick_writes_results(tmp_path: Path) -> None:
 
     parts = data["parts"]
     assert set(parts) == {"scale", "side_by_side", "quality", "backends", "background", "long_sessions", "realtalk",
-                          "recall_demo", "pass_cost", "mcp"}
+                          "recall_demo", "pass_cost", "mcp", "bg_cost"}
     for p in parts["pass_cost"]["points"]:
         assert p["after"]["late_passes"] > 0 and _num(p["after"]["engine_ms"]["p50"]), p
     assert "skipped" in parts["realtalk"]  # no REALTALK data in CI: reported, not failed

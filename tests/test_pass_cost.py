@@ -142,7 +142,8 @@ def test_a_large_tool_result_in_the_head_is_stubbed(tmp_path):
     big = "\n".join(f"line {i}: value={i * 7} path=src/mod_{i % 50}.py status ok" for i in range(700))
     host.add({"role": "user", "content": "Read the log, then we talk."},
              {"role": "assistant", "content": "", "tool_calls": [
-                 {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "app.log"}'}}]},
+                 {"id": "c1", "type": "function",
+                  "function": {"name": "read_file", "arguments": '{"path": "app.log"}'}}]},
              {"role": "tool", "tool_call_id": "c1", "content": big},
              {"role": "assistant", "content": "Read it."})
     for i in range(160):

@@ -148,6 +148,47 @@ def _shutdown_all() -> None:
             w.shutdown()
 
 
+class SessionGrowth:
+    """The spend bound of summarising ahead: a summary made before a pass needs it is spent for
+    nothing if the session never reaches its threshold (a short task that ends, a session left
+    open). So the worker summarises ahead only for a session that grew in each of its last
+    turns, the last two within GROWTH_IDLE_SECONDS of each other (one that sat idle has to grow
+    twice again), and whose growth per turn reaches the compaction threshold within
+    AHEAD_TURNS turns. One engine's record; a new process (`hermes chat -q`, one per turn,
+    whose worker would not outlive the turn) never summarises ahead."""
+
+    GROWTH_IDLE_SECONDS = 900.0
+    AHEAD_TURNS = 4
+    MIN_GROWTH = 50  # tokens: less is no growth (a re-sent list)
+    SESSIONS = 64
+
+    def __init__(self) -> None:
+        self._seen: dict[str, list[tuple[float, int]]] = {}
+        self._lock = threading.Lock()
+
+    def note(self, session_id: str, tokens: int) -> Callable[[int], bool]:
+        """Record a turn's size; returns whether summarising ahead pays for a threshold."""
+        now = time.monotonic()
+        with self._lock:
+            seen = self._seen.pop(session_id, [])
+            seen = (seen + [(now, int(tokens))])[-(self.AHEAD_TURNS + 1):]
+            self._seen[session_id] = seen  # (re-inserted: the newest session is the last to go)
+            while len(self._seen) > self.SESSIONS:
+                self._seen.pop(next(iter(self._seen)))
+            turns = list(seen)
+
+        def pays(threshold: int) -> bool:
+            if len(turns) < 3:
+                return False
+            (t0, a), (t1, b), (t2, c) = turns[-3:]
+            if b - a < self.MIN_GROWTH or c - b < self.MIN_GROWTH or t2 - t1 > self.GROWTH_IDLE_SECONDS:
+                return False
+            per_turn = (c - turns[0][1]) / (len(turns) - 1)
+            return threshold - c <= self.AHEAD_TURNS * per_turn
+
+        return pays
+
+
 def context_slots(store: Store, session_id: str) -> tuple[list[Slot], dict[int, Any]]:
     """The session's published context as slots, with its message records."""
     _, ctx = store.get_context(session_id)

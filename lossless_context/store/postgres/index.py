@@ -23,6 +23,7 @@ import time
 from typing import Any, Callable
 
 from ...messages import CJK_CLASS
+from .idents import backfill_done, backfill_step
 
 log = logging.getLogger("lossless_context.store")
 
@@ -84,6 +85,7 @@ class PostgresIndexer:
         self._since_stats = 0
         self._stats_known = False
         self._sessions_filled = False  # rows indexed before migration 013 all have their session
+        self._idents_filled = False  # rows indexed before migration 032 all have their identifier lexemes
         self._merge_failed_logged = False
         self._since_merge = 0
 
@@ -148,6 +150,21 @@ class PostgresIndexer:
         (0: none left that no one else is filling)."""
         return len(self._write(lambda c: c.execute(FILL_SESSION_SQL, (int(batch),)).fetchall()))
 
+    def backfill_identifiers(self, timeout: float = 3600.0) -> bool:
+        """Give every row indexed before migration 032 its identifier lexemes now (what the
+        background thread does when idle; tests and the bench wait for it). False if another
+        indexer still holds the work after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if backfill_step(self._write):
+                continue
+            if backfill_done(self._read):
+                self._idents_filled = True
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)  # another indexer (this process's thread, another host) is at it
+
     def wait_indexed(self, timeout: float = 60.0) -> None:
         """Index what is listed; then wait (bounded) for rows other indexers hold."""
         deadline = time.monotonic() + timeout
@@ -198,6 +215,8 @@ class PostgresIndexer:
                 while not self._sessions_filled and not self._closed and not wake.is_set():
                     # (an append wakes the indexer: new rows first; they carry their session)
                     self._sessions_filled = not self.fill_sessions()
+                while not self._idents_filled and not self._closed and not wake.is_set():
+                    self._idents_filled = not backfill_step(self._write)  # (idents.py)
                 self._failed_logged = False
             except Exception as exc:  # the store may be unreachable: searches still see everything
                 if not self._failed_logged:

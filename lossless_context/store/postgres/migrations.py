@@ -18,6 +18,7 @@ tables; ``staged_passes.rid`` orders stages created in the same instant (SQLite:
 
 from __future__ import annotations
 
+from .idents import IDENT_MIGRATIONS
 from .kept_plans import KEPT_PLANS
 from .lifecycle_schema import LIFECYCLE_MIGRATIONS
 
@@ -634,6 +635,7 @@ MIGRATIONS: list[tuple[str, str]] = [
 ]
 MIGRATIONS += KEPT_PLANS  # 020 on: kept_plans.py
 MIGRATIONS += LIFECYCLE_MIGRATIONS  # retention: lifecycle_schema.py
+MIGRATIONS += IDENT_MIGRATIONS  # identifiers as whole lexemes: idents.py
 
 # Migrations the store can live without (run in a savepoint; retried at the next start).
 OPTIONAL: frozenset[str] = frozenset({"002_trigram", "015_lz4_toast"})

@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 
 from ...messages import CJK_CLASS
 from ..base import StoreError
+from .idents import LEXEME_SQL, backfill_done, lexeme_row, whole_identifiers
 from .text import pg_text as _t
 
 try:  # optional dependency: `pip install lossless-context[postgres]`
@@ -39,6 +40,7 @@ MAX_ID_SECONDS = 2.0  # how long max_row_id's answer is reused
 # its kept plan reads each candidate by primary key, ~2 us a row; above it the statement is
 # planned per call and its plan walks ids backwards until the page is full.
 CJK_RARE_ROWS = 1000
+IDENTS_RECHECK = 30.0  # seconds between reads of the identifier backfill's state (idents.py)
 _CJK_DEFAULT_FREQ = 0.005  # PostgreSQL's DEFAULT_CONTAIN_SEL: an element the statistics omit
 
 
@@ -57,7 +59,7 @@ class PostgresSearch:
 
     def term_counts(self, target: str, plans: Sequence[Any], cap: int, newest: int | None = None) -> list[int]:
         items = [getattr(p, "pg_tsquery", None) for p in plans]
-        todo = [(k, _t(s)) for k, s in enumerate(items) if s]
+        todo = [(k, self._tsq(s)) for k, s in enumerate(items) if s]
         out = [0] * len(items)
         if not todo:
             return out
@@ -93,7 +95,7 @@ class PostgresSearch:
         calls: list[tuple[str, list[tuple[int, str]]]] = []
         for target, plans in asks:
             items = [getattr(p, "pg_tsquery", None) for p in plans]
-            todo = [(k, _t(s)) for k, s in enumerate(items) if s]
+            todo = [(k, self._tsq(s)) for k, s in enumerate(items) if s]
             out = [0] * len(items)
             if todo:
                 todo = self._counts_from_stats(todo, out, cap, self.max_row_id(target), None, target)
@@ -217,7 +219,7 @@ class PostgresSearch:
         # 30 a grep folds. A query the english configuration reduces to nothing (stop words
         # only) is searched alone, word for word, as search() does.
         scope = None if session_ids is None else [_t(s) for s in session_ids]
-        want = [(k, int(sid), _t(getattr(plan, "pg_tsquery", None) or "")) for k, (sid, plan) in enumerate(asks)]
+        want = [(k, int(sid), self._tsq(getattr(plan, "pg_tsquery", None) or "")) for k, (sid, plan) in enumerate(asks)]
         out: list[list[dict[str, Any]]] = [[] for _ in asks]
         groups: dict[str, list[tuple[int, int]]] = {}
         for k, sid, tsq in want:
@@ -256,7 +258,7 @@ class PostgresSearch:
 
     def any_match(self, target: str, plans: Sequence[Any], seconds: float) -> list[bool | None]:
         out: list[bool | None] = [False] * len(plans)
-        todo = [(k, _t(s)) for k, s in enumerate(getattr(p, "pg_tsquery", None) for p in plans) if s]
+        todo = [(k, self._tsq(s)) for k, s in enumerate(getattr(p, "pg_tsquery", None) for p in plans) if s]
         if not todo:
             return out
 
@@ -377,6 +379,39 @@ class PostgresSearch:
             cache[tsq] = text[1:-1].replace("''", "'") if n == 1 and text.startswith("'") and text.endswith("'") else None
         return cache[tsq]
 
+    def _tsq(self, s: str) -> str:
+        """A plan's to_tsquery input for this store: its identifier operands as the whole
+        lexemes migration 032 indexes, once every row has them (idents.py); else as planned."""
+        s = _t(s)
+        return whole_identifiers(s, self._ident_lexeme) if "'" in s and self._idents_ready() else s
+
+    def _ident_lexeme(self, ident: str) -> str | None:
+        """The whole lexeme migration 032 indexes for `ident` (None: keep the phrase); cached."""
+        cache = self.__dict__.setdefault("_ident_cache", {})
+        if ident not in cache:
+            try:
+                row = self._read(lambda c: c.execute(LEXEME_SQL, (ident,)).fetchone())
+            except (psycopg.DataError, psycopg.ProgrammingError):
+                row = None
+            if len(cache) > 4096:
+                cache.clear()
+            cache[ident] = lexeme_row(row)
+        return cache[ident]
+
+    def _idents_ready(self) -> bool:
+        """Whether every indexed row has its identifier lexemes; re-read every IDENTS_RECHECK
+        seconds until it is so (another process's indexer may finish the backfill)."""
+        state = self.__dict__.get("_idents_state")
+        now = time.monotonic()
+        if state is not None and (state[1] or now - state[0] < IDENTS_RECHECK):
+            return bool(state[1])
+        try:
+            ready = backfill_done(self._read)
+        except (psycopg.DataError, psycopg.ProgrammingError):
+            ready = False
+        self.__dict__["_idents_state"] = (now, ready)
+        return ready
+
     def max_row_id(self, target: str) -> int:
         # A size estimate read several times per search: reused for MAX_ID_SECONDS (this
         # process's own appends refresh it at once: forget_max_row_id).
@@ -465,7 +500,7 @@ class PostgresSearch:
             tsq = getattr(plan, "pg_tsquery", None)
             if not tsq:
                 return []
-            tsq = _t(tsq)
+            tsq = self._tsq(tsq)
 
             def fts(c: Any) -> list[tuple]:
                 # The english configuration drops stop words; a query made only of them (the

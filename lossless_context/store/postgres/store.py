@@ -168,6 +168,12 @@ class PostgresStore(PostgresRecords, PostgresLifecycle, PostgresSearch, Postgres
     def wait_indexed(self) -> None:
         self._indexer.wait_indexed()
 
+    def backfill_identifiers(self) -> None:
+        """Finish now the identifier lexemes of rows indexed before migration 032 (idents.py),
+        which the indexer thread otherwise adds when idle; searches use them from then on."""
+        self._indexer.backfill_identifiers()
+        self.__dict__.pop("_idents_state", None)
+
     def index_pending_batch(self, batch: int = 256) -> list[int]:
         """Index one batch of committed, not yet indexed messages; the ids this call indexed.
         (The background indexer does this by itself; for tools and tests.)"""

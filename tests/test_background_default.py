@@ -1,0 +1,111 @@
+"""Issue #41: background compaction is on by default when a model summarises (`auto`), off with
+the extractive summariser; summarising ahead is bounded to sessions that grow towards their
+threshold. Model calls go to the fake OpenAI-compatible server on 127.0.0.1; real SQLite."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from lossless_context import LCMEngine
+from lossless_context.config import LCMConfig
+from lossless_context.pipeline.background import BackgroundWorker, SessionGrowth
+from lossless_context.demo.sessions import chat_session, coding_session, turn_ranges
+from lossless_context.tokens import estimate_messages_tokens
+from tests.support.fake_openai import FakeOpenAI, SummariserResponder
+
+WINDOW = 64_000
+
+
+def _engine(store: str, **kw) -> LCMEngine:
+    e = LCMEngine(config=LCMConfig.load({"store": store, **kw}, read_file=False))
+    e.update_model(model="m", context_length=WINDOW, base_url="", api_key="", provider="custom")
+    return e
+
+
+@pytest.mark.parametrize("raw, want", [(True, "on"), ("yes", "on"), (False, "off"), ("0", "off"),
+                                       ("AUTO", "auto"), ("sometimes", "auto")])
+def test_the_setting_reads_auto_on_off(raw, want):
+    cfg = LCMConfig.load({"background_compaction": raw}, read_file=False)
+    assert cfg.background_compaction == want
+    assert bool(cfg.warnings) == (raw == "sometimes")  # a bad value is reported, the default kept
+
+
+def test_auto_is_on_with_a_model_and_off_without(tmp_path):
+    with FakeOpenAI(responder=SummariserResponder(max_chars=600)) as srv:
+        assert _engine(str(tmp_path / "m.db"), summarizer="openai", summary_base_url=srv.base_url)._background_on()
+    assert not _engine(str(tmp_path / "x.db"), summarizer="extractive")._background_on()
+    assert _engine(str(tmp_path / "o.db"), summarizer="extractive", background_compaction="on")._background_on()
+
+
+def test_by_default_a_pass_below_the_hard_threshold_waits_for_no_model(tmp_path):
+    """The default with a model: the pass summarises deterministically and the worker upgrades
+    the nodes with the model afterwards (the host's turn does not wait for it)."""
+    with FakeOpenAI(responder=SummariserResponder(max_chars=600)) as srv:
+        e = _engine(str(tmp_path / "d.db"), summarizer="openai", summary_base_url=srv.base_url)
+        sid = "bg-default"
+        e.on_session_start(sid, platform="cli")
+        history: list[dict] = []
+        msgs = chat_session(1200, seed=5).messages  # (small turns: one lands between the thresholds)
+        passed = False
+        for a, b in turn_ranges(msgs):
+            history.extend(copy.deepcopy(msgs[a:b]))
+            tokens = estimate_messages_tokens(history)
+            if not e.should_compress(tokens) or tokens >= 0.9 * WINDOW:
+                continue
+            before = len(srv.chat_requests)
+            out = e.compress(history, current_tokens=tokens, session_id=sid)
+            assert out != history
+            assert len(srv.chat_requests) == before, "the pass called the model on the host's time"
+            e.on_session_end(sid, history)
+            history = [m for m in out if m.get("role") != "system"]
+            e.on_session_start(sid, boundary_reason="compression", old_session_id=sid)
+            passed = True
+            break
+        assert passed
+        assert BackgroundWorker.for_store(e.store.location, 2).wait_idle(60)
+        assert len(srv.chat_requests) > 0  # the worker upgraded the pass's nodes with the model
+        levels = {s.level for s in e.store.get_summaries(range(1, 1000), include_staged=True).values()}
+        assert "normal" in levels
+
+
+def test_summarising_ahead_needs_a_growing_session_near_its_threshold():
+    g = SessionGrowth()
+    threshold = 48_000
+    # three turns of steady growth, 4 turns (of 2,000 tokens) from the threshold: ahead pays
+    for tokens in (36_000, 38_000, 40_000):
+        pays = g.note("s", tokens)
+    assert pays(threshold)
+    # the same size again (a re-sent list, a session left open): no
+    assert not g.note("s", 40_000)(threshold)
+    # far from its threshold at this pace: no
+    h = SessionGrowth()
+    for tokens in (20_000, 20_500, 21_000):
+        far = h.note("t", tokens)
+    assert not far(threshold)
+    # fewer than three turns seen (a new process, as `hermes chat -q` makes one per turn): no
+    assert not SessionGrowth().note("u", 47_000)(threshold)
+
+
+def test_a_session_that_stopped_growing_is_not_summarised_ahead(tmp_path):
+    """Above the soft threshold, on_turn_complete submits a presummary only while the session
+    grows towards its threshold; re-sent unchanged, it does not (no spend for a pass that may
+    never come)."""
+    with FakeOpenAI(responder=SummariserResponder(max_chars=600)) as srv:
+        e = _engine(str(tmp_path / "b.db"), summarizer="openai", summary_base_url=srv.base_url)
+        sid = "idle"
+        e.on_session_start(sid, platform="cli")
+        msgs = coding_session(400, seed=8).messages
+        history: list[dict] = []
+        submitted = []
+        last: list[dict] = []
+        for a, b in turn_ranges(msgs):
+            history.extend(copy.deepcopy(msgs[a:b]))
+            if estimate_messages_tokens(history) > 0.7 * WINDOW:
+                break
+            last = copy.deepcopy(history)
+            submitted.append(e.maybe_presummarize(last, session_id=sid))
+        assert any(submitted), "a growing session near its threshold was never summarised ahead"
+        BackgroundWorker.for_store(e.store.location, 2).wait_idle(60)
+        assert not any(e.maybe_presummarize(copy.deepcopy(last), session_id=sid) for _ in range(3))
