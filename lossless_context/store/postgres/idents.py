@@ -6,8 +6,9 @@ positions: every row holding all the phrase's words was read back from the table
 tsvector tested (at 100k messages a common identifier's page cost 18 ms, most of it that
 recheck). Migration 032 indexes, besides the parser's words, each run of ASCII letters and
 digits joined by "_", "-", "." or "/" (snake_case, kebab-case, dotted names, paths) as lexemes:
-every run of 2 to 4 consecutive parts (of its first 12), each part stemmed as the english configuration stems a word, joined by "/" — `reconcil/day`
-for `reconcile_day` and `Reconciled-Days` alike, `qx/6153`; the english parser keeps that
+every run of 2 to 4 consecutive parts (of its first 12), each part stemmed as the english
+configuration stems a word, joined by "/" — `reconcil/day` for `reconcile_day` and
+`Reconciled-Days` alike, `qx/6153`; the english parser keeps that
 form whole (a "file" token), so `to_tsquery` turns the operand `'reconcil/day'` into exactly
 that lexeme, and the search is one GIN probe with nothing to recheck.
 
