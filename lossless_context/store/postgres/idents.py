@@ -155,7 +155,7 @@ def lexeme_row(row: Any) -> str | None:
     return lexeme if parsed == "'" + lexeme.replace("'", "''") + "'" and "'" not in lexeme else None
 
 
-BATCH = 2000  # rows whose lexemes one backfill transaction recomputes
+BATCH = 200  # rows whose lexemes one backfill transaction recomputes (well inside a store call's bound)
 
 
 def backfill_step(write: Callable[[Callable[[Any], Any]], Any]) -> bool:
