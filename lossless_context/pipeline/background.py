@@ -24,7 +24,7 @@ from ..records import Source
 from ..messages import tool_call_ids
 from ..store.base import Store
 from .stubs import StubPolicy, apply_stubs
-from ..summarizers.summarize import Escalator, SummaryRequest
+from ..summarizers.summarize import OUTLINE, Escalator, SummaryRequest, deterministic_summary
 from ..tokens import estimate_text_tokens
 
 log = logging.getLogger("lossless_context.pipeline.background")
@@ -272,6 +272,11 @@ def upgrade_nodes(store: Store, esc: Escalator, session_id: str, node_ids: list[
             continue
         res = esc.summarize(SummaryRequest(sources, target, rec.kind), cancelled=stop)
         if res.level == "deterministic":
+            if rec.summarizer == OUTLINE and not stop():
+                # No model summary now: the pass's outline gives way to the extractive summary
+                # (made here, off the host's time); the node stays deterministic.
+                text = deterministic_summary(SummaryRequest(sources, target, rec.kind), esc.do_redact)
+                store.update_summary_text(nid, text, estimate_text_tokens(text), "deterministic", "extractive")
             continue
         store.update_summary_text(nid, res.text, estimate_text_tokens(res.text), res.level, res.summarizer)
         if rec.kind == "leaf":

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from .assemble import Slot, choose_summary_role, groups, large_representation, render_summary, repair, total_tokens
+from .assemble import Slot, choose_summary_role, groups, large_representation, render_summary, repair
 from . import continuity
 from ..summarizers.costs import Spend
 from .dag_balance import next_condensation
@@ -25,7 +25,7 @@ from ..store.owners import new_pass_id
 from ..records import MessageRecord, NewSummary, SummaryRecord
 from ..store.base import Store
 from .stubs import StubPolicy, apply_stubs, is_stub, swap_stubs
-from ..summarizers.summarize import Escalator, SummaryRequest, deterministic_summary
+from ..summarizers.summarize import OUTLINE, Escalator, SummaryRequest, deterministic_summary, outline_summary
 from ..tokens import estimate_message_tokens, estimate_text_tokens
 
 log = logging.getLogger("lossless_context.pipeline.compaction")
@@ -100,6 +100,19 @@ class Compactor:
         self.spend = Spend()
         self.node_spend: dict[str, Spend] = {}  # new node key → its model calls
         self.budget: Budget | None = None  # the pass's budget (the block is rendered within it)
+        # Token estimates of the message objects this pass has measured: the output is measured
+        # several times (tier 0, each round, the final list) and is mostly the same objects.
+        self._tok: dict[int, tuple[Any, int]] = {}
+
+    def _total(self, messages: Sequence[Any]) -> int:
+        """total_tokens(messages), each object estimated once per pass."""
+        memo, n = self._tok, 0
+        for m in messages:
+            hit = memo.get(id(m))
+            if hit is None or hit[0] is not m:
+                hit = memo[id(m)] = (m, estimate_message_tokens(m))  # (the object kept: its id stays its own)
+            n += hit[1]
+        return n
 
     # -- planning ------------------------------------------------------------------
 
@@ -148,7 +161,7 @@ class Compactor:
         self._represent_large(slots, records, budget.large_tokens)
         if stubbed and not force and host_messages is not None:
             done = swap_stubs(host_messages, originals, slots, self.store)
-            if done is not None and total_tokens(done) <= budget.target:
+            if done is not None and self._total(done) <= budget.target:
                 # Tier 0 alone reached the target: no model call and no new node, but the pass is
                 # staged like any other (the same context, its stubs held by the message rows),
                 # so the host's commit publishes it — into a rotation child too, which must
@@ -162,7 +175,7 @@ class Compactor:
                         items.append(("m", s.refs[0]))
                 self.store.stage_pass(session_id, pass_id, [], items, base_version, base_len)
                 return PassResult(done, pass_id, True, tokens_before=tokens_before,
-                                  tokens_after=total_tokens(done), reason="", stubs=stubbed)
+                                  tokens_after=self._total(done), reason="", stubs=stubbed)
         sys_tokens = estimate_message_tokens(system) if system else 0
         head_tokens = sum(s.tokens for s in slots[:h])
         existing = self._existing_nodes(slots)
@@ -183,7 +196,7 @@ class Compactor:
             region_end = t
             nodes = self._condense(session_id, nodes, budget, focus, memory_context)
             output, role_ok = self._assemble(system, slots, h, t, nodes, records)
-            if total_tokens(output) <= budget.target or t >= len(slots) - 1 or t >= cap:
+            if self._total(output) <= budget.target or t >= len(slots) - 1 or t >= cap:
                 break
             # Over target: give the tail's oldest groups to the region and go again.
             gs = [g for g in groups(slots) if g[0] >= t]
@@ -194,7 +207,7 @@ class Compactor:
         if not nodes:
             return PassResult(self._plain(system, slots), reason="nothing outside the protected head and tail",
                               tokens_before=tokens_before, tokens_after=tokens_before)
-        tokens_after = total_tokens(output)
+        tokens_after = self._total(output)
         if tokens_after >= tokens_before and not force:
             return PassResult(self._plain(system, slots), reason="compaction would not shrink the context",
                               tokens_before=tokens_before, tokens_after=tokens_before, calls=self.calls,
@@ -224,7 +237,7 @@ class Compactor:
                 if isinstance(n.key, str):
                     n.key = keymap[n.key]
             output, _ = self._assemble(system, slots, h, t, nodes, records)
-            tokens_after = total_tokens(output)
+            tokens_after = self._total(output)
         self._record_aliases(slots, output)
         if self._cont is not None:
             self.store.set_continuity(session_id, continuity.with_files(*self._cont, h, t).to_json())
@@ -296,7 +309,11 @@ class Compactor:
             self.adopted += 1
             self.levels[level] = self.levels.get(level, 0) + 1
         elif self.fast and self.esc.model is not None:
-            text, level, summarizer = self._summarize(sources, target, "leaf", focus, memory, deterministic=True)
+            # The worker summarises this leaf with the model right after the pass: the host's
+            # turn gets an outline made in microseconds, not an extractive summary (tens of ms).
+            text = outline_summary(SummaryRequest(sources, target, "leaf", focus, memory), self.esc.do_redact)
+            level, summarizer = "deterministic", OUTLINE
+            self.levels[level] = self.levels.get(level, 0) + 1
             self.to_upgrade.append(key)
         else:
             text, level, summarizer = self._summarize(sources, target, "leaf", focus, memory)

@@ -470,6 +470,30 @@ def deterministic_summary(req: SummaryRequest, do_redact: bool = True) -> str:
     return ExtractiveSummarizer(do_redact).summarize(req, "deterministic")
 
 
+OUTLINE = "outline"  # the summariser name of a placeholder the worker replaces (outline_summary)
+
+
+def outline_summary(req: SummaryRequest, do_redact: bool = True) -> str:
+    """A placeholder for a leaf the background worker summarises with the model right after the
+    pass: the first line of each message, in order, within the target — made in a fraction of
+    a millisecond, where the extractive summary of a pass's span takes tens (the host waits
+    for it). The worker replaces it with the model's summary, or, if the model cannot give
+    one, with the extractive summary (background.upgrade_nodes): it never stays."""
+    budget = max(200, int(req.target_tokens) * 4)
+    lines = [f"(Outline of {len(req.sources)} messages; their summary follows shortly.)"]
+    used = len(lines[0])
+    for src in req.sources:
+        first = next((ln.strip() for ln in src.text.split("\n", 8)[:8] if ln.strip()), "")
+        line = f"- {src.id} {src.role}: {first[:160]}" + ("…" if len(first) > 160 else "")
+        if used + len(line) + 1 > budget:
+            lines.append(f"- … and {len(req.sources) - len(lines) + 1} more")
+            break
+        lines.append(line)
+        used += len(line) + 1
+    text = "\n".join(lines)
+    return _redact(text) if do_redact else text
+
+
 def _safe_call(fn: Callable[[], bool]) -> bool:
     try:
         return bool(fn())
