@@ -1,5 +1,5 @@
 """PostgreSQL identifiers (issue 41): `lcm_grep` of snake_case / kebab-case identifiers before and
-after migration 032 (identifiers indexed as whole lexemes), at 100k and 1M messages.
+after migration 033 (identifiers indexed as whole lexemes), at 100k and 1M messages.
 
 The stores are the backends bench's history (`bench.scale build`: mixed sessions, planted
 identifiers and CJK), built once with the baseline commit's code and kept in a PostgreSQL
@@ -224,7 +224,7 @@ def _tsvector_cost(dsn: str) -> dict[str, Any]:
 def open_store(dsn: str) -> dict[str, Any]:
     """Open the store as a process of the code under test would (its migrations run), then
     finish its deferred work: the index backlog and, where the code has it, the identifier
-    backfill of migration 032. Seconds of each."""
+    backfill of migration 033. Seconds of each."""
     from lossless_context.store import open_store as opener
 
     t0 = time.perf_counter()

@@ -57,7 +57,7 @@ def get(d: Any, path: str) -> Any:
 
 
 def bg_cost(bc: dict[str, Any]) -> list[str]:
-    L = ["", "## 8. Zero wait by default: waiting saved and tokens spent ahead of need (`bench/bg_cost.py`)", ""]
+    L = ["", "## 9. Zero wait by default: waiting saved and tokens spent ahead of need (`bench/bg_cost.py`)", ""]
     if bc.get("error"):
         return L + [f"failed: `{bc['error'][:2000]}`"]
     mix = ", ".join(f"{n} ({_n(k)} messages)" for n, k in bc.get("mix", []))
@@ -85,11 +85,11 @@ def bg_cost(bc: dict[str, Any]) -> list[str]:
 
 
 def pg_ident(pi: dict[str, Any]) -> list[str]:
-    L = ["", "## 9. PostgreSQL identifiers as whole lexemes (`bench/pg_ident.py`)", ""]
+    L = ["", "## 10. PostgreSQL identifiers as whole lexemes (`bench/pg_ident.py`)", ""]
     if pi.get("error") or pi.get("skipped"):
         return L + [f"not run: {pi.get('error') or pi.get('reason')}"]
     L.append(f"The backends bench's history, kept between runs; *before* = a copy measured with the code of "
-             f"`{pi.get('baseline')}`, *after* = another copy opened by this tree (migration 032, then the "
+             f"`{pi.get('baseline')}`, *after* = another copy opened by this tree (migration 033, then the "
              "identifier lexemes of the rows already there) and measured; the scale bench's `measure` "
              "(identifier = a planted canary, common identifier = `reconcile_day`).")
     metrics = [("lcm_grep identifier ms p50", "lcm_grep.identifier.ms.p50"),

@@ -1,5 +1,5 @@
 """Issue #41: PostgreSQL indexes snake_case / kebab-case identifiers as whole lexemes
-(store/postgres/idents.py, migration 032), so an identifier's search is one GIN probe instead of
+(store/postgres/idents.py, migration 033), so an identifier's search is one GIN probe instead of
 a phrase rechecked row by row. The results must not change: the same hits as the phrase gave
 on PostgreSQL and as SQLite gives, for the identifiers of a generated coding history; rows
 indexed before the migration keep the phrase until the indexer has given them their lexemes.
@@ -53,7 +53,7 @@ def _hits(e: LCMEngine, q: str) -> tuple[int, list[str]]:
 
 
 def _phrase(e: LCMEngine) -> None:
-    """Searches of this store keep the phrase (as before migration 032)."""
+    """Searches of this store keep the phrase (as before migration 033)."""
     e.store.inner.__dict__["_idents_state"] = (float("inf"), False)
 
 
@@ -96,7 +96,7 @@ def test_rows_indexed_before_the_migration_keep_the_phrase_until_backfilled(pg_f
     want = {q: _hits(e, q) for q in queries}
     _phrase(e)
     phrase = {q: _hits(e, q) for q in queries}
-    # A store indexed before migration 032: no identifier lexemes, the backfill pending.
+    # A store indexed before migration 033: no identifier lexemes, the backfill pending.
     with psycopg.connect(pg_fresh_dsn, autocommit=True) as c:
         c.execute("UPDATE message_index x SET tsv = ts_delete(x.tsv, lcm_ident_lexemes(m.text))"
                   " FROM messages m WHERE m.id = x.id AND lcm_ident_lexemes(m.text) IS NOT NULL")

@@ -156,7 +156,7 @@ def test_store_made_before_the_deferred_index_is_upgraded_online(pg_fresh_dsn):
         st.ensure_session("s")
         new = st.append_messages("s", [nm("a fresh row about src/billing/invoice.py")])
         # (found while still listed; among the legacy rows' equal matches it now ranks last: its
-        # identifier lexemes, migration 032, lengthen it a little, so the newest-first tie-break
+        # identifier lexemes, migration 033, lengthen it a little, so the newest-first tie-break
         # no longer puts it first)
         assert fts_ids(st, "fresh src/billing/invoice.py")[0] == new[0] and fts_ids(st, "fresh billing")[0] == new[0]
         st.wait_indexed()
@@ -449,7 +449,7 @@ def test_a_tsvector_holds_every_whole_token_and_its_parts(pg_fresh_dsn):
             whole = lexemes("to_tsvector('english', %s::text)", t)
             # every word a separator-split reading of the text has (what FTS5 indexes)
             words = lexemes("to_tsvector('english', translate(%s::text, './\\:@=', '      '))", t)
-            # and each identifier's runs of parts as one lexeme (migration 032: idents.py)
+            # and each identifier's runs of parts as one lexeme (migration 033: idents.py)
             idents = set(c.execute("SELECT lcm_ident_lexemes(%s::text)", (t,)).fetchone()[0] or [])
             assert got == whole | words | idents, (t, got ^ (whole | words | idents))
         assert {"src/billing/invoice.py", "src", "bill", "invoic", "py"} <= lexemes(

@@ -246,7 +246,7 @@ def test_ranked_search_by_scope_answers_what_the_texts_answer(fts_store):
                 got = [r["id"] for r in st.search("messages", scope, plan, mode="fts", order="rank",
                                                   limit=limit, offset=offset)]
                 calls += 1
-                # (the query the store sends: an identifier as its whole lexeme, migration 032)
+                # (the query the store sends: an identifier as its whole lexeme, migration 033)
                 want = _ranked_by_sql(dsn, st._tsq(plan.pg_tsquery), scope, limit + offset)[offset:]
                 assert got == want, (query, scope, limit, offset)
                 assert got, (query, scope)

@@ -1,10 +1,10 @@
-"""Identifiers as whole lexemes in the PostgreSQL full-text index (migration 032).
+"""Identifiers as whole lexemes in the PostgreSQL full-text index (migration 033).
 
 The english parser splits `reconcile_day` at the underscore (and `QX-6153`, `narwhal-gossamer-38`
 at the hyphens), so `to_tsquery` makes a phrase of it ('reconcil' <-> 'day'). GIN keeps no
 positions: every row holding all the phrase's words was read back from the table and its
 tsvector tested (at 100k messages a common identifier's page cost 18 ms, most of it that
-recheck). Migration 032 indexes, besides the parser's words, each run of ASCII letters and
+recheck). Migration 033 indexes, besides the parser's words, each run of ASCII letters and
 digits joined by "_", "-", "." or "/" (snake_case, kebab-case, dotted names, paths) as lexemes:
 every run of 2 to 4 consecutive parts (of its first 12), each part stemmed as the english
 configuration stems a word, joined by "/" — `reconcil/day` for `reconcile_day` and
@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 IDENT_MIGRATIONS: list[tuple[str, str]] = [
     (
-        "032_identifier_lexemes",
+        "033_identifier_lexemes",
         r"""
         -- (the lexemes of the runs of parts of each identifier: see idents.py)
         -- The english configuration's stem of every part, read from one to_tsvector of all
@@ -159,7 +159,7 @@ BATCH = 200  # rows whose lexemes one backfill transaction recomputes (well insi
 
 
 def backfill_step(write: Callable[[Callable[[Any], Any]], Any]) -> bool:
-    """Give one batch of rows indexed before migration 032 their identifier lexemes (messages
+    """Give one batch of rows indexed before migration 033 their identifier lexemes (messages
     first, newest first, then summaries). True while work is left."""
     def tx(c: Any) -> bool:
         row = c.execute("SELECT messages_below, summaries_below FROM lcm_ident_backfill FOR UPDATE SKIP LOCKED"

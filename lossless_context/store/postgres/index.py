@@ -85,7 +85,7 @@ class PostgresIndexer:
         self._since_stats = 0
         self._stats_known = False
         self._sessions_filled = False  # rows indexed before migration 013 all have their session
-        self._idents_filled = False  # rows indexed before migration 032 all have their identifier lexemes
+        self._idents_filled = False  # rows indexed before migration 033 all have their identifier lexemes
         self._merge_failed_logged = False
         self._since_merge = 0
 
@@ -151,7 +151,7 @@ class PostgresIndexer:
         return len(self._write(lambda c: c.execute(FILL_SESSION_SQL, (int(batch),)).fetchall()))
 
     def backfill_identifiers(self, timeout: float = 3600.0) -> bool:
-        """Give every row indexed before migration 032 its identifier lexemes now (what the
+        """Give every row indexed before migration 033 its identifier lexemes now (what the
         background thread does when idle; tests and the bench wait for it). False if another
         indexer still holds the work after `timeout` seconds."""
         deadline = time.monotonic() + timeout

@@ -381,12 +381,12 @@ class PostgresSearch:
 
     def _tsq(self, s: str) -> str:
         """A plan's to_tsquery input for this store: its identifier operands as the whole
-        lexemes migration 032 indexes, once every row has them (idents.py); else as planned."""
+        lexemes migration 033 indexes, once every row has them (idents.py); else as planned."""
         s = _t(s)
         return whole_identifiers(s, self._ident_lexeme) if "'" in s and self._idents_ready() else s
 
     def _ident_lexeme(self, ident: str) -> str | None:
-        """The whole lexeme migration 032 indexes for `ident` (None: keep the phrase); cached."""
+        """The whole lexeme migration 033 indexes for `ident` (None: keep the phrase); cached."""
         cache = self.__dict__.setdefault("_ident_cache", {})
         if ident not in cache:
             try:

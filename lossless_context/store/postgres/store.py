@@ -169,7 +169,7 @@ class PostgresStore(PostgresRecords, PostgresLifecycle, PostgresSearch, Postgres
         self._indexer.wait_indexed()
 
     def backfill_identifiers(self) -> None:
-        """Finish now the identifier lexemes of rows indexed before migration 032 (idents.py),
+        """Finish now the identifier lexemes of rows indexed before migration 033 (idents.py),
         which the indexer thread otherwise adds when idle; searches use them from then on."""
         self._indexer.backfill_identifiers()
         self.__dict__.pop("_idents_state", None)
