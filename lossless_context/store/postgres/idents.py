@@ -26,7 +26,16 @@ no longer the same words side by side in prose ("Retry policy with backoff" for 
 from __future__ import annotations
 
 import re
+import time
 from typing import Any, Callable
+
+from .text import pg_text as _t
+
+try:  # (the store's own import guard gives the install hint; this module only names its errors)
+    import psycopg
+    _REFUSED: tuple[type[BaseException], ...] = (psycopg.DataError, psycopg.ProgrammingError)
+except ImportError:  # pragma: no cover
+    _REFUSED = ()
 
 IDENT_MIGRATIONS: list[tuple[str, str]] = [
     (
@@ -193,3 +202,46 @@ def backfill_step(write: Callable[[Callable[[Any], Any]], Any]) -> bool:
 
 def backfill_done(read: Callable[[Callable[[Any], Any]], Any]) -> bool:
     return not read(lambda c: c.execute("SELECT EXISTS (SELECT 1 FROM lcm_ident_backfill)").fetchone()[0])
+
+
+IDENTS_RECHECK = 30.0  # seconds between reads of the backfill's state while it is under way
+
+
+class IdentifierQueries:
+    """The PostgreSQL search's side (a mixin of PostgresSearch): a plan's tsquery input with its
+    identifiers as whole lexemes once the index holds them for every row."""
+
+    _read: Callable[[Callable[[Any], Any]], Any]
+
+    def _tsq(self, s: str) -> str:
+        """A plan's to_tsquery input for this store: its identifier operands as the whole
+        lexemes migration 033 indexes, once every row has them; else as planned."""
+        s = _t(s)
+        return whole_identifiers(s, self._ident_lexeme) if "'" in s and self._idents_ready() else s
+
+    def _ident_lexeme(self, ident: str) -> str | None:
+        """The whole lexeme migration 033 indexes for `ident` (None: keep the phrase); cached."""
+        cache = self.__dict__.setdefault("_ident_cache", {})
+        if ident not in cache:
+            try:
+                row = self._read(lambda c: c.execute(LEXEME_SQL, (ident,)).fetchone())
+            except _REFUSED:
+                row = None
+            if len(cache) > 4096:
+                cache.clear()
+            cache[ident] = lexeme_row(row)
+        return cache[ident]
+
+    def _idents_ready(self) -> bool:
+        """Whether every indexed row has its identifier lexemes; read again every IDENTS_RECHECK
+        seconds until it is so (another process's indexer may finish the backfill)."""
+        state = self.__dict__.get("_idents_state")
+        now = time.monotonic()
+        if state is not None and (state[1] or now - state[0] < IDENTS_RECHECK):
+            return bool(state[1])
+        try:
+            ready = backfill_done(self._read)
+        except _REFUSED:
+            ready = False
+        self.__dict__["_idents_state"] = (now, ready)
+        return ready

@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 from ...messages import CJK_CLASS
 from ..base import StoreError
-from .idents import LEXEME_SQL, backfill_done, lexeme_row, whole_identifiers
+from .idents import IdentifierQueries
 from .text import pg_text as _t
 
 try:  # optional dependency: `pip install lossless-context[postgres]`
@@ -40,7 +40,6 @@ MAX_ID_SECONDS = 2.0  # how long max_row_id's answer is reused
 # its kept plan reads each candidate by primary key, ~2 us a row; above it the statement is
 # planned per call and its plan walks ids backwards until the page is full.
 CJK_RARE_ROWS = 1000
-IDENTS_RECHECK = 30.0  # seconds between reads of the identifier backfill's state (idents.py)
 _CJK_DEFAULT_FREQ = 0.005  # PostgreSQL's DEFAULT_CONTAIN_SEL: an element the statistics omit
 
 
@@ -49,7 +48,7 @@ def cjk_bigrams(s: str) -> list[str]:
     return sorted({s[i:i + 2] for i in range(max(1, len(s) - 1))})
 
 
-class PostgresSearch:
+class PostgresSearch(IdentifierQueries):
     """term_counts, max_row_id and search of the PostgreSQL store."""
 
     _read: Callable[[Callable[[Any], Any]], Any]  # PostgresStore's: run fn(conn) on a pooled connection
@@ -378,39 +377,6 @@ class PostgresSearch:
                 cache.clear()
             cache[tsq] = text[1:-1].replace("''", "'") if n == 1 and text.startswith("'") and text.endswith("'") else None
         return cache[tsq]
-
-    def _tsq(self, s: str) -> str:
-        """A plan's to_tsquery input for this store: its identifier operands as the whole
-        lexemes migration 033 indexes, once every row has them (idents.py); else as planned."""
-        s = _t(s)
-        return whole_identifiers(s, self._ident_lexeme) if "'" in s and self._idents_ready() else s
-
-    def _ident_lexeme(self, ident: str) -> str | None:
-        """The whole lexeme migration 033 indexes for `ident` (None: keep the phrase); cached."""
-        cache = self.__dict__.setdefault("_ident_cache", {})
-        if ident not in cache:
-            try:
-                row = self._read(lambda c: c.execute(LEXEME_SQL, (ident,)).fetchone())
-            except (psycopg.DataError, psycopg.ProgrammingError):
-                row = None
-            if len(cache) > 4096:
-                cache.clear()
-            cache[ident] = lexeme_row(row)
-        return cache[ident]
-
-    def _idents_ready(self) -> bool:
-        """Whether every indexed row has its identifier lexemes; re-read every IDENTS_RECHECK
-        seconds until it is so (another process's indexer may finish the backfill)."""
-        state = self.__dict__.get("_idents_state")
-        now = time.monotonic()
-        if state is not None and (state[1] or now - state[0] < IDENTS_RECHECK):
-            return bool(state[1])
-        try:
-            ready = backfill_done(self._read)
-        except (psycopg.DataError, psycopg.ProgrammingError):
-            ready = False
-        self.__dict__["_idents_state"] = (now, ready)
-        return ready
 
     def max_row_id(self, target: str) -> int:
         # A size estimate read several times per search: reused for MAX_ID_SECONDS (this
