@@ -130,3 +130,17 @@ def test_cli_dry_run_then_forget_leaves_no_trace_in_the_file(tmp_path, monkeypat
     for suffix in ("", "-wal"):
         if os.path.exists(store + suffix):
             assert b"zebraquux77" not in open(store + suffix, "rb").read().lower()
+
+
+def test_forgetting_a_session_leaves_no_trace_in_the_file(tmp_path):
+    from lossless_context.pipeline.forget import forget_session
+
+    store = str(tmp_path / "lcm.db")
+    e = _compacted(store)
+    e.bind_session_state(None, "KEEP")
+    e.on_session_end("KEEP", _turns("other", 2))
+    forget_session(e.store, "F")
+    e.store.close()
+    for suffix in ("", "-wal"):
+        if os.path.exists(store + suffix):
+            assert b"zebraquux77" not in open(store + suffix, "rb").read().lower()

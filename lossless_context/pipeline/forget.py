@@ -95,6 +95,7 @@ def forget_session(store: Store, session_id: str) -> ForgetReport:
         raise LookupError(f"unknown session {session_id!r}")
     plan = plan_forget(store, [session_id])
     counts = store.forget_records(plan.targets, plan.message_ids, plan.summary_ids, plan.contexts)
+    store.scrub()  # nothing of the forgotten text left in index segments, free pages or the WAL
     return ForgetReport(plan.targets, counts.get("messages", 0), counts.get("summaries", 0), sorted(plan.contexts))
 
 
