@@ -31,6 +31,7 @@ def pass_cost(pc: dict[str, Any]) -> list[str]:
                      a.get("late_passes"), _f(get(a, "engine_ms.p95"))])
     L += _table(["messages", "tier 0", "engine ms p50 before", "after", "CPU ms p50 before", "after",
                  "summariser ms p50 before", "after", "late passes", "after: engine p95"], rows)
+    L += _when(pc)
     g = pc.get("growth") or {}
     if g:
         L += ["", "Growth exponent of the engine p50 with session length: "
@@ -46,6 +47,15 @@ def pass_cost(pc: dict[str, Any]) -> list[str]:
                         [[f"`{r['function']}`", _f(r["own_ms"]), _f(r["cum_ms"]), _f(r["calls_per_pass"])]
                          for r in prof[:10]])
     return L
+
+
+def _when(part: dict[str, Any]) -> list[str]:
+    """The part's own run (parts are run on their own, on a machine others share)."""
+    if not part.get("run_at"):
+        return []
+    return ["", f"Run {part['run_at']} (UTC) on its own (`--only`), {_f(part.get('wall_seconds'))} s; load average at "
+            f"its end {[round(x, 1) for x in part.get('load_end') or []]} on 2 cores shared with other work: compare before and after, not "
+            "absolute times."]
 
 
 def get(d: Any, path: str) -> Any:
@@ -81,7 +91,7 @@ def bg_cost(bc: dict[str, Any]) -> list[str]:
                              "—" if extra is None else f"{extra:+,}", "—" if saved is None else _f(saved)])
         L += _table(["worker", "session", "passes", "wait p50 ms", "p95 ms", "total wait s", "model calls",
                      "tokens sent", "ahead of need (tokens)", "waiting saved s"], rows)
-    return L
+    return L + _when(bc)
 
 
 def pg_ident(pi: dict[str, Any]) -> list[str]:
@@ -123,4 +133,4 @@ def pg_ident(pi: dict[str, Any]) -> list[str]:
         a, sq = get(ing, "after.all_new_batch_msgs_per_s"), get(ing, "sqlite.all_new_batch_msgs_per_s")
         if a and sq:
             L += ["", f"Commit path, PostgreSQL after / SQLite: ×{a / sq:.2f} (goal ≥ ×0.5)."]
-    return L
+    return L + _when(pi)
