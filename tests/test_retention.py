@@ -383,6 +383,7 @@ def test_lcm_prune_command_line(tmp_path, monkeypatch):
     assert "pruned 3 sessions" in out, out
     status = ok(run_lcm("--store", location, "status", home=home)).stdout
     assert "oldest session: mid" in status and "last prune:" in status and "encrypted at rest: no" in status
+    assert "(16 messages in the last 7 days)" in status and "a day" in status, status  # growth: the fresh lineage
     doctor = ok(run_lcm("--store", location, "doctor", home=home)).stdout
     assert "size:" in doctor and "healthy" in doctor
     again = ok(run_lcm("--store", location, "prune", "--older-than", "0", "--keep-summaries", "--yes",
