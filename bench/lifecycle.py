@@ -205,10 +205,25 @@ def host_loop(store: str, out: str, stop: str, seconds: float) -> None:
 
 
 def prune_once(store: str, out: str) -> None:
+    from contextlib import contextmanager
+
     from lossless_context.ops import retention
     from lossless_context.store import open_store
 
     st = open_store(store)
+    held: list[float] = []
+    real_tx = st.tx  # type: ignore[attr-defined]
+
+    @contextmanager
+    def timed_tx():  # type: ignore[no-untyped-def]
+        # how long each of the prune's transactions holds the write lock: from BEGIN IMMEDIATE
+        # granted to COMMIT done (a wait for the lock is not holding it)
+        with real_tx() as c:
+            t = time.perf_counter()
+            yield c
+        held.append((time.perf_counter() - t) * 1000)
+
+    st.tx = timed_tx  # type: ignore[attr-defined]
     t0 = time.perf_counter()
     plan = retention.plan_prune(st, older_than_days=OLDER_THAN)
     plan_s = time.perf_counter() - t0
@@ -216,6 +231,8 @@ def prune_once(store: str, out: str) -> None:
     rep = retention.prune(st, plan, trigger="bench")
     st.close()
     Path(out).write_text(json.dumps({"plan_seconds": round(plan_s, 2), "started": t1, "ended": time.time(),
+                                     "lock_held_ms": {**common.dist(held, 1), "max": round(max(held), 1) if held else None,
+                                                      "over_100ms": sum(1 for h in held if h > 100)},
                                      **rep.as_dict()}, default=str), encoding="utf-8")
 
 
@@ -251,7 +268,8 @@ def _prune_wait(n: int, base: str | None, work: Path, baseline_s: float) -> dict
     r = subprocess.run([sys.executable, "-m", "bench.lifecycle", "prune", "--store", store, "--out", prune_out],
                        cwd=common.ROOT, env=env, capture_output=True, text=True, timeout=7200)
     t_end = time.time()
-    time.sleep(3)
+    time.sleep(baseline_s)  # (the same host, as long again after the prune: a second baseline)
+    t_after = time.time()
     Path(stop).write_text("stop")
     host.wait(timeout=120)
     if r.returncode != 0:
@@ -259,12 +277,14 @@ def _prune_wait(n: int, base: str | None, work: Path, baseline_s: float) -> dict
     rows = [tuple(x) for x in json.loads(Path(host_out).read_text())]
     pr = json.loads(Path(prune_out).read_text())
     out["prune"] = {k: pr[k] for k in ("plan_seconds", "sessions", "messages", "summaries", "transactions",
-                                       "longest_transaction_ms", "bytes_returned", "file_bytes_after", "seconds")}
+                                       "longest_transaction_ms", "bytes_returned", "file_bytes_after", "seconds",
+                                       "lock_held_ms")}
     out["prune"]["removal_started_after_s"] = round(pr["started"] - t_prune, 1)
     out["host"] = {
         "before": {op: _dist(rows, op, t_base, t_prune) for op in ("write", "grep")},  # type: ignore[arg-type]
         "during": {op: _dist(rows, op, pr["started"], pr["ended"]) for op in ("write", "grep")},  # type: ignore[arg-type]
         "during_plan": {op: _dist(rows, op, t_prune, pr["started"]) for op in ("write", "grep")},  # type: ignore[arg-type]
+        "after": {op: _dist(rows, op, t_end, t_after) for op in ("write", "grep")},  # type: ignore[arg-type]
     }
     out["wall_prune_process_s"] = round(t_end - t_prune, 1)
     for suf in ("", "-wal", "-shm", ".host.json", ".prune.json", ".stop"):
@@ -284,7 +304,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     enc["interleaved"] = _interleaved(min(n_enc, 20_000), work, 1 if quick else 3)
     base = enc.pop("plain_store")
     res["encryption"] = enc
-    res["prune_wait"] = _prune_wait(n_prune, base, work, 2.0 if quick else 20.0)
+    res["prune_wait"] = _prune_wait(n_prune, base, work, 2.0 if quick else 120.0)
     for suf in ("", "-wal", "-shm", ".meta.json"):
         Path(base + suf).unlink(missing_ok=True)
     shutil.rmtree(base + ".locks", ignore_errors=True)

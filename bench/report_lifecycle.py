@@ -49,13 +49,18 @@ def lifecycle(res: dict[str, Any]) -> list[str]:
               "process, the host in another storing a turn and running `lcm_grep` every ~20 ms.", "",
               f"Prune: {_f(pr.get('sessions'))} sessions, {_f(pr.get('messages'))} messages, "
               f"{_f(pr.get('summaries'))} summaries removed in {_f(pr.get('seconds'))} s (plan {_f(pr.get('plan_seconds'))} s), "
-              f"{_f(pr.get('transactions'))} transactions, the longest {_f(pr.get('longest_transaction_ms'))} ms; "
+              f"{_f(pr.get('transactions'))} transactions, each holding the write lock p50 "
+              f"{_f((pr.get('lock_held_ms') or {}).get('p50'))} / p95 {_f((pr.get('lock_held_ms') or {}).get('p95'))} / max "
+              f"{_f((pr.get('lock_held_ms') or {}).get('max'))} ms ({_f((pr.get('lock_held_ms') or {}).get('over_100ms'))} over"
+              f" 100 ms; the longest removal call, its wait for the lock included, {_f(pr.get('longest_transaction_ms'))} ms); "
               f"file {_f(pw.get('file_bytes_before'))} → {_f(pr.get('file_bytes_after'))} bytes "
               f"({_f(pr.get('bytes_returned'))} given back by incremental vacuum).", "",
-              "| host call (ms) | before: p50 | p99 | max | during the prune: p50 | p99 | max |",
-              "|---|---:|---:|---:|---:|---:|---:|"]
+              "| host call (ms) | before: n | p50 | p95 | max | during the prune: n | p50 | p95 | max | after: n | p50 | p95 | max |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for op in ("write", "grep"):
-            b, d = host.get("before", {}).get(op, {}), host.get("during", {}).get(op, {})
-            L.append(f"| {op} ({_f(d.get('n'))} during) | {_f(b.get('p50'))} | {_f(b.get('p99'))} | {_f(b.get('max'))} | "
-                     f"{_f(d.get('p50'))} | {_f(d.get('p99'))} | {_f(d.get('max'))} |")
+            cells = []
+            for ph in ("before", "during", "after"):
+                x = host.get(ph, {}).get(op, {})
+                cells += [_f(x.get("n")), _f(x.get("p50")), _f(x.get("p95")), _f(x.get("max"))]
+            L.append(f"| {op} | " + " | ".join(cells) + " |")
     return L
