@@ -40,27 +40,35 @@ def lifecycle(res: dict[str, Any]) -> list[str]:
               "time per message encrypted / plaintext per round "
               + ", ".join(f"×{_f(r.get('ratio'), 2)}" for r in inter["rounds"])
               + f"; median ×{_f(inter.get('median_ingest_time_ratio'), 2)}."]
-    pw = res.get("prune_wait") or {}
-    if pw:
-        pr, host, cp = pw.get("prune", {}), pw.get("host", {}), pw.get("copies", {})
-        L += ["", f"A host's calls while a store of {_f(pw.get('n'))} messages is pruned ({_f(pw.get('engine_built'))} "
-              f"built by the engine, {_f(cp.get('copied'))} copied with SQL into {_f(cp.get('sessions'))} sessions "
-              f"of their own lineage, aged {cp.get('messages_by_age_days')} days): `prune --older-than 90` in one "
-              "process, the host in another storing a turn and running `lcm_grep` every ~20 ms.", "",
-              f"Prune: {_f(pr.get('sessions'))} sessions, {_f(pr.get('messages'))} messages, "
-              f"{_f(pr.get('summaries'))} summaries removed in {_f(pr.get('seconds'))} s (plan {_f(pr.get('plan_seconds'))} s), "
-              f"{_f(pr.get('transactions'))} transactions, each holding the write lock p50 "
-              f"{_f((pr.get('lock_held_ms') or {}).get('p50'))} / p95 {_f((pr.get('lock_held_ms') or {}).get('p95'))} / max "
-              f"{_f((pr.get('lock_held_ms') or {}).get('max'))} ms ({_f((pr.get('lock_held_ms') or {}).get('over_100ms'))} over"
-              f" 100 ms; the longest removal call, its wait for the lock included, {_f(pr.get('longest_transaction_ms'))} ms); "
-              f"file {_f(pw.get('file_bytes_before'))} → {_f(pr.get('file_bytes_after'))} bytes "
-              f"({_f(pr.get('bytes_returned'))} given back by incremental vacuum).", "",
-              "| host call (ms) | before: n | p50 | p95 | max | during the prune: n | p50 | p95 | max | after: n | p50 | p95 | max |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for op in ("write", "grep"):
-            cells = []
-            for ph in ("before", "during", "after"):
-                x = host.get(ph, {}).get(op, {})
-                cells += [_f(x.get("n")), _f(x.get("p50")), _f(x.get("p95")), _f(x.get("max"))]
-            L.append(f"| {op} | " + " | ".join(cells) + " |")
+    for key in ("prune_wait", "prune_wait_controlled"):
+        if res.get(key):
+            L += _prune(res[key])
+    return L
+
+
+def _prune(pw: dict[str, Any]) -> list[str]:
+    L: list[str] = []
+    pr, host, cp = pw.get("prune", {}), pw.get("host", {}), pw.get("copies", {})
+    L += ["", f"A host's calls while a store of {_f(pw.get('n'))} messages is pruned ({_f(pw.get('engine_built'))} "
+          f"built by the engine, {_f(cp.get('copied'))} copied with SQL into {_f(cp.get('sessions'))} sessions "
+          f"of their own lineage, aged {cp.get('messages_by_age_days')} days): `prune --older-than 90` in one "
+          "process, the host in another storing a turn and running `lcm_grep` every ~20 ms.", "",
+          f"Prune: {_f(pr.get('sessions'))} sessions, {_f(pr.get('messages'))} messages, "
+          f"{_f(pr.get('summaries'))} summaries removed in {_f(pr.get('seconds'))} s (plan {_f(pr.get('plan_seconds'))} s), "
+          f"{_f(pr.get('transactions'))} transactions, each holding the write lock p50 "
+          f"{_f((pr.get('lock_held_ms') or {}).get('p50'))} / p95 {_f((pr.get('lock_held_ms') or {}).get('p95'))} / max "
+          f"{_f((pr.get('lock_held_ms') or {}).get('max'))} ms ({_f((pr.get('lock_held_ms') or {}).get('over_100ms'))} over"
+          f" 100 ms; the longest removal call, its wait for the lock included, {_f(pr.get('longest_transaction_ms'))} ms); "
+          f"file {_f(pw.get('file_bytes_before'))} → {_f(pr.get('file_bytes_after'))} bytes "
+          f"({_f(pr.get('bytes_returned'))} given back by incremental vacuum).", "",
+          "| host call (ms) | before: n | p50 | p95 | max | during the prune: n | p50 | p95 | max | after: n | p50 | p95 | max |",
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for op in ("write", "grep"):
+        cells = []
+        for ph in ("before", "during", "after"):
+            x = host.get(ph, {}).get(op, {})
+            cells += [_f(x.get("n")), _f(x.get("p50")), _f(x.get("p95")), _f(x.get("max"))]
+        L.append(f"| {op} | " + " | ".join(cells) + " |")
+    if pw.get("note"):
+        L += ["", pw["note"]]
     return L

@@ -194,6 +194,13 @@ def key_for(path: str | Path) -> StoreKey | None:
     return None
 
 
+def cache_size(key: StoreKey | None) -> int:
+    """``PRAGMA cache_size`` of a store connection (KiB when negative; allocated only as used):
+    16 MB, and 64 MB for an encrypted file, whose every page read from the OS cache is
+    decrypted and checked again (a search re-reads the same index pages)."""
+    return -65536 if key is not None else -16384
+
+
 def _need_driver(path: str | Path, why: str) -> None:
     try:
         driver()

@@ -150,7 +150,7 @@ class SQLiteStore(SQLiteRecords, SQLiteLifecycle, SQLiteSearch, SQLiteCosts, SQL
         # 16 MB (default 2 MB): an ingest batch's dirty pages stay in memory until COMMIT
         # instead of spilling to the WAL mid-transaction (~40% fewer WAL writes). Allocated
         # only as used.
-        c.execute("PRAGMA cache_size=-16384")
+        c.execute(f"PRAGMA cache_size={sqlite_cipher.cache_size(self._key)}")
         # Checkpoints of large appends run on a background thread (store/sqlite/wal.py).
         c.execute(f"PRAGMA wal_autocheckpoint={AUTOCHECKPOINT_PAGES}")
         with self._conns_lock:
