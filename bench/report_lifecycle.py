@@ -15,7 +15,7 @@ def _f(v: Any, digits: int = 1) -> str:
 
 
 def lifecycle(res: dict[str, Any]) -> list[str]:
-    L = ["", "## 9. Data lifecycle: encryption at rest and pruning (`bench/lifecycle.py`)", ""]
+    L = ["", "## 11. Data lifecycle: encryption at rest and pruning (`bench/lifecycle.py`)", ""]
     if res.get("error"):
         return L + [f"error: {res['error']}"]
     enc = res.get("encryption") or {}
