@@ -27,13 +27,15 @@ from .config import LCMConfig, model_threshold
 from .pipeline.ingest import slots_to_entries, times_from_host
 from .pipeline.ingest_fast import align_fast
 from .pipeline.ingest_replay import fold_replayed
+from .pipeline.forks import as_host_instruction
+from .pipeline.unmerge import stored_raw, unmerge
 from .contract.lifecycle import SessionLifecycle, held, session_lock
 from .messages import role_of, summary_node_ids, tool_call_ids
-from .contract.hooks_r19 import HostSignals
+from .contract.hooks_r19 import HostSignals, positive_tokens
 from .contract.hooks_main import NewHostHooks
 from .contract.notices import StoreNotices
 from .contract.units import ProviderUnits
-from .contract.passbudget import effective_host, pass_budget, plausible_overhead
+from .contract.passbudget import MIN_OVER_WINDOW_CUT, effective_host, over_window, pass_budget, plausible_overhead
 from .store import Store, open_store
 from .summarizers.costs import SpendLedger
 from .pipeline.stubs import calls_by_id, stub_policy
@@ -96,6 +98,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
         self._aligned: "OrderedDict[str, tuple[int, list[Any], Any]]" = OrderedDict()
         self._aligned_lock = threading.Lock()
         self._owner = owners.register(self)  # names this engine in the passes it stages
+        self._unmerged: dict[int, Any] = {}  # the parts of host merges of our block (unmerge.py)
         self._select_cache: dict[str, Any] = {}
         self._growth = SessionGrowth()  # each session's recent growth, for the spend bound (background.py)
         self._select_lock = threading.Lock()
@@ -226,7 +229,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
                          "api_key": api_key, "api_mode": api_mode}
         self.context_length = int(context_length or 0)
         if max_tokens is not None:
-            self._max_output_tokens = _positive_int(max_tokens)
+            self._max_output_tokens = positive_tokens(max_tokens)
         # An explicitly set threshold_percent > compression.model_thresholds > our config.
         frac = self.explicit_threshold_percent()
         if frac is None:
@@ -236,13 +239,6 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
         self._set_threshold_percent(frac)
         self.threshold_tokens = int(self.input_window() * frac)
         self._escalator = None  # the host summariser follows the new runtime
-
-    def input_window(self) -> int:
-        """Tokens a request may take: the window less the output the provider reserves of it
-        (the whole window when no reservation is known or it would leave nothing)."""
-        reserve = self._max_output_tokens or 0
-        window = int(self.context_length or 0)
-        return window - reserve if 0 < reserve < window else window
 
     def update_from_response(self, usage: Dict[str, Any], *args: Any, **kwargs: Any) -> None:
         if not isinstance(usage, dict) or not usage:
@@ -392,6 +388,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
         (ingest_replay.fold_replayed)."""
         self._ensure(sid)
         body = messages[1:] if messages and role_of(messages[0]) == "system" else messages
+        body = as_host_instruction(body) if self._fork else body  # (review prompt: not user speech; forks.py)
         self._adopt_or_drop_stage(sid, body, for_pass)
         with self._aligned_lock:
             cached = self._aligned.pop(sid, None)
@@ -401,6 +398,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
         else:
             # A pass (it may rewrite slots) or anything else wrote the context: read it afresh.
             version, ctx = self.store.get_context(sid)
+        body = unmerge(body, ctx, stored_raw(self.store), self._unmerged)  # (our block merged by the host)
         scope = self.store.lineage(sid)
         cfg = self.config
         res = align_fast(self.store, sid, scope, body, ctx, large_tokens=cfg.large_message_tokens,
@@ -558,7 +556,10 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
                 # A session past the host's hygiene message limit is force-compressed by a
                 # gateway: it must shrink (its message count) even when its tokens are few.
                 by_count = len(messages) >= max(1, cfg.host.hygiene_hard_message_limit)
-                shrink = force or by_count
+                # Over the window a newer host fails the turn closed unless the pass cuts 5 %
+                # (passbudget.py): it shrinks like a forced one, whatever our estimate says.
+                over = over_window(current_tokens, self.context_length)
+                shrink = force or by_count or over
                 if ours <= budget.target:
                     if not shrink:
                         # Nothing to shrink however large the host's figure: wait for growth.
@@ -569,7 +570,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
                     budget.fresh_tail = self._forced_tail(budget, ours)
                 esc = self._get_escalator()
                 host_tokens = int((ours + overhead) * ratio)
-                fast = (self._background_on() and esc.model is not None and not force
+                fast = (self._background_on() and esc.model is not None and not force and not over
                         and host_tokens < cfg.hard_threshold * (self.context_length or host_tokens + 1))
                 pb = pass_budget(effective_host(cfg.host), time_budget=cfg.compaction_time_budget,
                                  summary_timeout=cfg.summary_timeout,
@@ -578,7 +579,8 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
                 left = pb.seconds - (time.monotonic() - t0)
                 comp = Compactor(self.store, esc, owner=self._owner, cancelled=self._cancel_check(),
                                  time_budget=max(0.0, left), fast=fast, call_timeout=pb.call_timeout,
-                                 stubs=stub_policy(cfg), continuity_tokens=cfg.continuity_tokens)
+                                 stubs=stub_policy(cfg), continuity_tokens=cfg.continuity_tokens,
+                                 min_cut=MIN_OVER_WINDOW_CUT if over else 0.0)
                 res: PassResult = comp.run(sid, system, slots, budget, focus=focus or None,
                                            memory_context=memory, force=force, base_version=version,
                                            base_len=base_len, tokens_before=ours, host_messages=messages,
@@ -751,13 +753,6 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
         if not self._fork:
             self._mark_live()
         return dispatch(self, name, args, **kwargs)
-
-
-def _positive_int(value: Any) -> int | None:
-    """A positive token count, or None ("no reservation") for anything else."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        return None
-    return int(value) if 0 < value < 1e12 else None
 
 
 def _live_sessions() -> set[str]:

@@ -24,6 +24,7 @@ OURS = {  # public methods of the contract mixins the host never calls: who does
     "record_pass": "the engine: the pass log behind /lcm status",
     "last_passes": "/lcm status",
     "explicit_threshold_percent": "config: a threshold the user set",
+    "input_window": "update_model and tests: the window less the provider's output reservation",
 }
 
 

@@ -104,6 +104,14 @@ def test_background_review_fork_is_linked_and_never_the_default(tmp_path):
             # the review prompt is never stored as one of the user's messages in the live session
             assert c.execute("SELECT COUNT(*) FROM messages WHERE session_id=? AND text LIKE ?",
                              (live, "%Review the conversation%")).fetchone()[0] == 0
+            # a fork stores only what it adds: no copy of the parent's messages, not our block,
+            # and the host's review prompt as the host's instruction, never as user speech
+            parent = {r[0] for r in c.execute("SELECT ident FROM messages WHERE session_id=?", (live,))}
+            for k in forks:
+                rows = c.execute("SELECT role, ident, text FROM messages WHERE session_id=?", (k,)).fetchall()
+                assert not [r for r in rows if r[1] in parent], k
+                assert not [r for r in rows if '<lcm-summary nodes="' in r[2]], k
+                assert not [r for r in rows if r[0] == "user" and "Review the conversation" in r[2]], k
         # the CLI's default session is the user's, not the review's
         from tests.test_cli import ok, run_lcm
 

@@ -147,3 +147,70 @@ def test_doctor_reports_depth_against_bound_and_rebalances_a_chain(tmp_path, req
     e.on_session_start(sid)
     assert "error" not in e.handle_tool_call("lcm_describe", {"id": f"s{chain[3]}"})
     assert "ERR_CHAIN_5" in e.handle_tool_call("lcm_grep", {"query": "ERR_CHAIN_5"})
+
+
+def _old_style_merge_damage(e: LCMEngine, sid: str) -> tuple[int, list[int]]:
+    """What engines before this one did when the host merged a user-role block into the head's
+    last user message (issue #39): stored the merged text as a message, took that head message
+    out of the context (under no summary) and listed the block's summaries again. Returns (the
+    head message, the copies)."""
+    store = e.store
+    _v, ctx = store.get_context(sid)
+    recs = store.get_messages([x.ref for x in ctx if x.kind == "m"])
+    first_s = next(i for i, x in enumerate(ctx) if x.kind == "s")
+    head = ctx[first_s - 1]
+    assert head.kind == "m" and recs[head.ref].role == "user"
+    nodes = [x.ref for x in ctx if x.kind == "s"]
+    block = f'<lcm-summary nodes="{",".join(f"s{n}" for n in nodes)}">\n[Lossless context: …]\n</lcm-summary>'
+    merged = {"role": "user", "content": recs[head.ref].raw["content"] + "\n\n" + block}
+    after = next(x for x in ctx[first_s:] if x.kind == "m" and recs[x.ref].role == "user")
+    both = {"role": "user", "content": block + "\n\n" + recs[after.ref].raw["content"]}
+    copies = store.append_messages(sid, [new_message(merged, 25_000, 600), new_message(both, 25_000, 600)])
+    damaged = [x for x in ctx if x.ref != head.ref or x.kind != "m"]
+    damaged = damaged[:first_s - 1] + [x for x in damaged if x.kind == "s"] + damaged[first_s - 1:]
+    store.set_context(sid, damaged)
+    return head.ref, copies
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_doctor_tells_a_merge_from_a_turn_not_kept_and_repairs_block_copies(tmp_path, request, backend):
+    from lossless_context.pipeline.unmerge import split
+    from tests.support.dagcheck import assert_connected
+
+    location = request.getfixturevalue("pg_fresh_dsn") if backend == "postgres" else str(tmp_path / "m.db")
+    e = LCMEngine(config=LCMConfig.load({"store": location, "summarizer": "extractive"}, read_file=False))
+    host = R19Host(e)
+    host.start(context_length=64_000)
+    for i in range(40):  # plain turns: the head ends with the second question
+        host.add({"role": "user", "content": f"Turn {i}: fact KILO-{i}; go on."},
+                 {"role": "assistant", "content": f"Noted KILO-{i}. " + " ".join(f"w{i}x{k}" for k in range(1500))})
+        host.maybe_compress()
+    host.end()
+    sid = host.session_id
+    assert host.compactions >= 1 and run_doctor(e.store).ok
+    head, copies = _old_style_merge_damage(e, sid)
+    # a copy holding text stored nowhere else is kept: deleting it would lose that text
+    [unique] = e.store.append_messages(sid, [new_message(
+        {"role": "user", "content": "only here\n\n" + split(e.store.get_messages([copies[0]])[copies[0]].raw)[1]},
+        25_000, 600)])
+
+    rep = run_doctor(e.store)
+    text = rep.render_text()
+    assert not rep.ok and "no summary block stored as a message" in text
+    assert f"m{head}" in text and "not a turn the host did not keep" in text
+    assert "left out" not in text  # (the old report: "a turn the host did not keep")
+
+    rep = run_doctor(e.store, repair=True)
+    assert rep.ok, rep.render_text()
+    assert "2 copies deleted" in rep.render_text() and f"m{unique}" in rep.render_text()
+    assert "info" in run_doctor(e.store).render_text().split("no summary block stored as a message")[0][-12:]
+    after = run_doctor(e.store)
+    assert after.ok and "FAIL" not in after.render_text(), after.render_text()
+    left = [m.id for m in e.store.iter_all_messages() if '<lcm-summary nodes="' in m.text]
+    assert left == [unique] and not set(copies) & {m.id for m in e.store.iter_all_messages()}
+    _v, ctx = e.store.get_context(sid)
+    kinds = [(x.kind, x.ref) for x in ctx]
+    assert ("m", head) in kinds and kinds.index(("m", head)) == next(i for i, k in enumerate(kinds) if k[0] == "s") - 1
+    assert len({k for k in kinds if k[0] == "s"}) == sum(1 for k in kinds if k[0] == "s")  # no summary twice
+    e.store.forget_records([], [unique], [], {})  # (the test's own extra row)
+    assert_connected(e.store, sid)

@@ -244,6 +244,12 @@ def test_breaker_cooldown_is_surfaced_only_while_deferring_is_safe(tmp_path):
         e.last_prompt_tokens = 60_000
         assert e.get_active_compression_failure_cooldown() is None
         assert e.should_compress_info(60_000) == (True, None)
+        # the next request also carries the reply just received: a 49K prompt with a 15K reply
+        # is a 64K request, past the hard limit; deferring would send it past the window
+        e.last_prompt_tokens, e.last_completion_tokens = 49_288, 15_007
+        assert e.get_active_compression_failure_cooldown() is None
+        e.last_completion_tokens = 200
+        assert e.get_active_compression_failure_cooldown()
 
 
 def test_defer_preflight_to_real_usage(tmp_path):

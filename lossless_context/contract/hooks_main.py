@@ -15,7 +15,8 @@ from typing import Any, Dict, List, Optional
 
 from ..pipeline.assemble import large_representation, render_summary, repair
 from ..pipeline.continuity import stored_section
-from ..messages import content_ident, provider_view, role_of
+from ..messages import content_ident, is_summary_message, provider_view, role_of
+from ..pipeline.unmerge import stored_raw, unmerge
 from ..store.guard import log_hook_failure
 from ..tokens import estimate_messages_tokens
 
@@ -116,6 +117,7 @@ class NewHostHooks:
     def _render_context(self, sid: str, body: list) -> Optional[list]:
         """Published context rendered from the store, plus request messages it lacks."""
         _, ctx = self.store.get_context(sid)  # type: ignore[attr-defined]
+        body = unmerge(body, ctx, stored_raw(self.store))  # type: ignore[attr-defined]  # (our block merged by the host)
         idents_in_ctx = {e.ident for e in ctx if e.kind == "m"}
         msgs = self.store.get_messages([e.ref for e in ctx if e.kind == "m"])  # type: ignore[attr-defined]
         sums = self.store.get_summaries([e.ref for e in ctx if e.kind == "s"])  # type: ignore[attr-defined]
@@ -159,7 +161,7 @@ class NewHostHooks:
             if isinstance(m, dict) and content_ident(m) in idents_in_ctx:
                 last_known = i
         out.extend(provider_view(m) for m in body[last_known + 1:] if isinstance(m, dict)
-                   and "<lcm-summary" not in str(m.get("content", ""))[:200])
+                   and not is_summary_message(m))
         return out
 
     def on_turn_complete(self, messages: List[Dict[str, Any]], usage: Any = None, **kwargs: Any) -> None:

@@ -39,11 +39,26 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
+def positive_tokens(value: Any) -> int | None:
+    """A positive token count, or None ("no reservation") for anything else."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        return None
+    return int(value) if 0 < value < 1e12 else None
+
+
 class HostSignals:
     """Mixin for LCMEngine: the newer host's compaction-state hooks and the per-pass record."""
 
     last_real_prompt_tokens: int = 0
     emit_automatic_compaction_status: bool = True
+    _max_output_tokens: int | None = None  # the provider's output reservation (update_model's max_tokens)
+
+    def input_window(self) -> int:
+        """Tokens a request may take: the window less the output the provider reserves of it
+        (the whole window when no reservation is known or it would leave nothing)."""
+        reserve = self._max_output_tokens or 0
+        window = int(getattr(self, "context_length", 0) or 0)
+        return window - reserve if 0 < reserve < window else window
 
     # -- threshold_percent / summary_target_ratio ---------------------------------------
 
@@ -103,7 +118,11 @@ class HostSignals:
         if window <= 0:
             return True
         if tokens is None:
-            tokens = _number(getattr(self, "last_prompt_tokens", 0)) or 0
+            # The next request holds the last one and the reply it got (a usage-anchored host
+            # sends a turn of 15K-token replies on as 49K + 15K): judged by the last prompt
+            # alone, a cool-down would let that request past the window.
+            tokens = max(0.0, _number(getattr(self, "last_prompt_tokens", 0)) or 0) + \
+                max(0.0, _number(getattr(self, "last_completion_tokens", 0)) or 0)
         try:
             hard = float(self.config.hard_threshold)  # type: ignore[attr-defined]
         except Exception:

@@ -109,6 +109,7 @@ class SessionLifecycle:
         if own and own != parent:
             try:
                 self._ensure(own, parent_id=parent, boundary_reason=forks.BACKGROUND)
+                forks.seed_fork(self.store, own, parent)
             except Exception as exc:
                 log.debug("lcm: cannot link the background fork %s: %s", own, exc)
 
@@ -125,6 +126,13 @@ class SessionLifecycle:
             self._family["bound_with_db"] = True
         elif self._family.get("bound_with_db") and self._family.get("live"):
             self._fork = True  # R19's review fork: built with persistence off (forks.py)
+        live = self._family.get("live")
+        if session_db is None and session_id == "" and self._session_id and live and live[0]() is not self:
+            # 0.22 detaches a review fork's engine this way (its agent then shares the parent's
+            # session id): it keeps the session it was started with, as a background fork.
+            if not self._fork:
+                self._become_fork()
+            return
         if isinstance(session_id, str) and session_id:
             self._set_session(session_id)
             if session_db is not None:
@@ -178,6 +186,10 @@ class SessionLifecycle:
             self._mark_live(session_id)
         self._ensure(session_id, parent_id=parent, conversation_id=self._conversation_id,
                      platform=platform, model=model, boundary_reason=reason if parent else None)
+        if self._fork and parent:
+            # The conversation it copies is the parent's. (A fork never commits: `reason` is
+            # "background" here, so nothing it stages is ever published into the parent.)
+            forks.seed_fork(self.store, session_id, parent)
         if reason == "compression":
             self._commit(old if isinstance(old, str) and old else session_id, session_id)
         else:

@@ -91,6 +91,17 @@ def pass_budget(host: HostCompression, *, time_budget: float, summary_timeout: f
     return PassBudget(seconds, max(0.1, call), limit, hygiene)
 
 
+MIN_OVER_WINDOW_CUT = 0.05  # 0.22 fails a turn closed when a pass over the window cuts less (preflight)
+
+
+def over_window(current_tokens: Any, window: int) -> bool:
+    """Is the host's figure for a request (a usable one) past the model's window? Then the
+    pass must cut at least MIN_OVER_WINDOW_CUT of the list, or a 0.22 host sends nothing."""
+    if plausible_overhead(current_tokens, 0, 0) is None or not window:
+        return False
+    return float(current_tokens) > window
+
+
 def plausible_overhead(current_tokens: Any, ours: int, window: int) -> int | None:
     """Tokens the host counts outside the message list, or None when the figure is unusable.
 

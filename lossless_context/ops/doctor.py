@@ -2,7 +2,8 @@
 
 Checks: the database's own integrity check, foreign keys, full-text indexes in sync with
 their tables, every message reachable from an active context or the DAG, no cycles in the
-DAG, no summary without sources, no leftover staged work. Reported as information: messages
+DAG, no summary without sources, no leftover staged work, no copy of our summary block
+stored as a message (merge_copies.py: what host merges did under earlier engines). Reported as information: messages
 of a turn the host did not keep, and summary chains deeper than ⌈log_fanin(leaves)⌉ + 1
 (made before balanced condensation). Repairs only what is safe: rebuild indexes, drop stale
 staged passes, re-attach unreachable messages to their session's active context, rebalance
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..store.base import Store
+from . import merge_copies
 
 STALE_STAGE_SECONDS = 3600
 
@@ -56,15 +58,19 @@ SQL_LATEST_HELD = """
     GROUP BY session_id"""
 SQL_CONTEXT_ROOTS = ("SELECT session_id, summary_id FROM context_items WHERE summary_id IS NOT NULL"
                      " ORDER BY session_id, pos")
-SQL_MULTI_LEAF = """
+# (A host's background fork — a memory review — summarises the parent's messages it copied for
+# its own view: those leaves are the fork's, not a second summary of the conversation.)
+_OWN_LEAF = ("s.state='published' AND NOT EXISTS (SELECT 1 FROM sessions b WHERE b.id = s.session_id"
+             " AND b.boundary_reason = 'background')")
+SQL_MULTI_LEAF = f"""
     SELECT sm.message_id FROM summary_messages sm JOIN summaries s ON s.id = sm.summary_id
-    WHERE s.state='published' GROUP BY sm.message_id HAVING COUNT(*) > 1 LIMIT 10"""
+    WHERE {_OWN_LEAF} GROUP BY sm.message_id HAVING COUNT(*) > 1 LIMIT 10"""
 # Every published leaf over such a message.
-SQL_MULTI_LEAF_SUMMARIES = """
+SQL_MULTI_LEAF_SUMMARIES = f"""
     SELECT DISTINCT sm.summary_id FROM summary_messages sm JOIN summaries s ON s.id = sm.summary_id
-    WHERE s.state='published' AND sm.message_id IN (
-        SELECT sm2.message_id FROM summary_messages sm2 JOIN summaries s2 ON s2.id = sm2.summary_id
-        WHERE s2.state='published' GROUP BY sm2.message_id HAVING COUNT(*) > 1)
+    WHERE {_OWN_LEAF} AND sm.message_id IN (
+        SELECT sm.message_id FROM summary_messages sm JOIN summaries s ON s.id = sm.summary_id
+        WHERE {_OWN_LEAF} GROUP BY sm.message_id HAVING COUNT(*) > 1)
     ORDER BY sm.summary_id"""
 SQL_STAGED_TOPS = "SELECT top_nodes FROM staged_passes"  # what pending passes will put in a context
 
@@ -131,6 +137,14 @@ def _split(unreachable: list[tuple], latest: list[tuple]) -> tuple[list[tuple], 
     for mid, sid in unreachable:
         (left if mid < newest.get(sid, -1) else other).append((mid, sid))
     return left, other
+
+
+def _merge_check(store: Any, rep: DoctorReport, repair: bool, left: list[tuple], unreachable: list[tuple],
+                 rows: Callable[[str], list[tuple]]) -> tuple[list[tuple], list[tuple]]:
+    """Copies of our block and what host merges took out of view (merge_copies.py), told apart
+    from a turn the host did not keep; returns (left out, unreachable) without them."""
+    rest = set(merge_copies.check(store, rep, repair, left + unreachable, rows))
+    return [x for x in left if x in rest], [x for x in unreachable if x in rest]
 
 
 def _left_out_check(rep: DoctorReport, left: list[tuple]) -> None:
@@ -231,6 +245,7 @@ def _sqlite(store: Any, repair: bool) -> DoctorReport:
     # Reachability: every message is in an active context or under a published summary
     # (directly, or through a staged summary of a pending pass).
     left, unreachable = _split(_q(c, SQL_UNREACHABLE), _q(c, SQL_LATEST_HELD))
+    left, unreachable = _merge_check(store, rep, repair, left, unreachable, lambda sql: _q(store.conn(), sql))
     _left_out_check(rep, left)
     chk = rep.add("every message reachable from a context or the DAG", not unreachable,
                   f"{len(unreachable)} unreachable (still stored; searchable)" if unreachable else "")
@@ -298,6 +313,12 @@ def _postgres(store: Any, repair: bool, rep: DoctorReport) -> DoctorReport:
             store.discard_pass(pid)
         store.delete_orphan_staged()
         chk.repaired = True
+
+    def rows(sql: str, *params: Any) -> list[tuple]:
+        with store.maintenance_connection() as c:
+            return q(c, sql.replace("?", "%s"), *params)
+
+    left, unreachable = _merge_check(store, rep, repair, left, unreachable, rows)
     _left_out_check(rep, left)
     chk = rep.add("every message reachable from a context or the DAG", not unreachable,
                   f"{len(unreachable)} unreachable (still stored; searchable)" if unreachable else "")
@@ -307,11 +328,6 @@ def _postgres(store: Any, repair: bool, rep: DoctorReport) -> DoctorReport:
             by_session.setdefault(sid, []).append(mid)
         store.reattach_messages(by_session)
         chk.repaired = True
-
-    def rows(sql: str, *params: Any) -> list[tuple]:
-        with store.maintenance_connection() as c:
-            return q(c, sql.replace("?", "%s"), *params)
-
     _multi_leaf_check(store, rep, repair, rows)
     _copies_check(store, rep, repair, rows)
     return rep

@@ -5,13 +5,15 @@
                      (`ingest_fast`: identity memo, pipelined store, `gcpause`; `ingest_resume`:
                      resuming where the last call ended) — tests/test_ingest_oracle.py checks
                      that both store and return the same; `ingest_replay` folds a list that
-                     replays originals back into the summaries that cover them;
+                     replays originals back into the summaries that cover them; `unmerge` first
+                     splits our block back out of a neighbour the host merged it into;
 2. `stubs`         — tier 0: old tool results shown as stubs, before any summary (`stub_prep`:
                      each result's stub made when it is stored, in a thread, off the pass);
 3. `digest`        — what a summariser is sent of each message;
 4. `compaction`    — pick the span, build leaf and condensed nodes (`dag_balance`,
                      `dag_rebalance` keep the DAG a hierarchy; `continuity` keeps the task in view);
-5. `assemble`      — system + head + summary message + tail: a valid OpenAI list by construction
+5. `assemble`      — system + head + summary message + tail: a valid OpenAI list by construction,
+                     the block's role, the host's reply anchor
                      (`validate`: what "valid" means, checked in one place);
 6. `background`    — summarising ahead of time and upgrading deterministic nodes off the hot path;
 7. `forks`         — the host's background forks (review agents) told apart from the user's

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Mapping, Sequence
 
-from ..messages import SUMMARY_OPEN, provider_view, tool_call_ids
+from ..messages import SUMMARY_OPEN, flatten_content, is_summary_message, provider_view, tool_call_ids
 from ..records import SummaryRecord
 from .summary_view import fit_block
 from ..tokens import estimate_message_tokens
@@ -121,11 +121,30 @@ def large_representation(msg: Mapping[str, Any], mid: int, tokens: int, explorat
     return out
 
 
-def choose_summary_role(prev_role: str | None, next_role: str | None) -> str | None:
-    """A role differing from both neighbours (the host merges same-role neighbours)."""
-    for cand in ("user", "assistant"):
+def choose_summary_role(prev_role: str | None, next_role: str | None, *,
+                        assistant_ok: bool = True) -> str | None:
+    """A role differing from both neighbours (the host merges same-role neighbours).
+
+    `assistant_ok=False` when the block stands where the host looks for the reply it just
+    delivered (a pass had to fold that reply: `reply_anchor`): an assistant row there is "a
+    different assistant row in its slot" to a 0.22 host, which then drops the reply from view."""
+    for cand in ("user", "assistant") if assistant_ok else ("user",):
         if cand != prev_role and cand != next_role:
             return cand
+    return None
+
+
+def reply_anchor(slots: Sequence[Slot], start: int = 0) -> int | None:
+    """Index of the host's *reply anchor* at or after `start`: the last assistant message with
+    visible text and no tool calls (the reply the user is reading). A 0.22 host checks after
+    every committed pass that this row is still in the list, word for word; a pass keeps it
+    verbatim unless keeping it would stop the pass from shrinking the context at all (then
+    the host lets it fold too). Our own summary blocks are not replies."""
+    for i in range(len(slots) - 1, start - 1, -1):
+        s = slots[i]
+        if s.kind == "m" and s.role == "assistant" and not s.call_ids and s.msg is not None:
+            if flatten_content(s.msg.get("content")).strip() and not is_summary_message(s.msg):
+                return i
     return None
 
 

@@ -14,7 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from .assemble import Slot, choose_summary_role, groups, large_representation, render_summary, repair
+from .assemble import (Slot, choose_summary_role, groups, large_representation, render_summary, repair,
+                       reply_anchor)
 from . import continuity
 from ..summarizers.costs import Spend
 from .dag_balance import next_condensation
@@ -80,8 +81,11 @@ class Compactor:
     def __init__(self, store: Store, escalator: Escalator, *,
                  cancelled: Callable[[], bool] | None = None, time_budget: float = 240.0,
                  fast: bool = False, owner: str | None = None, stubs: StubPolicy | None = None,
-                 continuity_tokens: int = 0, call_timeout: float | None = None) -> None:
+                 continuity_tokens: int = 0, call_timeout: float | None = None, min_cut: float = 0.0) -> None:
         self.store = store
+        # The share of the context a pass must cut (a newer host refuses a pass over the window
+        # that cuts less): short of it, the reply the host just delivered is summarised too.
+        self.min_cut = min_cut
         self.continuity_tokens = continuity_tokens  # 0: no continuity section
         self._cont: tuple[continuity.State, dict[int, list[str]]] | None = None
         self.stub_policy = stubs  # tier 0 (stubs.py); None: no stubs
@@ -113,6 +117,9 @@ class Compactor:
                 hit = memo[id(m)] = (m, estimate_message_tokens(m))  # (the object kept: its id stays its own)
             n += hit[1]
         return n
+        self._reply_folded = False  # the pass had to summarise the reply the host just delivered
+        self._pinned: Slot | None = None  # that reply, shown right after the head (_reply_mode)
+        self._min_tail = 0  # the tail starts after every summary slot
 
     # -- planning ------------------------------------------------------------------
 
@@ -158,7 +165,10 @@ class Compactor:
         if self.continuity_tokens > 0:
             self._cont = continuity.gather(continuity.State.from_json(self.store.get_continuity(session_id)),
                                            slots, records)
-        self._represent_large(slots, records, budget.large_tokens)
+        # The reply the host just delivered stays verbatim (a 0.22 host checks it survived):
+        # never shown by a representation, and the tail starts at or before it.
+        anchor = reply_anchor(slots)
+        self._represent_large(slots, records, budget.large_tokens, keep=anchor)
         if stubbed and not force and host_messages is not None:
             done = swap_stubs(host_messages, originals, slots, self.store)
             if done is not None and self._total(done) <= budget.target:
@@ -183,37 +193,69 @@ class Compactor:
                                  budget.target - sys_tokens - head_tokens - budget.summary_block))
         nodes: list[_Node] = []
         region_end = h  # everything before this index (after head) is already in `nodes`
-        cap = len(slots) if hold is None else max(h, hold)
-        t = min(cap, self.tail_start(slots, h, tail_budget))
+        hard_cap = len(slots) if hold is None else max(h, hold)
+        all_slots = slots  # (the pass's input, for the lists returned unchanged)
+        t = min(hard_cap, self.tail_start(slots, h, tail_budget))
+        self._reply_folded, self._pinned = False, None
+        mode = self._reply_mode(slots, h, t, anchor, hard_cap, tail_budget, budget)
+        if mode == "pin" and anchor is not None:
+            # The reply stands right after the head and the block right after it (it summarises
+            # what came before and after the reply): the slots the pass works on skip it.
+            self._pinned = slots[anchor]
+            slots = slots[:anchor] + slots[anchor + 1:]
+            hard_cap, t = hard_cap - 1, max(h, t - 1)
+            if self._cont is not None:
+                st, edits = self._cont
+                self._cont = (st, {i - (i > anchor): v for i, v in edits.items() if i != anchor})
+        keep_reply = mode == "keep"
+        cap = anchor if keep_reply and anchor is not None else hard_cap
+        # The tail never holds a summary slot (its summaries would leave the context with it).
+        self._min_tail = next((i + 1 for i in range(len(slots) - 1, -1, -1) if slots[i].kind == "s"), 0)
+        cap = max(cap, min(self._min_tail, hard_cap))
+        t = min(cap, t)
         output: list[dict[str, Any]] = []
         if self.fast:
-            t = self._cached_prefix_end(session_id, slots, h, t, records, budget)
-        for _round in range(4):
-            t = max(t, region_end)
-            t = min(cap, self._fix_roles(slots, h, t))
-            nodes = self._summarize_region(session_id, slots, records, region_end, t, nodes,
-                                           existing, budget, focus, memory_context)
-            region_end = t
-            nodes = self._condense(session_id, nodes, budget, focus, memory_context)
-            output, role_ok = self._assemble(system, slots, h, t, nodes, records)
-            if self._total(output) <= budget.target or t >= len(slots) - 1 or t >= cap:
+            t = min(cap, self._cached_prefix_end(session_id, slots, h, t, records, budget))
+        while True:
+            for _round in range(4):
+                t = max(t, region_end)
+                t = self._fix_roles(slots, h, t, cap, region_end)
+                if _round and t <= region_end:
+                    break  # no later start can take the block: the last round's list stands
+                nodes = self._summarize_region(session_id, slots, records, region_end, t, nodes,
+                                               existing, budget, focus, memory_context)
+                region_end = t
+                nodes = self._condense(session_id, nodes, budget, focus, memory_context)
+                output, role_ok = self._assemble(system, slots, h, t, nodes, records)
+                if self._total(output) <= budget.target or t >= len(slots) - 1 or t >= cap:
+                    break
+                # Over target: give the tail's oldest groups to the region and go again.
+                gs = [g for g in groups(slots) if g[0] >= t]
+                if len(gs) <= 1:
+                    break
+                half = max(1, len(gs) // 2)
+                t = gs[half][0] if half < len(gs) else gs[-1][0]
+            # The tail starts where the last round's list was assembled: messages between the
+            # region's end and a start chosen for a round that never ran were in neither.
+            t = region_end
+            if cap >= hard_cap or (nodes and self._total(output) < tokens_before * (1 - self.min_cut)):
                 break
-            # Over target: give the tail's oldest groups to the region and go again.
-            gs = [g for g in groups(slots) if g[0] >= t]
-            if len(gs) <= 1:
-                break
-            half = max(1, len(gs) // 2)
-            t = gs[half][0] if half < len(gs) else gs[-1][0]
+            # Keeping the just-delivered reply verbatim leaves this pass nothing to shrink: it
+            # is folded like any older turn (the host lets it go then too), and the block
+            # takes no assistant role where the host would look for it.
+            log.info("lcm: the just-delivered reply alone keeps the context from shrinking enough; summarised too")
+            cap, self._reply_folded = hard_cap, True
+            t = max(t, (anchor or 0) + 1)
         if not nodes:
-            return PassResult(self._plain(system, slots), reason="nothing outside the protected head and tail",
+            return PassResult(self._plain(system, all_slots), reason="nothing outside the protected head and tail",
                               tokens_before=tokens_before, tokens_after=tokens_before)
         tokens_after = self._total(output)
         if tokens_after >= tokens_before and not force:
-            return PassResult(self._plain(system, slots), reason="compaction would not shrink the context",
+            return PassResult(self._plain(system, all_slots), reason="compaction would not shrink the context",
                               tokens_before=tokens_before, tokens_after=tokens_before, calls=self.calls,
                               failures=self.failures, spend=self.spend)
         if self.cancelled is not None and _safe(self.cancelled):
-            return PassResult(self._plain(system, slots), reason="cancelled by the host",
+            return PassResult(self._plain(system, all_slots), reason="cancelled by the host",
                               tokens_before=tokens_before, tokens_after=tokens_before, calls=self.calls,
                               failures=self.failures, spend=self.spend)
         pass_id = new_pass_id(self.owner)
@@ -222,6 +264,8 @@ class Compactor:
         for s in slots[:h]:
             if s.refs[0] not in held:
                 items.append(("m", s.refs[0]) if s.kind != "s" else ("s", s.refs[0]))
+        if self._pinned is not None:
+            items.append(("m", self._pinned.refs[0]))
         items.extend(("s", n.key) for n in nodes)
         for s in slots[t:]:
             if s.kind in ("m", "x") and s.refs[0] not in held:
@@ -241,10 +285,15 @@ class Compactor:
         self._record_aliases(slots, output)
         if self._cont is not None:
             self.store.set_continuity(session_id, continuity.with_files(*self._cont, h, t).to_json())
-        reason = "" if tokens_after <= budget.target else (
-            f"target {budget.target} unreachable: head {head_tokens} + system {sys_tokens} tokens "
-            "are protected; returned the smallest valid list")
-        if reason:
+        reason = ""
+        if tokens_after > budget.target and keep_reply and not self._reply_folded and t <= cap:
+            # The host's rule, not a failure: the reply the user is reading stays in view.
+            reason = (f"target {budget.target} not reached: the reply the host just delivered "
+                      f"({slots[cap].tokens} tokens) and what follows it stay verbatim")
+            log.info("lcm: %s", reason)
+        elif tokens_after > budget.target:
+            reason = (f"target {budget.target} unreachable: head {head_tokens} + system {sys_tokens} tokens "
+                      "are protected; returned the smallest valid list")
             log.warning("lcm: %s", reason)
         return PassResult(output, pass_id, True, len(self.new), self.calls, self.failures,
                           tokens_before, tokens_after, reason, dict(self.levels),
@@ -252,23 +301,61 @@ class Compactor:
 
     # -- pieces ------------------------------------------------------------------------
 
-    def _represent_large(self, slots: list[Slot], records: dict[int, MessageRecord], large: int) -> None:
-        show_representations(slots, records)
+    def _represent_large(self, slots: list[Slot], records: dict[int, MessageRecord], large: int,
+                         keep: int | None = None) -> None:
+        show_representations(slots, records, keep)
 
     def _existing_nodes(self, slots: Sequence[Slot]) -> dict[int, SummaryRecord]:
         ids = [r for s in slots if s.kind == "s" for r in s.refs]
         return self.store.get_summaries(ids, include_staged=True) if ids else {}
 
-    def _fix_roles(self, slots: Sequence[Slot], h: int, t: int) -> int:
-        """Move the tail boundary so the summary's role differs from both neighbours."""
-        prev = slots[h - 1].role if h > 0 else None
-        gs = [g for g in groups(slots) if g[0] >= t]
-        for k in range(min(3, len(gs))):
-            start = gs[k][0]
-            nxt = slots[start].role if start < len(slots) else None
-            if choose_summary_role(prev, nxt) is not None:
+    def _block_prev(self, slots: Sequence[Slot], h: int) -> str | None:
+        """The role just before the summary block: the pinned reply's, else the head's last."""
+        if self._pinned is not None:
+            return self._pinned.role
+        return slots[h - 1].role if h > 0 else None
+
+    def _reply_mode(self, slots: Sequence[Slot], h: int, t: int, anchor: int | None, hard_cap: int,
+                    tail_budget: int, budget: Budget) -> str:
+        """Where the reply the host just delivered (`anchor`) stays in view: "keep" — the tail
+        starts at or before it, when the fresh tail `t` holds it already or what follows it is
+        small (a pass at the start of a turn: only the new question follows); "pin" — it stands
+        right after the head, before the block, when a long tool loop follows it (a pass in
+        the middle of a turn), the block can be a user message between it and the tail (that
+        starts with an assistant), and it is small next to the target; "free" otherwise (no
+        reply to keep, or it is in the head, the fresh tail or a part the pass must not touch)."""
+        if anchor is None or anchor < h or anchor >= hard_cap:
+            return "free"
+        head_last = slots[h - 1].role if h > 0 else None
+        if any(x.kind == "s" for x in slots[anchor + 1:]):
+            # An earlier pass pinned it before its block: it stays there (a tail cannot hold the block).
+            small = slots[anchor].tokens <= budget.target // 2
+            return "pin" if head_last != "assistant" and small else "free"
+        if anchor >= t:
+            return "keep"  # (in the fresh tail already: a round over the target must not take it)
+        after = sum(x.tokens for x in slots[anchor + 1:])
+        if after <= tail_budget or head_last == "assistant" or slots[anchor].tokens > budget.target // 2:
+            return "keep"
+        starts = [a for a, _b in groups(slots) if anchor < a < hard_cap]
+        if any(next((x.role for x in slots[a:] if x.kind == "m"), None) == "assistant" for a in starts):
+            return "pin"
+        return "keep"
+
+    def _fix_roles(self, slots: Sequence[Slot], h: int, t: int, cap: int, floor: int) -> int:
+        """Where the tail starts, near `t`, so the block can take a role differing from both
+        neighbours: one of the next three group starts up to `cap`, else — when `cap` (the
+        reply the pass keeps) cut those short — an earlier one, not before `floor`."""
+        prev = self._block_prev(slots, h)
+        floor = max(floor, getattr(self, "_min_tail", 0))
+        starts = [a for a, _b in groups(slots)] + [len(slots)]
+        ahead = [a for a in starts if a >= t]
+        fwd = [a for a in ahead if a <= cap][:3]
+        back = [a for a in reversed(starts) if floor <= a < t] if len(fwd) < min(3, len(ahead)) else []
+        for start in fwd + back:
+            nxt = next((x.role for x in slots[start:] if x.kind == "m"), None)
+            if choose_summary_role(prev, nxt, assistant_ok=not self._reply_folded) is not None:
                 return start
-        return t
+        return min(t, cap)
 
     def _summarize_region(self, session_id: str, slots: Sequence[Slot], records: dict[int, MessageRecord],
                           a: int, b: int, nodes: list[_Node], existing: dict[int, SummaryRecord],
@@ -400,10 +487,12 @@ class Compactor:
                   nodes: Sequence[_Node], records: dict[int, MessageRecord]) -> tuple[list[dict[str, Any]], bool]:
         out: list[dict[str, Any]] = [system] if system else []
         out.extend(s.msg for s in slots[:h] if s.kind == "m" and s.msg is not None)
+        if self._pinned is not None and self._pinned.msg is not None:
+            out.append(self._pinned.msg)
         if nodes:
-            prev = slots[h - 1].role if h > 0 else None
+            prev = self._block_prev(slots, h)
             nxt = next((s.role for s in slots[t:] if s.kind == "m"), None)
-            role = choose_summary_role(prev, nxt)
+            role = choose_summary_role(prev, nxt, assistant_ok=not getattr(self, "_reply_folded", False))
             role_ok = role is not None
             covered = sum(n.n_messages for n in nodes)
             limit = block_limit(self.budget) if self.budget is not None else None
@@ -418,6 +507,8 @@ class Compactor:
         if self._cont is None:
             return ""
         visible = {s.refs[0] for s in list(slots[:h]) + list(slots[t:]) if s.kind == "m"}
+        if self._pinned is not None:
+            visible.add(self._pinned.refs[0])
         return continuity.render(continuity.with_files(*self._cont, h, t), visible, self.continuity_tokens)
 
     def _cached_prefix_end(self, session_id: str, slots: Sequence[Slot], h: int, t: int,
@@ -549,11 +640,12 @@ def plan_region(slots: Sequence[Slot], a: int, b: int, records: dict[int, Messag
     return out
 
 
-def show_representations(slots: list[Slot], records: dict[int, MessageRecord]) -> None:
+def show_representations(slots: list[Slot], records: dict[int, MessageRecord], keep: int | None = None) -> None:
     """Slots of huge messages and tier-0 stubs show their representation (and its size):
-    what the model is shown, and what a pass plans its chunks by."""
-    for s in slots:
-        if s.kind != "m":
+    what the model is shown, and what a pass plans its chunks by. The slot at `keep` (the
+    reply the host just delivered: assemble.reply_anchor) stays as the host holds it."""
+    for i, s in enumerate(slots):
+        if s.kind != "m" or i == keep:
             continue
         rec = records.get(s.refs[0])
         if rec is not None and rec.large and rec.exploration and s.msg is not None:

@@ -7,13 +7,16 @@ deep copy of our engine and a session of its own. Such a fork is recognised two 
   while another copy of the same registered engine was bound *with* it — the review fork
   is built with persistence disabled;
 * newer hosts: the list it hands us ends with the host's own review instruction
-  ("Review the conversation above …") as a user message.
+  ("Review the conversation above …") as a user message; 0.22 also detaches the fork's
+  engine with ``bind_session_state(session_db=None, session_id="")``.
 
 A recognised fork's session is linked to the user's live session (``parent_id``) and
 marked ``boundary_reason = "background"``; it is never the live session the slash
 commands act on, never the CLI's default "latest session", and stores nothing of the
-parent's conversation again (on newer hosts the copied messages align by uid with the
-parent's rows through the lineage).
+parent's conversation again: it starts from the parent's active context (`seed_fork`), so
+the copied messages and our summary block align with the parent's rows and summaries. The
+host's review instruction is stored as the host's (role ``system``), never as user speech.
+A fork's passes stay in its own session: nothing is ever published into the parent.
 """
 
 from __future__ import annotations
@@ -24,6 +27,30 @@ from ..messages import flatten_content, role_of
 
 BACKGROUND = "background"  # the boundary_reason of a fork's session
 REVIEW_PREFIXES = ("Review the conversation above",)
+HOST_INSTRUCTION = "_lcm_host_instruction"  # marks the host's review prompt: stored as its, never user speech
+HOST_ROLE = "system"  # the stored role of such a prompt (the row's raw message keeps the host's own)
+
+
+def as_host_instruction(messages: Sequence[Any]) -> list[Any]:
+    """A fork's list with the host's review prompt marked (a copy with HOST_INSTRUCTION set), so
+    it is stored as the host's instruction (role HOST_ROLE), not as something the user said."""
+    return [dict(m, **{HOST_INSTRUCTION: True}) if is_review_prompt(m) else m for m in messages]
+
+
+def seed_fork(store: Any, session_id: str, parent_id: str) -> bool:
+    """A background fork's session starts from the parent's active context: the conversation it
+    copied aligns with the parent's rows (our block with the parent's summaries), so only what
+    the fork adds is stored. False when the session already has a history of its own."""
+    if not parent_id or parent_id == session_id:
+        return False
+    _v, own = store.get_context(session_id)
+    if own or store.session_message_ids(session_id):
+        return False
+    store.set_fork_point(session_id)
+    _v, ctx = store.get_context(parent_id)
+    if ctx:
+        store.set_context(session_id, ctx)
+    return True
 
 
 def is_review_prompt(msg: Any) -> bool:

@@ -39,6 +39,7 @@ from ..messages import (
 from ..records import ContextEntry, NewMessage
 from ..store.base import Store
 from ..tokens import estimate_message_tokens
+from .forks import HOST_INSTRUCTION, HOST_ROLE
 from .ingest_replay import opened
 
 if TYPE_CHECKING:
@@ -339,6 +340,8 @@ def new_message(msg: Any, large_tokens: int, exploration_tokens: int, supersedes
                 ident: str | None = None) -> NewMessage:
     """The row to store for `msg`; `ident` if the caller already has content_ident(msg)."""
     role = role_of(msg)
+    if role == "user" and isinstance(msg, dict) and msg.get(HOST_INSTRUCTION):
+        role = HOST_ROLE  # the host's review prompt in a background fork: not user speech (forks.py)
     text = message_text(msg, limit=TEXT_INDEX_LIMIT)
     tokens = estimate_message_tokens(msg)
     raw = msg if isinstance(msg, dict) else {"_lcm_unparsed": safe_json(msg)}
