@@ -107,6 +107,9 @@ class Compactor:
         # Token estimates of the message objects this pass has measured: the output is measured
         # several times (tier 0, each round, the final list) and is mostly the same objects.
         self._tok: dict[int, tuple[Any, int]] = {}
+        self._reply_folded = False  # the pass had to summarise the reply the host just delivered
+        self._pinned: Slot | None = None  # that reply, shown right after the head (_reply_mode)
+        self._min_tail = 0  # the tail starts after every summary slot
 
     def _total(self, messages: Sequence[Any]) -> int:
         """total_tokens(messages), each object estimated once per pass."""
@@ -117,9 +120,6 @@ class Compactor:
                 hit = memo[id(m)] = (m, estimate_message_tokens(m))  # (the object kept: its id stays its own)
             n += hit[1]
         return n
-        self._reply_folded = False  # the pass had to summarise the reply the host just delivered
-        self._pinned: Slot | None = None  # that reply, shown right after the head (_reply_mode)
-        self._min_tail = 0  # the tail starts after every summary slot
 
     # -- planning ------------------------------------------------------------------
 
