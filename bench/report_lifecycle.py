@@ -33,6 +33,8 @@ def lifecycle(res: dict[str, Any]) -> list[str]:
                            ("compress_engine_p50_ms", "compress() engine p50 (ms)"),
                            ("expand_p50_ms", "lcm_expand p50 (ms)"), ("store_bytes", "store bytes")):
             L.append(f"| {label} | {_f(p.get(key), 2)} | {_f(e.get(key), 2)} | ×{_f(r.get(key), 2)} |")
+    if enc.get("note"):
+        L += ["", enc["note"]]
     inter = enc.get("interleaved") or {}
     if inter.get("rounds"):
         L += ["", f"Ingest of {_f(inter.get('n'))} messages, plaintext then encrypted, {len(inter['rounds'])} times over "
