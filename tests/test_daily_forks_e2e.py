@@ -76,20 +76,24 @@ def test_branch_sees_its_parent_only_up_to_the_fork(tmp_path, reply_chars):
             assert s[branch]["parent_id"] == parent
 
 
-# 0.22 queues its memory review for an idle moment ("bg-review-idle-queue"), which this driver
-# does not yet wait for: the review never runs inside the run. Open: teach the driver 0.22's queue.
-@pytest.mark.hosts("0.19", "0.20")
-def test_background_review_fork_is_linked_and_never_the_default(tmp_path):
+# The driver pauses after each turn as a user does (join_background): 0.22 cancels a review the
+# next turn overtakes, and queues one bound for its managed local server until the machine is idle.
+@pytest.mark.parametrize("deferred", [False, True], ids=["immediate", "idle-queue"])
+def test_background_review_fork_is_linked_and_never_the_default(tmp_path, hermes_host, deferred):
+    if deferred and not hermes_host.at_least("0.22"):
+        pytest.skip("the idle queue of background reviews is new in 0.22")
     router = Router(chat=ChatResponder(reply_chars=400), summariser=SummariserResponder(max_chars=2000))
     with FakeOpenAI(responder=router) as srv:
         turns = [f"Turn {i}: the deploy notes for service {i}." for i in range(7)]
         turns[1] = f"Remember {CANARY} for the release."
         run = run_hermes(srv, turns, engine="lcm", workdir=tmp_path, join_background=60,
-                         toolsets=["context_engine", "memory"],
+                         toolsets=["context_engine", "memory"], defer_reviews=deferred,
                          extra_config={"memory": {"memory_enabled": True, "nudge_interval": 3},
                                        "lcm": {"summarizer": "auto"}})
         assert run.ok, run.describe()
         assert not run.result.get("background_alive"), run.result.get("background_alive")
+        queued = sum((t.get("background_reviews") or {}).get("queued", 0) for t in run.result["turns"])
+        assert (queued > 0) == deferred, run.result["turns"]
         live = run.result["session_id"]
         # the host did run its review: its prompt reached the model
         reviews = [r for r in srv.chat_requests

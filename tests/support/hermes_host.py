@@ -323,6 +323,7 @@ def run_hermes(
     workdir: Optional[Union[str, Path]] = None,
     log_level: str = "INFO",
     join_background: float = 0.0,
+    defer_reviews: bool = False,
 ) -> HostRun:
     """Run ``turns`` user messages through one real AIAgent in a subprocess.
 
@@ -334,8 +335,11 @@ def run_hermes(
     ``{"command": "/<plugin-command> args"}`` (a plugin slash command, called
     like cli.py does: ``handler(raw_args)``), or ``/branch [name]`` (the host's own
     CLICommandsMixin._handle_branch_command on a stand-in CLI object).
-    ``join_background``: seconds to wait for the host's background review threads
-    ("bg-review") before the session ends.
+    ``join_background``: seconds to wait for the host's background review ("bg-review" threads,
+    and 0.22's idle queue) after every turn, before the next one (a user's pause: 0.22 cancels a
+    review the next turn overtakes), and before the session ends. ``defer_reviews`` (0.22): the
+    host takes the review model for its managed local server, so it queues every automatic
+    review for an idle moment (``auxiliary.background_review.defer: auto``).
 
     ``hermes_home`` / ``home``: reuse directories (e.g. a second process on the
     same store -- pass ``run.hermes_home`` / ``run.home`` of an earlier run);
@@ -407,6 +411,7 @@ def run_hermes(
         "result_path": str(run_dir / "result.json"),
         "log_level": log_level,
         "join_background": join_background,
+        "defer_reviews": defer_reviews,
     }
     spec_path = run_dir / "spec.json"
     spec_path.write_text(json.dumps(spec))
@@ -702,6 +707,12 @@ def _driver(spec_path: str) -> int:
 
             _install_tracer(ContextCompressor, calls)
 
+        if spec.get("defer_reviews"):
+            # the one fact the host checks before queueing a review: does it decode on the
+            # llama-server the host manages (a supervisor state file naming its endpoint)?
+            import agent.review_idle_queue as review_queue
+
+            review_queue.review_targets_managed_local = lambda *_a, **_k: True
         runtime = resolve_runtime_provider(requested=None, target_model=model or None)
         toolsets = spec.get("toolsets")
         if toolsets == ["__config__"]:
@@ -793,6 +804,9 @@ def _driver(spec_path: str) -> int:
             rec["compression_count"] = getattr(cc, "compression_count", None)
             rec["last_prompt_tokens"] = getattr(cc, "last_prompt_tokens", None)
             rec["threshold_tokens"] = getattr(cc, "threshold_tokens", None)
+            if spec.get("join_background"):
+                # the user reads the reply before typing again: the host's review runs meanwhile
+                rec["background_reviews"] = _let_background_reviews_finish(float(spec["join_background"]))
             result["turns"].append(rec)
             result["messages"] = history
             dump()
@@ -804,12 +818,8 @@ def _driver(spec_path: str) -> int:
         for t in [t for t in threading.enumerate() if t.name == "auto-title"]:
             t.join(timeout=30)
         if spec.get("join_background"):
-            # the host's memory/skill review runs on daemon threads named "bg-review"; wait for
-            # them so what they did is in the store before this process exits
-            import threading
-
-            for t in [t for t in threading.enumerate() if t.name == "bg-review"]:
-                t.join(timeout=float(spec.get("join_background")))
+            # so what the reviews did is in the store before this process exits
+            _let_background_reviews_finish(float(spec["join_background"]))
             result["background_alive"] = [t.name for t in threading.enumerate() if t.name == "bg-review"]
         if spec.get("end_session", True):
             try:
@@ -832,6 +842,46 @@ def _driver(spec_path: str) -> int:
             pass
         dump()
     return 0 if not result.get("driver_error") else 1
+
+
+def _let_background_reviews_finish(limit: float) -> Dict[str, Any]:
+    """Give the host's background memory/skill review the pause a user gives it between turns.
+
+    The review runs on a daemon thread named "bg-review" after a turn. 0.22 cancels a running
+    review when the next live turn starts ("background review superseded"), and queues a review
+    bound for its managed local model server until the machine has been idle for a settle window
+    (`agent.review_idle_queue.QUEUE`, thread "bg-review-idle-queue"). A driver that sends the next
+    turn at once never lets a review run: this waits up to ``limit`` seconds for both, telling the
+    queue (through its own clock and idleness seams) that the machine stayed idle, so its own
+    dispatcher hands the review over exactly as it would after a real pause."""
+    import threading
+
+    deadline = time.monotonic() + limit
+    out: Dict[str, Any] = {"queued": 0, "joined": 0}
+    try:
+        from agent.review_idle_queue import QUEUE  # 0.22: the idle queue
+    except ImportError:
+        QUEUE = None
+    if QUEUE is not None and QUEUE.pending_count():
+        out["queued"] = QUEUE.pending_count()
+        now, idle = QUEUE._now, QUEUE._server_idle
+        # an idle machine: the settle window and the items' age limit have passed
+        QUEUE._now = lambda: time.monotonic() + 24 * 3600
+        QUEUE._server_idle = lambda: True
+        try:
+            QUEUE._wake.set()
+            while QUEUE.pending_count() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            QUEUE._now, QUEUE._server_idle = now, idle
+    while time.monotonic() < deadline:
+        alive = [t for t in threading.enumerate() if t.name == "bg-review"]
+        if not alive:
+            break
+        for t in alive:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+            out["joined"] += 1
+    return out
 
 
 def _source_file(cls: type) -> Optional[str]:
