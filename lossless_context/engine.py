@@ -619,6 +619,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
         self._no_progress_at = None
         self._note_pass_output(sid, estimate_messages_tokens(res.output))
         self._pending[sid] = res.pass_id or ""
+        self._settle_fork_pass(sid)  # (a background fork's pass waits for no commit: lifecycle.py)
         if res.upgrade_ids:
             self._submit_upgrade(sid, res.upgrade_ids, budget)
         # The host warns "compressed N times — accuracy may degrade" from N >= 2. Nothing is

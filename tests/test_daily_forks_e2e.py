@@ -123,3 +123,59 @@ def test_background_review_fork_is_linked_and_never_the_default(tmp_path, hermes
         assert CANARY in found.stdout, found.stdout
         context = ok(run_lcm("context", "--json", home=run.hermes_home))
         assert json.loads(context.stdout)["session"] == live, (s, context.stdout[:2000])
+
+
+class _ReviewThatSavesAMemory:
+    """The user's turns get ordinary replies; the host's review asks for a memory write first and
+    then answers, each time with usage that puts the fork's request over its threshold, so the
+    0.22 host compacts the fork before its second call."""
+
+    def __init__(self) -> None:
+        self.chat = ChatResponder(reply_chars=6000)
+        self.review_calls = 0
+
+    def __call__(self, req):
+        from tests.support.fake_openai import Reply, ToolCall, _content_text, _usage
+
+        msgs = req.get("messages") or []
+        users = [m for m in msgs if m.get("role") == "user"]
+        if users and "Review the conversation" in _content_text(users[-1].get("content")):
+            self.review_calls += 1
+            if msgs[-1].get("role") != "tool":
+                return Reply(content="", tool_calls=[ToolCall("memory", {
+                    "action": "add", "target": "memory", "content": f"Deploy note {self.review_calls}"})],
+                    usage=_usage(60_000, 20))
+            return Reply(content="Saved the deploy notes.", usage=_usage(60_000, 20))
+        return self.chat(req)
+
+
+@pytest.mark.hosts("0.22")
+def test_a_compacting_review_fork_leaves_the_store_healthy(tmp_path):
+    """0.22 compacts its review fork (issue #38: no commit signal ever comes): the fork's passes
+    live in the fork's own session, nothing is left staged, the parent keeps its own context,
+    and `lcm doctor` is healthy without a repair."""
+    review = _ReviewThatSavesAMemory()
+    router = Router(chat=review, summariser=SummariserResponder(max_chars=2000))
+    with FakeOpenAI(responder=router) as srv:
+        turns = [f"Turn {i}: the deploy notes for service {i}." for i in range(6)]
+        run = run_hermes(srv, turns, engine="lcm", workdir=tmp_path, join_background=60,
+                         toolsets=["context_engine", "memory"],
+                         extra_config={"memory": {"memory_enabled": True, "nudge_interval": 3},
+                                       "lcm": {"summarizer": "auto"}})
+        assert run.ok, run.describe()
+    live = run.result["session_id"]
+    fork_passes = [c for c in run.result["engine_calls"] if c["method"] == "compress"]
+    assert review.review_calls >= 2 and fork_passes, "the host never compacted its review fork"
+    with _db(run) as c:
+        s = _sessions(c)
+        forks = [k for k, v in s.items() if v["boundary_reason"] == "background"]
+        assert forks and all(s[k]["parent_id"] == live for k in forks), s
+        by_session = dict(c.execute("SELECT session_id, COUNT(*) FROM summaries GROUP BY session_id").fetchall())
+        assert any(by_session.get(k) for k in forks), by_session  # the fork's own pass, in its session
+        assert not by_session.get(live), "the fork published into the parent"
+        assert c.execute("SELECT COUNT(*) FROM staged_passes").fetchone()[0] == 0
+        # what `lcm doctor` would call stale an hour from now: nothing
+        c.execute("UPDATE staged_passes SET created_at = created_at - 7200")
+    from tests.test_cli import ok, run_lcm
+
+    ok(run_lcm("doctor", home=run.hermes_home))  # (exits non-zero when a check fails)

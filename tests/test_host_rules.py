@@ -402,6 +402,83 @@ def test_a_review_fork_stores_only_what_is_new_and_never_publishes_into_the_pare
     assert_connected(store, "parent")
 
 
+def _staged_rows(path) -> list[tuple]:
+    import sqlite3
+
+    with sqlite3.connect(path) as c:
+        return c.execute("SELECT pass_id, session_id FROM staged_passes").fetchall()
+
+
+def _an_hour_later(path) -> None:
+    """`lcm doctor` calls a stage older than an hour stale work: age every row by two hours."""
+    import sqlite3
+
+    with sqlite3.connect(path) as c:
+        c.execute("UPDATE staged_passes SET created_at = created_at - 7200")
+        c.execute("UPDATE summaries SET created_at = created_at - 7200")
+
+
+@pytest.mark.parametrize("ending", ["pass_last", "list_after_the_pass", "two_passes"])
+def test_a_review_forks_passes_leave_no_staged_work(tmp_path, ending):
+    """0.22 compacts a review fork's transcript in memory and never sends a commit signal, and
+    the fork may end right after a pass (its last call, or cancelled by the user's next turn):
+    the host calls nothing when it does. A fork's pass has nothing to wait for: it is published
+    into the fork's own session when it is made (never into the parent), so no stage is left
+    for `lcm doctor` to find an hour later, and the parent's own passes go on as before."""
+    from lossless_context.ops.doctor import run_doctor
+
+    path = tmp_path / "f.db"
+    registered = LCMEngine(config=LCMConfig.load({"store": str(path), "summarizer": "extractive",
+                                                  "tool_stubs": False}, read_file=False))
+    live = registered.clone_for_agent()
+    live.update_model("m", 64_000)
+    live.bind_session_state(_SessionDB(), "parent")
+    live.on_session_start("parent", platform="cli")
+    conv = _committed(live, "parent", _turn_start(4, 30_000)) + [{"role": "assistant", "content": "Done."}]
+    live.on_turn_complete([dict(m) for m in conv])
+    store = live.store
+    parent_before = (store.get_context("parent"), sorted(store.session_summary_ids("parent")))
+
+    fork = registered.clone_for_agent()
+    fork.update_model("m", 64_000)
+    fork.bind_session_state(None, "review-2")
+    fork.on_session_start("review-2", platform="cli")
+    fork.bind_session_state(session_db=None, session_id="")  # 0.22 detaches the fork
+    review = [dict(m) for m in conv] + [{"role": "user", "content": REVIEW}]
+    fork.on_turn_complete([dict(m) for m in review])
+    big = review + [{"role": "assistant", "content": "Saving."},
+                    {"role": "user", "content": "One more review step " + long_text(7, 90_000)}]
+    squeezed = fork.compress([dict(m) for m in big], current_tokens=estimate_messages_tokens(big) + 1_000,
+                             session_id="parent")
+    assert estimate_messages_tokens(squeezed) < estimate_messages_tokens(big)
+    if ending in ("list_after_the_pass", "two_passes"):
+        more = squeezed + [{"role": "assistant", "content": "Step " + long_text(8, 90_000)},
+                           {"role": "user", "content": "And the last step."}]
+        if ending == "two_passes":
+            again = fork.compress([dict(m) for m in more], current_tokens=estimate_messages_tokens(more) + 1_000,
+                                  session_id="parent")
+            assert estimate_messages_tokens(again) < estimate_messages_tokens(more)
+            assert pairing_problems(again) == []
+        else:
+            fork.on_turn_complete([dict(m) for m in more])
+    assert _staged_rows(path) == [], "a fork's pass waits for a commit that never comes"
+    assert fork.store.session_summary_ids("review-2"), "the fork's pass was not kept in its own session"
+    assert (store.get_context("parent"), sorted(store.session_summary_ids("parent"))) == parent_before
+    _an_hour_later(path)
+    report = run_doctor(store)
+    assert report.ok, report.render_text()
+    # the user goes on in the parent: its passes still wait for the host's commit
+    more = conv + [m for i in (6, 7, 8) for m in ({"role": "user", "content": f"Turn {i}: go on."},
+                                                   {"role": "assistant", "content": long_text(i, 40_000)})]
+    live.on_turn_complete([dict(m) for m in more])
+    live.compress([dict(m) for m in more], current_tokens=estimate_messages_tokens(more) + 1_000)
+    assert [sid for _p, sid in _staged_rows(path)] == ["parent"], "the parent's pass must wait for its commit"
+    live.on_session_start("parent", boundary_reason="compression", old_session_id="parent")
+    assert _staged_rows(path) == []
+    assert run_doctor(store).ok, run_doctor(store).render_text()
+    assert_connected(store, "parent")
+
+
 # -- a pass over the window cuts at least 5 % --------------------------------------------------------
 
 

@@ -246,6 +246,27 @@ class SessionLifecycle:
             with self._stats_lock:
                 self._stats["compactions"] += 1
 
+    def _settle_fork_pass(self, session_id: str) -> None:
+        """A background fork's pass is published into the fork's own session as soon as it is
+        made. 0.22 compacts a review fork's transcript in memory, uses the result at once and
+        never sends a commit signal; the fork may end right after the pass (its last call, or
+        cancelled by the user's next turn) and the host calls nothing when it does. A stage
+        waiting for that commit would wait forever (`lcm doctor`: stale work). The fork's
+        session is its own (`boundary_reason = background`): nothing reaches the parent, whose
+        passes still wait for the host's commit."""
+        if not self._fork:
+            return
+        live = self._family.get("live")
+        if live is not None and live[1] == session_id:
+            return  # (never the user's live session, whatever routed the list here)
+        try:
+            if not forks.is_background(self.store.get_session(session_id)):
+                return
+            self._commit(session_id, session_id)
+        except Exception as exc:
+            # (left staged: the next pass of the fork, or `lcm doctor --repair`, drops it)
+            log_hook_failure(f"cannot publish the background fork's pass in {session_id}", exc)
+
     def on_session_end(self, session_id: str, messages: List[Dict[str, Any]], *args: Any, **kwargs: Any) -> None:
         # Also fired before every committed compaction: flush only, never close shared things.
         try:

@@ -16,7 +16,8 @@ commands act on, never the CLI's default "latest session", and stores nothing of
 parent's conversation again: it starts from the parent's active context (`seed_fork`), so
 the copied messages and our summary block align with the parent's rows and summaries. The
 host's review instruction is stored as the host's (role ``system``), never as user speech.
-A fork's passes stay in its own session: nothing is ever published into the parent.
+A fork's passes stay in its own session, published there when made (no commit ever comes for a
+fork: contract/lifecycle.py); nothing is ever published into the parent.
 """
 
 from __future__ import annotations
