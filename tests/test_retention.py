@@ -408,3 +408,32 @@ def test_deleting_messages_reads_indexes_not_the_table(location):
                 assert "USING" in str(plan) and "INDEX" in str(plan), (table, plan)
     finally:
         store.close()
+
+
+def test_postgresql_doctor_advises_vacuum_after_a_large_prune(pg_fresh_dsn):
+    """PostgreSQL keeps deleted rows' space until VACUUM: after a prune left many dead rows,
+    `lcm doctor` says so and what to run (autovacuum is off for the table here, as on a
+    server whose autovacuum has not come round yet)."""
+    from lossless_context.records import NewMessage
+
+    store = open_store(pg_fresh_dsn)
+    try:
+        store.ensure_session("old")
+        store.write_sql(lambda c: c.execute("ALTER TABLE messages SET (autovacuum_enabled = false)"))
+        old = time.time() - 200 * DAY
+        rows = [NewMessage({"role": "user", "content": f"row {i}"}, "user", f"id{i}", None, f"row {i}", 3, old + i)
+                for i in range(12_000)]
+        store.append_messages("old", rows)
+        store.write_sql(lambda c: c.execute("UPDATE sessions SET updated_at = %s", (old,)))
+        assert "VACUUM (ANALYZE)" not in run_doctor(store).render_text()
+        retention.prune(store, retention.plan_prune(store, older_than_days=90), pause=0)
+        deadline = time.monotonic() + 30
+        text = ""
+        while time.monotonic() < deadline:  # (the server's statistics reach pg_stat within a second or so)
+            text = run_doctor(store).render_text()
+            if "VACUUM (ANALYZE)" in text:
+                break
+            time.sleep(0.5)
+        assert "messages: 12,000 dead rows" in text and "VACUUM (ANALYZE) " in text, text
+    finally:
+        store.close()
