@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
+import sqlite3
 import subprocess
 import sys
 import time
@@ -140,6 +142,14 @@ def test_a_stale_host_compression_lock_is_reported_with_what_to_do(tmp_path, mon
 
     res = CliRunner().invoke(lcm, ["--store", str(tmp_path / "lcm.db"), "doctor"])
     assert "s-crashed is stale" in res.output, res.output
+    # the command it gives removes exactly that row (run here as the shell would split it)
+    cmd = shlex.split(status.split("stop Hermes and run: ", 1)[1].splitlines()[0])
+    assert cmd[:2] == ["sqlite3", str(home / "state.db")]
+    with sqlite3.connect(home / "state.db") as raw:
+        raw.execute(cmd[2])
+        assert [r[0] for r in raw.execute("SELECT session_id FROM compression_locks")] == ["s-live"]
+    assert "is stale" not in make_command_handler(e)("status")
+    assert db.try_acquire_compression_lock("s-crashed", f"pid={pid}:tid=1:agent=a:nonce=n", ttl_seconds=300)
     # once it has expired the host takes the lock again by itself: nothing to report
     db._conn.execute("UPDATE compression_locks SET expires_at = ?", (time.time() - 1,))
     db._conn.commit()

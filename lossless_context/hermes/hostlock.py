@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -28,15 +29,22 @@ class HostLock:
     holder: str
     pid: int | None
     expires_at: float
+    rowid: int = 0  # the row in the host's table (the command below names it, not the session id)
 
     def line(self, db: Path) -> str:
         left = max(0, int(self.expires_at - time.time()))
         when = time.strftime("%H:%M:%S", time.localtime(self.expires_at))
-        sid = self.session_id.replace("'", "''")
         return (f"host compression lock on session {self.session_id} is stale: its holder (pid {self.pid}) is not "
                 f"running, and the host skips every compaction of this session until it expires at {when} "
                 f"(in {left} s). Hermes 0.20+ reclaims such a lock by itself; on 0.19.0 wait, or stop Hermes and run: "
-                f"sqlite3 {db} \"DELETE FROM compression_locks WHERE session_id='{sid}'\"")
+                f"{self.clear_command(db)}")
+
+    def clear_command(self, db: Path) -> str:
+        """The shell command that deletes this row (for the user to run with Hermes stopped).
+        The row is named by its rowid, a number, so no text of the host's (a session id) is
+        pasted into SQL or a shell line; the path is quoted for the shell."""
+        sql = f"DELETE FROM compression_locks WHERE rowid = {int(self.rowid)}"
+        return " ".join(shlex.quote(part) for part in ("sqlite3", str(db), sql))
 
 
 def _alive(pid: int) -> bool:
@@ -62,18 +70,18 @@ def stale_locks(hermes_home: Path | str, now: float | None = None) -> list[HostL
     except sqlite3.Error:
         return []
     try:
-        rows = conn.execute("SELECT session_id, holder, expires_at FROM compression_locks WHERE expires_at >= ?",
-                            (now,)).fetchall()
+        rows = conn.execute("SELECT session_id, holder, expires_at, rowid FROM compression_locks"
+                            " WHERE expires_at >= ?", (now,)).fetchall()
     except sqlite3.Error:  # an older host without the table, or a locked file: nothing to say
         return []
     finally:
         conn.close()
     out = []
-    for sid, holder, expires in rows:
+    for sid, holder, expires, rowid in rows:
         m = _PID.search(str(holder or ""))
         pid = int(m.group(1)) if m else None
         if pid is not None and pid != os.getpid() and not _alive(pid):
-            out.append(HostLock(str(sid), str(holder), pid, float(expires)))
+            out.append(HostLock(str(sid), str(holder), pid, float(expires), int(rowid)))
     return out
 
 

@@ -140,10 +140,10 @@ def _split(unreachable: list[tuple], latest: list[tuple]) -> tuple[list[tuple], 
 
 
 def _merge_check(store: Any, rep: DoctorReport, repair: bool, left: list[tuple], unreachable: list[tuple],
-                 rows: Callable[[str], list[tuple]]) -> tuple[list[tuple], list[tuple]]:
+                 fetch_rows: Callable[[str], list[tuple]]) -> tuple[list[tuple], list[tuple]]:
     """Copies of our block and what host merges took out of view (merge_copies.py), told apart
     from a turn the host did not keep; returns (left out, unreachable) without them."""
-    rest = set(merge_copies.check(store, rep, repair, left + unreachable, rows))
+    rest = set(merge_copies.check(store, rep, repair, left + unreachable, fetch_rows))
     return [x for x in left if x in rest], [x for x in unreachable if x in rest]
 
 
@@ -314,11 +314,11 @@ def _postgres(store: Any, repair: bool, rep: DoctorReport) -> DoctorReport:
         store.delete_orphan_staged()
         chk.repaired = True
 
-    def rows(sql: str, *params: Any) -> list[tuple]:
+    def fetch_rows(sql: str, *params: Any) -> list[tuple]:
         with store.maintenance_connection() as c:
             return q(c, sql.replace("?", "%s"), *params)
 
-    left, unreachable = _merge_check(store, rep, repair, left, unreachable, rows)
+    left, unreachable = _merge_check(store, rep, repair, left, unreachable, fetch_rows)
     _left_out_check(rep, left)
     chk = rep.add("every message reachable from a context or the DAG", not unreachable,
                   f"{len(unreachable)} unreachable (still stored; searchable)" if unreachable else "")
@@ -328,17 +328,17 @@ def _postgres(store: Any, repair: bool, rep: DoctorReport) -> DoctorReport:
             by_session.setdefault(sid, []).append(mid)
         store.reattach_messages(by_session)
         chk.repaired = True
-    _multi_leaf_check(store, rep, repair, rows)
-    _copies_check(store, rep, repair, rows)
+    _multi_leaf_check(store, rep, repair, fetch_rows)
+    _copies_check(store, rep, repair, fetch_rows)
     return rep
 
 
-def _multi_leaf_check(store: Any, rep: DoctorReport, repair: bool, rows: Callable[[str], list[tuple]]) -> None:
+def _multi_leaf_check(store: Any, rep: DoctorReport, repair: bool, fetch_rows: Callable[[str], list[tuple]]) -> None:
     """Each message under at most one published leaf. An earlier engine summarised again the
     originals a host re-sent (pipeline/ingest_replay.py says when): ``--repair`` deletes the
     copies no context reaches (the summaries, never a message)."""
     name = "each message under at most one leaf"
-    multi = rows(SQL_MULTI_LEAF)
+    multi = fetch_rows(SQL_MULTI_LEAF)
     if not multi:
         rep.add(name, True)
         return
@@ -346,10 +346,10 @@ def _multi_leaf_check(store: Any, rep: DoctorReport, repair: bool, rows: Callabl
     if not repair:
         rep.add(name, False, detail + "; `lcm doctor --repair` deletes the copies no context reaches")
         return
-    dropped = _duplicate_summaries(store, rows)
+    dropped = _duplicate_summaries(store, fetch_rows)
     if dropped:
         store.forget_records([], [], sorted(dropped), {})
-    left = rows(SQL_MULTI_LEAF)
+    left = fetch_rows(SQL_MULTI_LEAF)
     chk = rep.add(name, False, detail + f"; deleted {len(dropped)} copies no context reaches (every message is"
                   " still stored)" + (f"; still under two leaves: {', '.join(f'm{r[0]}' for r in left)}" if left else ""))
     chk.repaired = not left
@@ -366,18 +366,18 @@ COPY_RUN = 3
 COPY_TOKENS = 50
 
 
-def _copies_check(store: Any, rep: DoctorReport, repair: bool, rows: Callable[..., list[tuple]]) -> None:
+def _copies_check(store: Any, rep: DoctorReport, repair: bool, fetch_rows: Callable[..., list[tuple]]) -> None:
     """Messages an earlier `lcm import hermes` stored again: it read 0.19.0's archived rows and
     the head and tail the host re-persists at each compaction as new turns. A copy repeats an
     earlier run of its session word for word, in order: three messages or more, or two with a
     long one; one under a summary is left alone. ``--repair`` deletes the copies (the originals
     stay) and points the contexts that held them at the originals."""
     name = "no message stored twice by an import"
-    sessions = sorted({str(r[0]) for r in rows(SQL_TWICE)})
+    sessions = sorted({str(r[0]) for r in fetch_rows(SQL_TWICE)})
     copies: dict[int, int] = {}  # copy -> original
     by_session: dict[str, list[int]] = {}
     for sid in sessions:
-        found = _copies(rows(SQL_SESSION_ROWS, sid))
+        found = _copies(fetch_rows(SQL_SESSION_ROWS, sid))
         if found:
             copies.update(found)
             by_session[sid] = sorted(found)
@@ -460,12 +460,12 @@ def _deduped(store: Any, ctx: list[tuple[str, int]], copies: dict[int, int]) -> 
     return out
 
 
-def _duplicate_summaries(store: Any, rows: Callable[[str], list[tuple]]) -> set[int]:
+def _duplicate_summaries(store: Any, fetch_rows: Callable[[str], list[tuple]]) -> set[int]:
     """Summaries that only repeat others: a published leaf over a message another leaf covers,
     that no active context or pending pass reaches and whose messages the leaves they do reach
     all cover; and above those, summaries nothing reaches whose children are all such."""
-    roots = {int(r[1]) for r in rows(SQL_CONTEXT_ROOTS)}
-    for (tops,) in rows(SQL_STAGED_TOPS):
+    roots = {int(r[1]) for r in fetch_rows(SQL_CONTEXT_ROOTS)}
+    for (tops,) in fetch_rows(SQL_STAGED_TOPS):
         roots.update(int(x) for x in json.loads(tops or "[]"))
     reached: set[int] = set()
     covered: set[int] = set()
@@ -479,7 +479,7 @@ def _duplicate_summaries(store: Any, rows: Callable[[str], list[tuple]]) -> set[
         stack.extend(kids)
         covered.update(mids)
     drop: set[int] = set()
-    for (leaf,) in rows(SQL_MULTI_LEAF_SUMMARIES):
+    for (leaf,) in fetch_rows(SQL_MULTI_LEAF_SUMMARIES):
         if leaf not in reached:
             kids, mids = store.summary_children(leaf)
             if mids and not kids and set(mids) <= covered:

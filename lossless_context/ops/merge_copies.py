@@ -23,18 +23,16 @@ from ..pipeline.unmerge import split
 from ..records import ContextEntry
 
 # Rows that may hold our whole block (the test of the whole block is `unmerge.split`/the marker).
-SQL_COPIES = {
-    "sqlite": "SELECT id, session_id FROM messages WHERE role IN ('user','assistant')"
-              " AND instr(text, '<lcm-summary nodes=\"') > 0 AND instr(text, '</lcm-summary>') > 0 ORDER BY id",
-    "postgres": "SELECT id, session_id FROM messages WHERE role IN ('user','assistant')"
-                " AND strpos(text, '<lcm-summary nodes=\"') > 0 AND strpos(text, '</lcm-summary>') > 0 ORDER BY id",
-}
+SQL_COPIES_SQLITE = ("SELECT id, session_id FROM messages WHERE role IN ('user','assistant')"
+                     " AND instr(text, '<lcm-summary nodes=\"') > 0 AND instr(text, '</lcm-summary>') > 0 ORDER BY id")
+SQL_COPIES_POSTGRES = ("SELECT id, session_id FROM messages WHERE role IN ('user','assistant')"
+                       " AND strpos(text, '<lcm-summary nodes=\"') > 0 AND strpos(text, '</lcm-summary>') > 0 ORDER BY id")
 _OPEN = '<lcm-summary nodes="'
 
 
-def block_copies(store: Any, rows: Callable[[str], list[tuple]]) -> dict[str, list[int]]:
+def block_copies(store: Any, fetch_rows: Callable[[str], list[tuple]]) -> dict[str, list[int]]:
     """Session → ids of the rows holding a copy of our block (merged with text or alone)."""
-    found = rows(SQL_COPIES["sqlite" if store.kind == "sqlite" else "postgres"])
+    found = fetch_rows(SQL_COPIES_SQLITE if store.kind == "sqlite" else SQL_COPIES_POSTGRES)
     recs = store.get_messages([int(r[0]) for r in found])
     out: dict[str, list[int]] = {}
     for mid, sid in found:
@@ -45,11 +43,11 @@ def block_copies(store: Any, rows: Callable[[str], list[tuple]]) -> dict[str, li
     return out
 
 
-def check(store: Any, rep: Any, repair: bool, left: list[tuple], rows: Callable[[str], list[tuple]]) -> list[tuple]:
+def check(store: Any, rep: Any, repair: bool, left: list[tuple], fetch_rows: Callable[[str], list[tuple]]) -> list[tuple]:
     """Report block copies and the messages merges left out; repair them with `repair`.
     Returns the left-out rows that have nothing to do with a merge (the caller reports those)."""
     name = "no summary block stored as a message"
-    copies = block_copies(store, rows)
+    copies = block_copies(store, fetch_rows)
     if not copies:
         rep.add(name, True)
         return left
