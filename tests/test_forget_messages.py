@@ -8,6 +8,9 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
+from lossless_context.messages import is_summary_message
 from lossless_context.ops.doctor import run_doctor
 from lossless_context.pipeline.forget import forget_messages, plan_forget_messages
 from lossless_context.tokens import estimate_messages_tokens
@@ -144,3 +147,104 @@ def test_forgetting_a_session_leaves_no_trace_in_the_file(tmp_path):
     for suffix in ("", "-wal"):
         if os.path.exists(store + suffix):
             assert b"zebraquux77" not in open(store + suffix, "rb").read().lower()
+
+
+# -- a live host hands a forgotten message over again (its own history still holds it) -------------
+
+PASTED = "my password is hunter2-QX9"
+
+
+def _live(location: str):
+    """A live session below its threshold: a pasted secret in turn 3 (user and reply), turns
+    around it, stored the way the host hands them over (on_turn_complete / on_session_end)."""
+    e = _engine(location)
+    e.bind_session_state(None, "L")
+    e.on_session_start("L", platform="cli")
+    hist = _turns("before", 3, big=6_000) + [{"role": "user", "content": PASTED},
+                                             {"role": "assistant", "content": f"noted: {PASTED[15:]}"}] + \
+        _turns("after", 2, big=6_000)
+    e.on_session_end("L", [dict(m) for m in hist])
+    e.store.wait_indexed()
+    return e, hist
+
+
+def _stored_with(e, text: str) -> list[int]:
+    return [m.id for m in e.store.iter_all_messages() if text in (m.text or "")]
+
+
+@pytest.mark.parametrize("how", ["message", "turn"])
+def test_a_forgotten_message_the_live_host_hands_over_again_is_not_stored_again(location, how):
+    """`lcm forget` on a live session: the host's own history still holds the message and hands
+    it over with every list. It is aligned as forgotten — not stored, not searchable, in no
+    active context, not in what a pass returns — while the rest of the list, a new turn and the
+    same words said again later are stored as usual."""
+    e, hist = _live(location)
+    secret = _stored_with(e, PASTED)
+    assert len(secret) == 1
+    plan = plan_forget_messages(e.store, secret, turn=how == "turn")
+    assert len(plan.messages) == (2 if how == "turn" else 1)
+    done = forget_messages(e.store, plan)
+    assert done["marks"] == len(plan.messages)
+    assert _stored_with(e, PASTED) == [] and _stored_with(e, "hunter2") == ([] if how == "turn" else _stored_with(e, "hunter2"))
+    # the host's next lists: the same history with a new turn (on_session_end, a tool call's list, a pass)
+    new_turn = [{"role": "user", "content": "next question NEWTURN-1"}, {"role": "assistant", "content": "next answer"}]
+    e.on_session_end("L", [dict(m) for m in hist + new_turn])
+    e.handle_tool_call("lcm_grep", {"query": "NEWTURN"}, messages=[dict(m) for m in hist + new_turn])
+    assert _stored_with(e, PASTED) == [], "the live host's copy of a forgotten message was stored again"
+    assert len(_stored_with(e, "NEWTURN-1")) == 1
+    found = json.dumps(json.loads(e.handle_tool_call("lcm_grep", {"query": "password hunter2"})))
+    assert PASTED not in found and (how == "message" or "QX9" not in found), found
+    _v, ctx = e.store.get_context("L")
+    rows = e.store.get_messages([x.ref for x in ctx if x.kind == "m"])
+    assert not [r for r in rows.values() if PASTED in r.text]
+    out = e.compress([dict(m) for m in hist + new_turn], force=True)
+    assert any(is_summary_message(m) for m in out), "the pass compacted nothing"
+    assert PASTED not in json.dumps(out), "a pass put the forgotten message back into the model's view"
+    e.on_session_start("L", boundary_reason="compression", old_session_id="L")
+    assert _stored_with(e, PASTED) == [] and run_doctor(e.store).ok, run_doctor(e.store).render_text()
+    # the same words said again, later in the session, are the user's new message
+    again = [{"role": "user", "content": PASTED}, {"role": "assistant", "content": "you said it again"}]
+    e.on_session_end("L", [dict(m) for m in out + again])
+    assert len(_stored_with(e, PASTED)) == 1
+
+
+def test_a_forgotten_message_stays_forgotten_when_the_message_before_it_goes_too(location):
+    """Each mark is anchored at the message kept before it; forgetting that one moves the mark."""
+    e, hist = _live(location)
+    secret = _stored_with(e, PASTED)
+    forget_messages(e.store, plan_forget_messages(e.store, secret))
+    before = _stored_with(e, "before answer 2")
+    forget_messages(e.store, plan_forget_messages(e.store, before))
+    e.on_session_end("L", [dict(m) for m in hist])
+    assert _stored_with(e, PASTED) == [] and _stored_with(e, "before answer 2") == []
+    assert len(_stored_with(e, "after question 0")) == 1
+
+
+def test_the_marks_hold_no_text_and_no_plain_hash(tmp_path):
+    """A mark is a digest keyed with the store's own random salt and stretched: two stores that
+    forgot the same message hold different digests, neither equal to a plain hash of it, and
+    nothing of the text is in the file."""
+    import hashlib
+    import sqlite3
+
+    from lossless_context.messages import content_ident
+
+    digests = []
+    for name in ("a", "b"):
+        store = str(tmp_path / f"{name}.db")
+        e, _hist = _live(store)
+        forget_messages(e.store, plan_forget_messages(e.store, _stored_with(e, PASTED), turn=True))
+        e.store.close()
+        with sqlite3.connect(store) as c:
+            rows = c.execute("SELECT session_id, anchor, digest FROM forget_marks").fetchall()
+            salt = c.execute("SELECT salt FROM forget_salt").fetchone()[0]
+        assert len(rows) == 2 and len(salt) == 32
+        digests.append(sorted(r[2] for r in rows))
+        ident = content_ident({"role": "user", "content": PASTED})
+        plain = {ident, hashlib.sha256(PASTED.encode()).hexdigest(), hashlib.sha256(ident.encode()).hexdigest()}
+        assert not plain & {r[2] for r in rows}
+        for suffix in ("", "-wal"):
+            if os.path.exists(store + suffix):
+                raw = open(store + suffix, "rb").read()
+                assert b"hunter2" not in raw and ident.encode() not in raw
+    assert not set(digests[0]) & set(digests[1])

@@ -19,7 +19,8 @@
 7. `forks`         — the host's background forks (review agents) told apart from the user's
                      sessions, and a /branch seeded from its parent;
 8. views and edits — `context_view`, `summary_view` (what the model sees, what a node covers);
-                     `forget`, `resummarize`.
+                     `forget` (`forgotten`: the marks that keep a forgotten message from
+                     being stored again when a live host hands it over), `resummarize`.
 
 (Which engine staged a pass is `store/owners.py`; the exact originals behind a hit,
 `search/originals.py`.)

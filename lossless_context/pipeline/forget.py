@@ -12,7 +12,9 @@ session keeps all of its own history. Children of the session hang from its pare
 the rows, their index entries, vectors and aliases; every summary built over them is rebuilt
 without them (deterministically, keeping its id, so the host's summary block and citations
 stay valid; its earlier texts go), a summary left with nothing under it is deleted and the
-contexts that held it repaired; then the store is scrubbed (`Store.scrub`).
+contexts that held it repaired; then the store is scrubbed (`Store.scrub`). Each one leaves a
+mark without its text (forgotten.py), so a live host that hands it over again does not get it
+stored again.
 
 `retract_rolled_back` is the undo/retry rule: messages that were at the end of the
 session's active context and are no longer in the host's list, while everything before
@@ -27,6 +29,7 @@ from typing import Any, Sequence
 
 from .assemble import Slot
 from .compaction import source_text
+from .forgotten import marks_for
 from .forks import BACKGROUND
 from ..records import ContextEntry, Source
 from ..store.base import Store
@@ -211,6 +214,10 @@ def plan_forget_messages(store: Store, message_ids: Sequence[int], turn: bool = 
 def forget_messages(store: Store, plan: MessagesPlan) -> dict[str, Any]:
     """Carry out `plan` (from plan_forget_messages, on the same store state)."""
     store.wait_indexed()
+    # A live host still holds them and hands them over again: marks keep them from being
+    # stored again (forgotten.py), written before the rows go.
+    marks, moved = marks_for(store, plan.messages)
+    store.add_forget_marks(marks, moved)
     touched = set(plan.sessions) | set(plan.contexts)
     for sess in touched | set(plan.staged_in):
         for staged in store.staged_passes(sess):
@@ -218,7 +225,7 @@ def forget_messages(store: Store, plan: MessagesPlan) -> dict[str, Any]:
     rows = [(sid, *plan.texts[sid]) for sid in plan.rebuilt]
     store.rewrite_summaries(rows, sorted(touched))
     counts = store.forget_records([], plan.messages, plan.dropped, plan.contexts)
-    return {**counts, "summaries_rebuilt": len(plan.rebuilt), "scrub": store.scrub()}
+    return {**counts, "summaries_rebuilt": len(plan.rebuilt), "marks": len(marks), "scrub": store.scrub()}
 
 
 def _repaired(store: Store, ctx: Sequence[ContextEntry], mids: set[int], sids: set[int]) -> list[tuple[str, int]]:

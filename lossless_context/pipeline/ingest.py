@@ -40,6 +40,7 @@ from ..records import ContextEntry, NewMessage
 from ..store.base import Store
 from ..tokens import estimate_message_tokens
 from .forks import HOST_INSTRUCTION, HOST_ROLE
+from .forgotten import FORGOTTEN, is_forgotten
 from .ingest_replay import opened
 
 if TYPE_CHECKING:
@@ -64,7 +65,8 @@ class IngestResult:
 
 
 # Where one incoming message stands (Walk.place), as a plain tuple (one per message: quick to build):
-# (slot: the stored message or summary it is, None if it is new and to be stored;
+# (slot: the stored message or summary it is, None if it is new and to be stored, FORGOTTEN if
+#  the user forgot it (forgotten.py: nothing stored, no slot);
 #  ident: its content identity, None if it was never needed (see Walk.place);
 #  supersedes: (new) the stored version of the same message uid it replaces, else None;
 #  store_too: (a summary block) the host merged it with text, to be stored verbatim as well)
@@ -101,6 +103,12 @@ class Walk:
     @cached_property
     def summaries(self) -> set[int]:
         return {e.ref for e in self.context if e.kind == "s"}
+
+    @cached_property
+    def forget_marks(self) -> dict[int, set[str]]:
+        """What the user forgot in this lineage (forgotten.py), read once per list that holds
+        something new."""
+        return self.store.forget_marks(self.scope)
 
     def place(self, msg: Any, ident: str | None) -> Placed:
         """Where `msg`, the next message of the host's list, stands; moves past it.
@@ -208,7 +216,12 @@ class Walk:
         if hit_mid is not None:
             self.last_mid = self.prev_mid = hit_mid
             return slot_for(msg, hit_mid, estimate_message_tokens(msg), ident or ""), ident, None, False
-        # 7. New.
+        # 7. New — unless it is a message the user forgot, which a live host hands over again
+        #    (its own history still holds it): aligned as FORGOTTEN, never stored (forgotten.py).
+        if self.forget_marks and self.prev_mid in self.forget_marks:
+            ident = ident if ident is not None else self.ident_of(msg)
+            if is_forgotten(store, self.forget_marks, self.prev_mid, ident):
+                return FORGOTTEN, ident, None, False
         return None, ident, None, False
 
     def _open(self, j: int, ident: str) -> Sequence[ContextEntry]:
@@ -267,6 +280,8 @@ def align(
     new_slots: list[Slot] = []  # their slots (the merged summary blocks stored verbatim have none)
     for msg in messages:
         slot, ident, supersedes, store_too = walk.place(msg, content_ident(msg))
+        if slot is FORGOTTEN:
+            continue  # (no row, no slot: in no context)
         if slot is None:
             row = new_message(msg, large_tokens, exploration_tokens, supersedes=supersedes, ident=ident)
             rows.append(row)

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator, Sequence, cast
 
 from . import gcpause, ingest_resume
 from .assemble import Slot
+from .forgotten import FORGOTTEN
 from .ingest import UNUSABLE, IngestResult, Walk, context_items, new_message, slot_for, slots_to_entries
 from .ingest_resume import Resume, Snapshot
 from ..messages import IdentMemo, role_of
@@ -66,6 +67,8 @@ def align_fast(
         # else while the row is built (overlapping the store's writing, see _store_new()).
         slot, ident, supersedes, store_too = walk.place(msg, memo.ident(msg) if walk.j < n_context else None)
         idents.append(ident)
+        if slot is FORGOTTEN:
+            continue  # a message the user forgot, handed over again: no row, no slot (forgotten.py)
         if slot is not None:
             slots.append(slot)
             if store_too:

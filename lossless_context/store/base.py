@@ -488,6 +488,21 @@ class Store(abc.ABC):
         (edges, context items, aliases, staged passes, index rows); children of a deleted
         session hang from its parent afterwards. Returns the counts deleted."""
 
+    def forget_salt(self) -> bytes:
+        """The store's random salt for the marks of forgotten messages (pipeline/forgotten.py):
+        32 bytes made on first use, kept in the store, never changed."""
+        raise NotImplementedError
+
+    def forget_marks(self, scope: Sequence[str]) -> dict[int, set[str]]:
+        """The marks of messages forgotten in these sessions: anchor (the message kept before
+        each) -> digests. A store without them forgets nothing at ingest."""
+        return {}
+
+    def add_forget_marks(self, marks: Sequence[tuple[str, int, str]], moved: dict[int, int]) -> None:
+        """Keep ``(session, anchor, digest)`` marks and move the marks anchored at a message
+        that goes to the one kept before it (``moved``: message id -> new anchor)."""
+        raise NotImplementedError
+
     def set_message_times(self, pairs: Sequence[tuple[int, float]]) -> None:
         """Set when messages were said (``(id, epoch seconds)``): the host's own record of a
         message stored without a time of its own."""

@@ -636,6 +636,24 @@ MIGRATIONS: list[tuple[str, str]] = [
 MIGRATIONS += KEPT_PLANS  # 020 on: kept_plans.py
 MIGRATIONS += LIFECYCLE_MIGRATIONS  # retention: lifecycle_schema.py
 MIGRATIONS += IDENT_MIGRATIONS  # identifiers as whole lexemes: idents.py
+MIGRATIONS += [
+    (
+        # What the user forgot, as SQLite's 020 (pipeline/forgotten.py): its session, the message
+        # kept before it and a salted, stretched digest of its identity, never its text.
+        "034_forget_marks",
+        """
+        CREATE TABLE forget_marks (
+            session_id TEXT NOT NULL,
+            anchor BIGINT NOT NULL,
+            digest TEXT NOT NULL,
+            forgotten_at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (session_id, anchor, digest)
+        );
+        CREATE INDEX forget_marks_anchor ON forget_marks(anchor);
+        CREATE TABLE forget_salt (id INTEGER PRIMARY KEY CHECK (id = 1), salt BYTEA NOT NULL);
+        """,
+    ),
+]
 
 # Migrations the store can live without (run in a savepoint; retried at the next start).
 OPTIONAL: frozenset[str] = frozenset({"002_trigram", "015_lz4_toast"})

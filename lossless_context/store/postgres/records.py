@@ -1,8 +1,9 @@
-"""Retracted messages, fork points, forgetting, batched DAG reads and summary outlines, for the PostgreSQL store (a mixin of
+"""Retracted messages, fork points, forgetting (and the marks of forgotten messages), batched DAG reads and summary outlines, for the PostgreSQL store (a mixin of
 :class:`~.postgres.PostgresStore`; the interface is documented on :class:`~.base.Store`)."""
 
 from __future__ import annotations
 
+import secrets
 import time
 from typing import Any, Callable, Sequence
 
@@ -99,6 +100,49 @@ class PostgresRecords:
 
         row, kids = self._read(run)
         return (summary_record(row), outline_items(kids)) if row is not None else (None, [])
+
+    def forget_salt(self) -> bytes:
+        salt = getattr(self, "_forget_salt", None)
+        if salt is None:
+            row = self._read(lambda c: c.execute("SELECT salt FROM forget_salt WHERE id = 1").fetchone())
+            if row is None:
+                fresh = secrets.token_bytes(32)
+
+                def tx(c: Any) -> Any:  # (two processes at once: the first one's salt stays)
+                    c.execute("INSERT INTO forget_salt(id, salt) VALUES (1, %s) ON CONFLICT DO NOTHING", (fresh,))
+                    return c.execute("SELECT salt FROM forget_salt WHERE id = 1").fetchone()
+
+                row = self._write(tx)
+            salt = self._forget_salt = bytes(row[0])
+        return salt
+
+    def forget_marks(self, scope: Sequence[str]) -> dict[int, set[str]]:
+        sessions = [_t(s) for s in scope]
+        out: dict[int, set[str]] = {}
+        for anchor, digest in self._read(lambda c: c.execute(
+                "SELECT anchor, digest FROM forget_marks WHERE session_id = ANY(%s)", (sessions,)).fetchall()):
+            out.setdefault(int(anchor), set()).add(digest)
+        return out
+
+    def add_forget_marks(self, marks: Sequence[tuple[str, int, str]], moved: dict[int, int]) -> None:
+        now = time.time()
+        olds, news = [int(k) for k in moved], [int(v) for v in moved.values()]
+        rows = [(_t(s), int(a), str(d), now) for s, a, d in marks]
+
+        def tx(c: Any) -> None:
+            if olds:
+                # (moved through a copy: a mark may already stand at the new anchor)
+                c.execute("INSERT INTO forget_marks(session_id, anchor, digest, forgotten_at)"
+                          " SELECT f.session_id, m.new, f.digest, f.forgotten_at FROM forget_marks f"
+                          " JOIN unnest(%s::bigint[], %s::bigint[]) AS m(old, new) ON f.anchor = m.old"
+                          " ON CONFLICT DO NOTHING", (olds, news))
+                c.execute("DELETE FROM forget_marks WHERE anchor = ANY(%s)", (olds,))
+            if rows:
+                c.execute("INSERT INTO forget_marks(session_id, anchor, digest, forgotten_at)"
+                          " SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::float8[])"
+                          " ON CONFLICT DO NOTHING", [list(col) for col in zip(*rows)])
+
+        self._write(tx)
 
     def retract_messages(self, message_ids: Sequence[int]) -> int:
         if not message_ids:

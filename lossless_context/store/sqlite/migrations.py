@@ -440,4 +440,22 @@ MIGRATIONS: list[tuple[str, str]] = [
         );
         """,
     ),
+    (
+        # What the user forgot (`lcm forget m123`), remembered without its text, so a live host
+        # handing the message over again does not get it stored again (pipeline/forgotten.py):
+        # its session, the message kept before it (anchor) and a salted, stretched digest of its
+        # identity. The salt is the store's own (one row, made on first use).
+        "020_forget_marks",
+        """
+        CREATE TABLE forget_marks (
+            session_id TEXT NOT NULL,
+            anchor INTEGER NOT NULL,
+            digest TEXT NOT NULL,
+            forgotten_at REAL NOT NULL,
+            PRIMARY KEY (session_id, anchor, digest)
+        ) WITHOUT ROWID;
+        CREATE INDEX forget_marks_anchor ON forget_marks(anchor);
+        CREATE TABLE forget_salt (id INTEGER PRIMARY KEY CHECK (id = 1), salt BLOB NOT NULL);
+        """,
+    ),
 ]

@@ -1,9 +1,10 @@
-"""Retracted messages, fork points, forgetting, summary outlines and the leaves over messages,
+"""Retracted messages, fork points, forgetting (and the marks of forgotten messages), summary outlines and the leaves over messages,
 for the SQLite store (a mixin of :class:`~.sqlite.SQLiteStore`; the interface is documented on
 :class:`~.base.Store`)."""
 
 from __future__ import annotations
 
+import secrets
 import sqlite3
 import time
 from typing import Any, Callable, Iterator, Sequence
@@ -38,6 +39,36 @@ class SQLiteRecords:
         if row is None:
             return None, []
         return summary_record(row), outline_items(c.execute(_OUTLINE, (summary_id, summary_id)).fetchall())
+
+    def forget_salt(self) -> bytes:
+        salt = getattr(self, "_forget_salt", None)
+        if salt is None:
+            row = self.conn().execute("SELECT salt FROM forget_salt WHERE id = 1").fetchone()
+            if row is None:
+                with self.tx() as c:  # (two processes at once: the first one's salt stays)
+                    c.execute("INSERT OR IGNORE INTO forget_salt(id, salt) VALUES (1, ?)", (secrets.token_bytes(32),))
+                    row = c.execute("SELECT salt FROM forget_salt WHERE id = 1").fetchone()
+            salt = self._forget_salt = bytes(row[0])
+        return salt
+
+    def forget_marks(self, scope: Sequence[str]) -> dict[int, set[str]]:
+        out: dict[int, set[str]] = {}
+        sessions = [str(s) for s in scope]
+        for k in range(0, len(sessions), _CHUNK):
+            part = sessions[k:k + _CHUNK]
+            for anchor, digest in self.conn().execute(
+                    f"SELECT anchor, digest FROM forget_marks WHERE session_id IN ({','.join('?' * len(part))})", part):
+                out.setdefault(int(anchor), set()).add(digest)
+        return out
+
+    def add_forget_marks(self, marks: Sequence[tuple[str, int, str]], moved: dict[int, int]) -> None:
+        now = time.time()
+        with self.tx() as c:
+            for old, new in moved.items():
+                c.execute("UPDATE OR IGNORE forget_marks SET anchor = ? WHERE anchor = ?", (int(new), int(old)))
+                c.execute("DELETE FROM forget_marks WHERE anchor = ?", (int(old),))  # (a duplicate of a moved one)
+            c.executemany("INSERT OR IGNORE INTO forget_marks(session_id, anchor, digest, forgotten_at)"
+                          " VALUES (?, ?, ?, ?)", [(str(s), int(a), str(d), now) for s, a, d in marks])
 
     def retract_messages(self, message_ids: Sequence[int]) -> int:
         if not message_ids:
