@@ -215,7 +215,7 @@ class SqlSafety:
         "messages" if is_msg else "summaries"``, ``for table in ("messages", "summaries")``,
         a ``where`` list whose every ``append`` is safe, the ``MSG_COLS`` constant;
       * string methods of safe text (join, format, replace, strip, split, splitlines, ...),
-        ``chr(<literal>)``, numbers (``int()``/``len()``), and calls of the package's own
+        ``chr(<literal>)``, numbers (``int()``/``len()``), hex digits (``.hex()``), and calls of the package's own
         functions whose returns are safe for the (safe) arguments given;
       * a parameter of a named function when every call site in the package passes a safe
         argument; the parameter of a lambda callback (``lambda sql, p=(): c.execute(sql,
@@ -463,6 +463,8 @@ class SqlSafety:
             return all(s(x, env) for x in args)
         if isinstance(f, ast.Attribute) and f.attr == "fromkeys":
             return all(s(x, env) for x in args)
+        if isinstance(f, ast.Attribute) and f.attr == "hex" and not args:
+            return True  # bytes.hex() / int.hex(): hex digits only, whatever the value
         # the package's own helpers: safe when their returns are safe for these arguments
         defs = self.funcs.get(name or "", [])
         if not defs:

@@ -242,7 +242,7 @@ def export_to(src: Any, dest: str, key: StoreKey | None) -> None:
     ``dest``: encrypted with ``key``, or plaintext when None (``sqlcipher_export``: one read
     transaction, so a consistent copy while writers go on)."""
     value = key.pragma() if key is not None else "''"
-    src.execute(f"ATTACH DATABASE '{_quoted(dest)}' AS lcm_copy KEY {value}")
+    src.execute(f"ATTACH DATABASE ? AS lcm_copy KEY {value}", (str(dest),))
     try:
         if key is not None:
             src.execute(f"PRAGMA lcm_copy.cipher_page_size = {CIPHER_PAGE_SIZE}")
@@ -255,6 +255,3 @@ def export_to(src: Any, dest: str, key: StoreKey | None) -> None:
     finally:
         src.execute("DETACH DATABASE lcm_copy")
 
-
-def _quoted(path: str) -> str:
-    return str(path).replace("'", "''")

@@ -131,9 +131,12 @@ class SQLiteStore(SQLiteRecords, SQLiteLifecycle, SQLiteSearch, SQLiteCosts, SQL
         # rows of ~2 KB and FTS segments spill over fewer pages — bulk appends spend ~15% less
         # in SQLite, and a commit writes ~35% less to the WAL.
         c.execute(f"PRAGMA page_size={PAGE_SIZE}")
-        # A new file frees the pages of what a prune removes (ops/retention.py) in place; an
-        # existing file keeps its mode (switching needs a rewrite: `lcm vacuum`), so a no-op.
-        c.execute("PRAGMA auto_vacuum=INCREMENTAL")
+        # A new file frees the pages of what a prune removes (ops/retention.py) in place. An
+        # existing file keeps its mode (switching needs a rewrite: `lcm vacuum`), and setting it
+        # there waits for the write lock (another process's transaction: up to the busy timeout,
+        # in every connection a background thread opens), so only an empty file is told.
+        if c.execute("PRAGMA page_count").fetchone()[0] == 0:
+            c.execute("PRAGMA auto_vacuum=INCREMENTAL")
         # Switching to WAL ignores the busy timeout: retry while another process opens
         # the same new file at the same moment.
         deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
