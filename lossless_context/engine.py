@@ -56,6 +56,8 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
 
     protect_first_n: int = 3
     protect_last_n: int = 6
+    # A pass's time budget is measured on this clock (a simulated host's tests share theirs)
+    pass_clock: Callable[[], float] = staticmethod(time.monotonic)
 
     def __init__(self, context_length: int = 0, *, config: LCMConfig | None = None,
                  **overrides: Any) -> None:
@@ -487,7 +489,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
         try:
             result = self._compress(messages, current_tokens, focus_topic, bool(force),
                                     memory_context if isinstance(memory_context, str) else "", kwargs,
-                                    time.monotonic())  # the pass budget counts from here (ingest included)
+                                    self.pass_clock())  # the pass budget counts from here (ingest included)
         except StoreUnavailable as exc:
             # The session survives without its store: keep it within the window (store/guard.py).
             with self._stats_lock:
@@ -576,9 +578,9 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
                                  summary_timeout=cfg.summary_timeout,
                                  progress_visible=isinstance(esc.model, HostSummarizer),
                                  message_count=len(messages))
-                left = pb.seconds - (time.monotonic() - t0)
+                left = pb.seconds - (self.pass_clock() - t0)
                 comp = Compactor(self.store, esc, owner=self._owner, cancelled=self._cancel_check(),
-                                 time_budget=max(0.0, left), fast=fast, call_timeout=pb.call_timeout,
+                                 time_budget=max(0.0, left), clock=self.pass_clock, fast=fast, call_timeout=pb.call_timeout,
                                  stubs=stub_policy(cfg), continuity_tokens=cfg.continuity_tokens,
                                  min_cut=MIN_OVER_WINDOW_CUT if over else 0.0)
                 res: PassResult = comp.run(sid, system, slots, budget, focus=focus or None,
@@ -605,7 +607,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
             self._discard_stage(res.pass_id)
             res = PassResult(messages, reason=f"the pass could not shrink the context ({ours} -> {after} tokens)",
                              calls=res.calls, tokens_before=res.tokens_before, tokens_after=res.tokens_before)
-        self._record(sid, res, pb, time.monotonic() - t0, overhead)
+        self._record(sid, res, pb, self.pass_clock() - t0, overhead)
         if not res.progressed:
             self._no_progress_at = self._host_figure(current_tokens, ours + overhead, ratio)
             self._note(res.reason)

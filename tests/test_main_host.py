@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import math
-import threading
 
 import pytest
 
@@ -21,7 +20,7 @@ from lossless_context.contract.passbudget import pass_budget, plausible_overhead
 from lossless_context.demo.sessions import coding_session, turn_ranges
 from lossless_context.tokens import estimate_messages_tokens
 from tests.support.fake_openai import Fail, FailureSequence, FakeOpenAI, SummariserResponder
-from tests.support.newhost import MARKER, MainHost, host_aux_client, status_message
+from tests.support.newhost import MARKER, MainHost, SlowModel, VirtualClock, host_aux_client, status_message
 
 
 @pytest.fixture(autouse=True)
@@ -46,20 +45,6 @@ def _engine(path, host: HostCompression | None = None, **kw):
 
 def _turns(msgs):
     return [msgs[a:b] for a, b in turn_ranges(msgs)]
-
-
-class Gate:
-    """A summariser endpoint that answers only once released: silent until then."""
-
-    def __init__(self) -> None:
-        self.release = threading.Event()
-        self.base = SummariserResponder(max_chars=600)
-        self.calls = 0
-
-    def __call__(self, req):
-        self.calls += 1
-        self.release.wait(120)
-        return self.base(req)
 
 
 # -- the budget rules ---------------------------------------------------------------------------
@@ -285,60 +270,82 @@ def test_status_line_keeps_the_marker(tmp_path):
 # -- main's pass: pooled worker, silence budget, fence, late work ---------------------------------
 
 
-def test_silent_summariser_pass_ends_inside_the_silence_budget(tmp_path):
-    gate = Gate()
-    with FakeOpenAI(responder=gate) as srv:
+def _virtual(e: LCMEngine, host: MainHost) -> VirtualClock:
+    """One clock for the host and the pass (newhost.VirtualClock): a model call takes its
+    latency on it, the engine's own work none, so no assertion below depends on how fast (or
+    how loaded) the machine is."""
+    clock = VirtualClock()
+    host.clock = clock
+    e.pass_clock = clock.now
+    return clock
+
+
+def test_a_pass_with_an_unseen_model_ends_inside_the_silence_budget(tmp_path):
+    """A summariser the host cannot watch (`summarizer: openai`): the pass plans for half the
+    host's silence budget and starts no model call after that deadline; the rest is summarised
+    deterministically, so the host (8 s of silence) never cuts it off. Each call takes 3 s."""
+    clock = VirtualClock()
+    model = SlowModel(clock, 3.0)
+    with FakeOpenAI(responder=model) as srv:
         host_cfg = HostCompression(context_timeout_seconds=8, context_total_ceiling_seconds=60)
         e = _engine(tmp_path / "g.db", host_cfg, summarizer="openai", summary_base_url=srv.base_url,
-                    summary_timeout=60)
-        host = MainHost(e, "gw-silent", idle_timeout=8, ceiling=60)
+                    summary_timeout=60, leaf_chunk_tokens=8000)  # (several leaves: some after the deadline)
+        host = MainHost(e, "gw-silent", idle_timeout=8, ceiling=60, clock=clock)
+        e.pass_clock = clock.now
         host.start()
         for turn in _turns(coding_session(700, seed=11).messages):
             host.history.extend(turn)
-        try:
-            assert host.run_pass("compress") is True, "the host did not cut the pass off"
-        finally:
-            gate.release.set()
+        assert host.run_pass("compress") is True, "the host cut the pass off"
         last = e.get_status()["lcm_last_pass"]
-        assert gate.calls >= 1 and last["calls"] >= 1  # it tried the model ...
-        assert last["budget_seconds"] == 4.0 and last["seconds"] < 8  # ... and stopped at its deadline
-        assert last["levels"].get("deterministic")
-        assert host.commits == 1 and host.abandoned == 0
+        assert last["budget_seconds"] == 4.0 and 1 <= model.calls == last["calls"] <= 2  # tried, then stopped
+        assert last["levels"].get("deterministic") and last["seconds"] < 8
+        assert host.waited[-1] < host.idle_timeout and host.commits == 1 and host.abandoned == 0
         assert pairing_problems([{"role": "system", "content": "s"}] + host.history) == []
 
 
 def test_host_model_progress_extends_the_wait(tmp_path):
-    # Each call takes 1.5 s, well inside the 4 s silence budget, so every call reports progress
-    # in time however loaded the machine is (at 2 s with 0.7 s calls, a slow ingest under load
-    # used up the budget before the first call); three calls outlive the budget on progress alone.
-    seq = FailureSequence([Fail.slow(1.5, None)], base=SummariserResponder(max_chars=500), cycle=True)
-    with FakeOpenAI(responder=seq) as srv, host_aux_client(srv.base_url):
-        host_cfg = HostCompression(context_timeout_seconds=4, context_total_ceiling_seconds=120)
-        # tier 0 off: this test is about model calls' progress extending the wait; with tier 0 the
-        # first pass spends ~1 s (more under load) making stubs before its first call (issue #19)
-        e = _engine(tmp_path / "h.db", host_cfg, summarizer="host", leaf_chunk_tokens=8000, summary_timeout=30,
-                    tool_stubs=False)
-        host = MainHost(e, "gw-talk", idle_timeout=4, ceiling=120)
-        host.start()
-        for turn in _turns(coding_session(700, seed=12).messages):
-            host.history.extend(turn)
-        assert host.run_pass("compress") is True
-        last = e.get_status()["lcm_last_pass"]
-        assert last["calls"] >= 3 and last["levels"].get("normal")
-        assert host.waited[-1] > host.idle_timeout, "the pass outlived the silence budget on progress alone"
-        assert host.commits == 1
+    """The host's own compression model streams progress: a pass talking to it outlives the
+    silence budget (4 s) on progress alone — each call takes 1.5 s of host time — and is
+    committed; a silent one (no token, each call waiting out the timeout the engine gave it)
+    never leaves the host without progress for longer than half the budget, and is committed
+    too. No wall time is involved (VirtualClock)."""
+    for silent in (False, True):
+        with FakeOpenAI(responder=SummariserResponder(max_chars=500)) as srv:
+            host_cfg = HostCompression(context_timeout_seconds=4, context_total_ceiling_seconds=120)
+            e = _engine(tmp_path / f"h{silent}.db", host_cfg, summarizer="host", leaf_chunk_tokens=8000,
+                        summary_timeout=30)
+            host = MainHost(e, f"gw-talk-{silent}", idle_timeout=4, ceiling=120)
+            clock = _virtual(e, host)
+            with host_aux_client(srv.base_url, clock=clock, latency=1.5, silent=silent):
+                host.start()
+                for turn in _turns(coding_session(700, seed=12).messages):
+                    host.history.extend(turn)
+                assert host.run_pass("compress") is True, "the host cut a pass that kept reporting progress"
+            last = e.get_status()["lcm_last_pass"]
+            fence = host.fences[-1]
+            assert host.waited[-1] > host.idle_timeout, "the pass outlived the silence budget on progress alone"
+            assert fence.longest_silence <= host.idle_timeout / 2 and host.commits == 1 and host.abandoned == 0
+            if silent:
+                assert last["levels"].get("deterministic") and not last["levels"].get("normal")
+            else:
+                assert last["calls"] >= 3 and last["levels"].get("normal")
 
 
-def test_late_work_is_discarded(tmp_path):
-    seq = FailureSequence([Fail.slow(2.0)], base=SummariserResponder(max_chars=800), cycle=True)
-    with FakeOpenAI(responder=seq) as srv:
+def test_a_silent_pass_is_cut_and_its_late_work_discarded(tmp_path):
+    """The engine believes main's default budget (120 s) but the host cuts at 0.3 s of silence:
+    a model it cannot see takes 2 s a call. The host gives up at the first call, and nothing
+    of the pass is ever staged or published."""
+    clock = VirtualClock()
+    with FakeOpenAI(responder=SlowModel(clock, 2.0, SummariserResponder(max_chars=800))) as srv:
         e = _engine(tmp_path / "l.db", summarizer="openai", summary_base_url=srv.base_url, summary_timeout=10)
-        host = MainHost(e, "gw-late", idle_timeout=0.3)  # the engine believes main's default, 120 s
+        host = MainHost(e, "gw-late", idle_timeout=0.3, clock=clock)
+        e.pass_clock = clock.now
         host.start()
         for turn in _turns(coding_session(600, seed=9).messages):
             host.history.extend(turn)
-        assert host.run_pass("compress") is False and host.abandoned == 1
-        host.late[0].result(timeout=120)  # let the abandoned worker finish
+        assert host.run_pass("compress") is False and host.abandoned == 1 and host.commits == 0
+        for fut in host.late:
+            fut.result(timeout=120)  # let the abandoned worker finish
     st = e.store.stats()
     assert st["summaries_by_depth"] == {} and st["staged_summaries"] == 0
     assert e.get_status()["lcm_last_pass"]["outcome"] == "cancelled by the host"
@@ -367,19 +374,21 @@ def test_idle_compaction_uses_summary_target_ratio(tmp_path):
 
 
 def test_gateway_hygiene_pass_at_5000_messages_fits_30_seconds(tmp_path):
-    gate = Gate()
-    with FakeOpenAI(responder=gate) as srv:
+    """A gateway force-compresses at 5,000 messages within 30 s of silence: the pass plans for
+    a third of it and starts no model call after that (an unseen model taking 6 s a call)."""
+    clock = VirtualClock()
+    model = SlowModel(clock, 6.0)
+    with FakeOpenAI(responder=model) as srv:
         e = _engine(tmp_path / "hyg.db", summarizer="openai", summary_base_url=srv.base_url, summary_timeout=60)
         e.update_model(model="test-model", context_length=200_000)
-        host = MainHost(e, "gw-hyg", hygiene_timeout=30, ceiling=600)
+        host = MainHost(e, "gw-hyg", hygiene_timeout=30, ceiling=600, clock=clock)
+        e.pass_clock = clock.now
         e.on_session_start("gw-hyg", platform="telegram")
         host.history = coding_session(5000, seed=21).messages
-        try:
-            assert host.hygiene() is True, "the gateway cut the hygiene pass off"
-        finally:
-            gate.release.set()
+        assert host.hygiene() is True, "the gateway cut the hygiene pass off"
     last = e.get_status()["lcm_last_pass"]
     assert last["hygiene"] and last["budget_seconds"] == pytest.approx(10.0)
+    assert 1 <= model.calls <= 2 and host.waited[-1] < host.hygiene_timeout
     assert len(host.history) < 1000 and host.abandoned == 0
     assert pairing_problems([{"role": "system", "content": "s"}] + host.history) == []
 

@@ -80,6 +80,7 @@ class _Node:
 class Compactor:
     def __init__(self, store: Store, escalator: Escalator, *,
                  cancelled: Callable[[], bool] | None = None, time_budget: float = 240.0,
+                 clock: Callable[[], float] = time.monotonic,
                  fast: bool = False, owner: str | None = None, stubs: StubPolicy | None = None,
                  continuity_tokens: int = 0, call_timeout: float | None = None, min_cut: float = 0.0) -> None:
         self.store = store
@@ -95,7 +96,8 @@ class Compactor:
         self.adopted = 0  # leaves taken from summaries prepared ahead of time
         self.esc = escalator
         self.cancelled = cancelled
-        self.deadline = time.monotonic() + time_budget
+        self.clock = clock  # (the engine's pass clock: the budget and the deadline are on it)
+        self.deadline = clock() + time_budget
         self.call_timeout = call_timeout  # cap on one model call (the host's silence budget)
         self.new: list[NewSummary] = []
         self.calls = 0
@@ -422,7 +424,7 @@ class Compactor:
             return deterministic_summary(SummaryRequest(sources, target, kind, focus, memory),
                                          self.esc.do_redact), "deterministic", "extractive"
         res = self.esc.summarize(SummaryRequest(sources, target, kind, focus, memory),
-                                 cancelled=self.cancelled, deadline=self.deadline,
+                                 cancelled=self.cancelled, deadline=self.deadline, clock=self.clock,
                                  call_timeout=self.call_timeout)
         self.calls += res.calls
         self.failures += res.failures

@@ -395,9 +395,10 @@ class Escalator:
         self.fallback = ExtractiveSummarizer(do_redact)  # the deterministic level
 
     def summarize(self, req: SummaryRequest, cancelled: Callable[[], bool] | None = None,
-                  deadline: float | None = None, call_timeout: float | None = None) -> SummaryResult:
-        """`deadline` (monotonic): no call starts after it and none may run past it;
-        `call_timeout` caps each call further."""
+                  deadline: float | None = None, call_timeout: float | None = None,
+                  clock: Callable[[], float] = time.monotonic) -> SummaryResult:
+        """`deadline` (on `clock`, monotonic by default): no call starts after it and none may
+        run past it; `call_timeout` caps each call further."""
         calls = failures = 0
         errors: list[str] = []
         if self.model is not None:
@@ -408,7 +409,7 @@ class Escalator:
                     break
                 timeout = call_timeout
                 if deadline is not None:
-                    left = deadline - time.monotonic()
+                    left = deadline - clock()
                     if left < MIN_CALL_SECONDS:
                         errors.append("compaction time budget spent")
                         break

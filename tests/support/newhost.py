@@ -127,27 +127,79 @@ _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix=
 _progress = threading.local()  # like the host's aux client: the progress hook is per thread
 
 
-class Fence:
-    """The host's commit fence: cancelled after a timeout; progress ticks extend the wait."""
+class VirtualClock:
+    """Host time that passes only when the test says so: a model call "takes" its seconds
+    (`advance`) and everything else — the engine's own work, however slow a loaded machine
+    makes it — takes none. Give the same clock to the host (MainHost(clock=...)) and to the
+    engine (`engine.pass_clock = clock.now`): then what the host decides (wait on, or cut the
+    pass off) and what the engine plans depend on no machine's speed."""
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._now = 1000.0
+
+    def now(self) -> float:
+        with self._lock:
+            return self._now
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self._now += max(0.0, float(seconds))
+
+
+class Fence:
+    """The host's commit fence: cut off after `silence` seconds without progress (or past the
+    `ceiling`); progress ticks extend the wait. Decided on the host's clock when anyone looks
+    (the engine's cancel check included), once and for good."""
+
+    def __init__(self, clock: Any = time.monotonic, silence: float = float("inf"),
+                 ceiling: float = float("inf")) -> None:
         self._cancelled = threading.Event()
-        self.last_progress = time.monotonic()
+        self.clock = clock
+        self.silence, self.ceiling = silence, ceiling
+        self.started = self.last_progress = clock()
         self.ticks = 0
+        self.longest_silence = 0.0
 
     def touch_progress(self) -> None:
-        self.last_progress = time.monotonic()
+        if self.is_cancelled:
+            return  # (progress after the cut does not bring the pass back)
+        now = self.clock()
+        self.longest_silence = max(self.longest_silence, now - self.last_progress)
+        self.last_progress = now
         self.ticks += 1
 
     def since_progress(self) -> float:
-        return time.monotonic() - self.last_progress
+        return self.clock() - self.last_progress
+
+    def elapsed(self) -> float:
+        return self.clock() - self.started
 
     def cancel(self) -> None:
         self._cancelled.set()
 
     @property
     def is_cancelled(self) -> bool:
+        if not self._cancelled.is_set() and (self.since_progress() >= self.silence or self.elapsed() >= self.ceiling):
+            self._cancelled.set()
         return self._cancelled.is_set()
+
+
+class SlowModel:
+    """A summariser endpoint (a FakeOpenAI responder) that takes `seconds` of host time to
+    answer each call (a model the host cannot see streaming: no progress), then answers."""
+
+    def __init__(self, clock: VirtualClock, seconds: float, base: Any = None) -> None:
+        from tests.support.fake_openai import SummariserResponder
+
+        self.clock, self.seconds = clock, seconds
+        self.base = base or SummariserResponder(max_chars=600)
+        self.calls = 0
+
+    def __call__(self, req: Any) -> Any:
+        self.calls += 1
+        self.clock.advance(self.seconds)
+        return self.base(req)
 
 
 def status_message(engine: Any, *, phase: str, default_message: str, **context: Any) -> str | None:
@@ -162,9 +214,12 @@ def status_message(engine: Any, *, phase: str, default_message: str, **context: 
 
 
 @contextmanager
-def host_aux_client(base_url: str):
+def host_aux_client(base_url: str, clock: VirtualClock | None = None, latency: float = 0.0,
+                    silent: bool = False):
     """Stand in for the host's `agent.auxiliary_client.call_llm` (the host side of the simulator):
-    a call dispatched and a reply received count as progress of the pass on this thread."""
+    a call dispatched and a reply received count as progress of the pass on this thread. With a
+    `clock`, each call takes `latency` seconds of it; a `silent` model streams nothing and
+    answers nothing: the call waits the whole `timeout` the engine gave it, then fails."""
     import json
     import urllib.request
 
@@ -175,6 +230,11 @@ def host_aux_client(base_url: str):
         hook = getattr(_progress, "hook", None)
         if hook:
             hook()
+        if clock is not None and silent:
+            clock.advance(timeout)
+            raise TimeoutError(f"no reply within {timeout:.1f} s")
+        if clock is not None:
+            clock.advance(latency)
         body = json.dumps({"model": "aux", "messages": messages, "max_tokens": max_tokens}).encode()
         req = urllib.request.Request(f"{base_url}/chat/completions", data=body,
                                      headers={"Content-Type": "application/json"})
@@ -215,6 +275,10 @@ class MainHost(NewHost):
     warnings: list[str] = field(default_factory=list)
     late: list[Any] = field(default_factory=list)  # futures of passes the host gave up on
     waited: list[float] = field(default_factory=list)
+    fences: list[Fence] = field(default_factory=list)  # each pass's fence (its ticks and silences)
+    # The host's clock: wall time by default; a VirtualClock makes every decision independent
+    # of the machine's speed (the engine's work takes no time on it, a model call its latency).
+    clock: Any = None
 
     def run_pass(self, phase: str = "compress", *, force: bool = False, silence: float | None = None) -> bool:
         """One automatic (or forced) pass exactly as main runs it; True when committed."""
@@ -223,10 +287,13 @@ class MainHost(NewHost):
             self.statuses.append((phase, status_message(self.engine, phase=phase, default_message=HOST_STATUS,
                                                         approx_tokens=approx, message_count=len(self.history),
                                                         model="test-model", focus_topic=None)))
-        fence = Fence()
+        virtual = isinstance(self.clock, VirtualClock)
+        now = self.clock.now if virtual else time.monotonic
+        budget = self.idle_timeout if silence is None else silence
+        fence = Fence(now, budget, self.ceiling)
+        self.fences.append(fence)
         self.engine._compression_cancelled_check = lambda: fence.is_cancelled
         private = copy.deepcopy(self.history)
-        budget = self.idle_timeout if silence is None else silence
 
         def work() -> Any:
             _progress.hook = fence.touch_progress
@@ -237,23 +304,28 @@ class MainHost(NewHost):
                 _progress.hook = None
 
         fut = _POOL.submit(work)
-        started = time.monotonic()
         while True:
-            slice_ = max(budget - fence.since_progress(), 0.005)
+            # (wall time: sleep until the budget could run out; a virtual clock is looked at
+            # every few milliseconds, and only it decides)
+            wait = 0.01 if virtual else min(max(budget - fence.since_progress(), 0.005),
+                                             max(self.ceiling - fence.elapsed(), 0.005))
             try:
-                out = fut.result(timeout=min(slice_, max(self.ceiling - (time.monotonic() - started), 0.005)))
+                out = fut.result(timeout=wait)
                 break
             except concurrent.futures.TimeoutError:
-                if fence.since_progress() < budget and time.monotonic() - started < self.ceiling:
+                if not fence.is_cancelled:
                     continue
-                fence.cancel()  # late work is discarded: nothing of this pass may be published
+                # late work is discarded: nothing of this pass may be published
                 self.abandoned += 1
                 self.late.append(fut)
-                self.waited.append(time.monotonic() - started)
+                self.waited.append(fence.elapsed())
                 return False
-        self.waited.append(time.monotonic() - started)
+        self.waited.append(fence.elapsed())
         self.engine._compression_cancelled_check = None
-        if fence.is_cancelled or not out or out == self.history:
+        if fence.is_cancelled:  # (the host gave up before the result came: thrown away)
+            self.abandoned += 1
+            return False
+        if not out or out == self.history:
             return False
         self.engine.on_session_end(self.session_id, copy.deepcopy(self.history))
         self.history = [m for m in out if m.get("role") != "system"]
