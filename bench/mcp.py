@@ -67,7 +67,7 @@ async def _compare(store: str, queries: list[str], reps: int) -> dict[str, Any]:
     from lossless_context.config import LCMConfig
     from lossless_context.mcp_server.scope import ServerScope
     from lossless_context.mcp_server.server import Reader
-    from lossless_context.tools import dispatch_scoped
+    from lossless_context.tools import ToolSource, dispatch_scoped
 
     e = common.make_engine(store, context_length=32_000)
     e.bind_session_state(None, SESSION)
@@ -89,7 +89,7 @@ async def _compare(store: str, queries: list[str], reps: int) -> dict[str, Any]:
                             took = {
                                 "engine": _timed(lambda q=q: json.loads(e.handle_tool_call("lcm_grep", {"query": q}))),
                                 "scoped": _timed(lambda q=q: json.loads(dispatch_scoped(
-                                    reader, "lcm_grep", {"query": q}, lambda a: scope.for_call(reader.store, a)))),
+                                    ToolSource(reader.store, reader.config, reader.semantic_arm()), "lcm_grep", {"query": q}, lambda a: scope.for_call(reader.store, a)))),
                             }
                             t1 = time.perf_counter()
                             res = await s.call_tool("lcm_grep", {"query": q})

@@ -8,6 +8,7 @@ raises: every failure falls back to returning the host's own list unchanged.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
 import threading
@@ -15,6 +16,7 @@ import time
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional
 
+from . import tools
 from .pipeline import forget
 from .ops import retention
 from .store import owners
@@ -24,13 +26,13 @@ from .pipeline.background import BackgroundWorker, SessionGrowth, presummarize, 
 from .pipeline.compaction import Budget, Compactor, PassResult
 from .pipeline.dag_balance import node_targets
 from .config import LCMConfig, model_threshold
-from .pipeline.ingest import slots_to_entries, times_from_host
+from .pipeline.ingest import cheap_slots, slots_to_entries, times_from_host
 from .pipeline.ingest_fast import align_fast
 from .pipeline.ingest_replay import fold_replayed
 from .pipeline.forks import as_host_instruction
 from .pipeline.unmerge import stored_raw, unmerge
-from .contract.lifecycle import SessionLifecycle, held, session_lock
-from .messages import role_of, summary_node_ids, tool_call_ids
+from .contract.lifecycle import SessionBusy, SessionLifecycle, held, session_lock
+from .messages import role_of, summary_node_ids
 from .contract.hooks_r19 import HostSignals, positive_tokens
 from .contract.hooks_main import NewHostHooks
 from .contract.notices import StoreNotices
@@ -43,7 +45,7 @@ from .pipeline.stub_prep import StubPreparer, pass_running
 from .search.semantic import SemanticArm, SemanticUnavailable, load_embedder
 from .store.guard import GuardedStore, StoreUnavailable, trim_without_store
 from .summarizers.summarize import Escalator, HostSummarizer, ModelSummarizer, OpenAISummarizer, guard_for
-from .tokens import estimate_messages_tokens, estimate_message_tokens
+from .tokens import estimate_messages_tokens
 
 log = logging.getLogger("lossless_context")
 
@@ -291,7 +293,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
 
     def has_content_to_compress(self, messages: List[Dict[str, Any]], *args: Any, **kwargs: Any) -> bool:
         try:
-            slots = _cheap_slots(messages)
+            slots = cheap_slots(messages)
             h = Compactor.head_end(slots, self.protect_first_n)
             t = Compactor.tail_start(slots, h, self._forced_tail(self._budget(0), sum(s.tokens for s in slots)))
             # the last protect_last_n messages are protected too
@@ -746,16 +748,33 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
     # -- tools (lcm_grep, lcm_describe, lcm_expand, lcm_expand_query) ----------------------------------
 
     def get_tool_schemas(self, *args: Any, **kwargs: Any) -> List[Dict[str, Any]]:
-        from .tools import TOOL_SCHEMAS
-
-        return copy.deepcopy(TOOL_SCHEMAS)
+        return copy.deepcopy(tools.TOOL_SCHEMAS)
 
     def handle_tool_call(self, name: str, args: Dict[str, Any], **kwargs: Any) -> str:
-        from .tools import dispatch
-
         if not self._fork:
             self._mark_live()
-        return dispatch(self, name, args, **kwargs)
+        live = kwargs.get("messages")
+        current: set[int] = set()
+        if name in tools.TOOL_NAMES and isinstance(live, list) and live:
+            try:
+                # the live list first: search sees the current turn too (not behind a running pass)
+                slots = self.ingest(live, lock_wait=tools.LIVE_LOCK_WAIT)
+                current = tools.current_turn(live, slots)
+            except StoreUnavailable as exc:
+                return tools.unavailable_answer(exc)
+            except SessionBusy as exc:
+                log.debug("lcm: %s searches what is stored: %s", name, exc)
+            except Exception as exc:  # (unexpected: with its traceback)
+                log.warning("lcm: live ingestion before %s failed: %s", name, exc, exc_info=exc)
+        try:
+            source = tools.ToolSource(self.store, self.config, self.semantic_arm() if name == "lcm_grep" else None,
+                                      self._get_escalator() if name == "lcm_expand_query" else None)
+        except StoreUnavailable as exc:
+            return tools.unavailable_answer(exc)
+        except Exception as exc:  # a tool answers JSON whatever happens
+            log.exception("lcm: tool %s failed", name)
+            return json.dumps({"error": f"internal error in {name}: {type(exc).__name__}"})
+        return tools.dispatch(source, name, args, session_id=self.current_session(), current=current)
 
 
 def _live_sessions() -> set[str]:
@@ -781,18 +800,3 @@ def _host_available() -> bool:
     from .contract.host import has_llm
 
     return has_llm()
-
-
-def _cheap_slots(messages: List[Any]) -> list[Slot]:
-    """Slots without the store: enough to see what head/tail protection leaves."""
-    out = []
-    for m in messages:
-        role = role_of(m)
-        if role == "system":
-            continue
-        if summary_node_ids(m):
-            out.append(Slot("s", summary_node_ids(m), m, role, estimate_message_tokens(m)))
-            continue
-        out.append(Slot("m", [0], m, role, estimate_message_tokens(m), call_ids=tool_call_ids(m),
-                        result_for=m.get("tool_call_id") if role == "tool" else None))
-    return out

@@ -7,6 +7,9 @@ results), with `next_cursor` to continue.
 
 `dispatch` serves the engine (the scope is the engine's session); `dispatch_scoped` serves
 the same read-only tools, plus `lcm_sessions`, over a scope its caller fixes (`lcm mcp`).
+Both read through a `ToolSource` their caller hands them (the store, the configuration, the
+semantic arm, the summariser): the tools never call back into the engine. The engine stores
+the live list first (`current_turn` names the turn in flight, which no search answers with).
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import json
 import logging
 import time
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple, Sequence
 
 from .messages import flatten_content, media_shown, safe_json
 from .pipeline import forks
@@ -25,10 +29,6 @@ from .search import textsearch
 from .search.query import compile_regex, plan_query, score_hit, snippet
 from .tokens import estimate_text_tokens
 from .store.guard import StoreUnavailable
-from .contract.lifecycle import SessionBusy
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .engine import LCMEngine
 
 log = logging.getLogger("lossless_context.tools")
 
@@ -147,16 +147,27 @@ def session_scope(store: Any, session_id: str) -> Scope:
     return Scope(store.lineage(session_id), forks.lineage_bounds(store, session_id))
 
 
-def _engine_scope(engine: "LCMEngine", args: dict) -> Scope:
-    sid = engine.current_session()
+@dataclass(frozen=True)
+class ToolSource:
+    """What the tools read: the store, the configuration, the semantic arm of lcm_grep (None:
+    off) and the summariser lcm_expand_query asks (None: no model; the read-only tools never
+    ask one). The engine, or `lcm mcp`'s reader, makes one per call."""
+
+    store: Any
+    config: Any
+    semantic: Any = None
+    escalator: Any = None
+
+
+def _session_scope_for(source: ToolSource, session_id: str, args: dict) -> Scope:
     if args.get("session_scope") == "all":
-        if not engine.config.cross_session_search:
+        if not source.config.cross_session_search:
             raise ToolError("session_scope=all is disabled (set lcm.cross_session_search: true)")
         return Scope(None, {})
-    return session_scope(engine.store, sid)
+    return session_scope(source.store, session_id)
 
 
-def _current_turn(live: list[Any], slots: Sequence[Any]) -> set[int]:
+def current_turn(live: list[Any], slots: Sequence[Any]) -> set[int]:
     """Stored ids of the turn in flight: the last user message and what followed it (the
     assistant message holding this tool call). `slots` align one to one with the list
     without its leading system message."""
@@ -169,33 +180,27 @@ def _current_turn(live: list[Any], slots: Sequence[Any]) -> set[int]:
     return {s.refs[0] for s in slots[last_user:] if getattr(s, "kind", "") == "m" and s.refs and s.refs[0] > 0}
 
 
-def dispatch(engine: "LCMEngine", name: str, args: Any, **kwargs: Any) -> str:
+def dispatch(source: ToolSource, name: str, args: Any, *, session_id: str,
+             current: set[int] | None = None) -> str:
+    """One of the engine's tools (`TOOL_NAMES`) over `session_id`'s lineage; `current`: the
+    stored ids of the turn in flight (`current_turn`), never a hit for itself."""
     def run(args: dict) -> dict[str, Any]:
-        live = kwargs.get("messages")
-        current: set[int] = set()
-        if isinstance(live, list) and live:
-            try:
-                # the live list: search sees the current turn too (not behind a running pass)
-                slots = engine.ingest(live, lock_wait=LIVE_LOCK_WAIT)
-                current = _current_turn(live, slots)
-            except StoreUnavailable:
-                raise
-            except SessionBusy as exc:
-                log.debug("lcm: %s searches what is stored: %s", name, exc)
-            except Exception as exc:  # (unexpected: with its traceback)
-                log.warning("lcm: live ingestion before %s failed: %s", name, exc, exc_info=exc)
-        ctx = _Ctx(engine, args, _engine_scope(engine, args))
-        ctx.current = current
+        ctx = _Ctx(source, args, _session_scope_for(source, session_id, args))
+        ctx.current = set(current or ())
         return {"lcm_grep": ctx.grep, "lcm_describe": ctx.describe, "lcm_expand": ctx.expand,
                 "lcm_expand_query": ctx.expand_query}[name]()
 
     return _answer(name, args, TOOL_NAMES, run)
 
 
-def dispatch_scoped(source: Any, name: str, args: Any, scope: Callable[[dict], Scope]) -> str:
+def unavailable_answer(exc: StoreUnavailable) -> str:
+    """The answer of any tool while the store is down (the breaker's reason, its location)."""
+    return json.dumps({"error": f"{exc}; the history cannot be searched until it is back"})
+
+
+def dispatch_scoped(source: ToolSource, name: str, args: Any, scope: Callable[[dict], Scope]) -> str:
     """The read-only tools (`READ_ONLY_NAMES`) over a scope the caller fixes: `scope(args)`
-    returns it for one call (raising ToolError to refuse one). `source` offers what the
-    engine offers the tools: `store`, `config` and `semantic_arm()`. Same arguments, answers,
+    returns it for one call (raising ToolError to refuse one). Same arguments, answers,
     paging and errors as the engine's tools; an id outside the scope is unknown."""
     def run(args: dict) -> dict[str, Any]:
         ctx = _Ctx(source, args, scope(args))
@@ -224,7 +229,7 @@ def _answer(name: str, args: Any, names: set[str], run: Callable[[dict], dict[st
     except ToolError as exc:
         return json.dumps({"error": str(exc)})
     except StoreUnavailable as exc:  # the breaker's reason, with the store's location
-        return json.dumps({"error": f"{exc}; the history cannot be searched until it is back"})
+        return unavailable_answer(exc)
     except Exception as exc:  # a tool must answer JSON whatever happens
         log.exception("lcm: tool %s failed", name)
         return json.dumps({"error": f"internal error in {name}: {type(exc).__name__}"})
@@ -301,10 +306,10 @@ def parse_id(v: Any) -> tuple[str, int]:
 
 
 class _Ctx:
-    def __init__(self, engine: Any, args: dict, scope: Scope) -> None:
-        self.engine = engine  # the LCMEngine, or dispatch_scoped's source
+    def __init__(self, source: ToolSource, args: dict, scope: Scope) -> None:
+        self.source = source
         self.args = args
-        self.store = engine.store
+        self.store = source.store
         self.scope: list[str] | None = scope.sessions
         # A branch sees its parent only up to the fork (forks.py).
         self.bounds = scope.bounds
@@ -411,7 +416,7 @@ class _Ctx:
         filters: dict[str, Any] = dict(role=role, since=since, until=until, under_summary=under)
         if mode == "text":
             page, more = textsearch.ranked_page(self.store, self.scope, plan, targets, offset=offset,
-                                                limit=limit, semantic=self.engine.semantic_arm(), **filters)
+                                                limit=limit, semantic=self.source.semantic, **filters)
         else:
             cands: list[dict[str, Any]] = []
             want = min(500, offset + limit + 1)
@@ -669,7 +674,7 @@ class _Ctx:
                 ids.append((k, r))
         else:
             q = given if isinstance(given := a.get("query"), str) and given.strip() else prompt
-            sub = _Ctx(self.engine, {"query": q, "limit": 20, "scope": "both"}, Scope(self.scope, self.bounds))
+            sub = _Ctx(self.source, {"query": q, "limit": 20, "scope": "both"}, Scope(self.scope, self.bounds))
             sub.current = self.current
             hits = [h for g in sub.grep()["groups"] for h in g["hits"]]
             if any(not h.get("tool_traffic") for h in hits):
@@ -679,7 +684,8 @@ class _Ctx:
         excerpts = self._gather(ids, budget, plan)
         answer = None
         error = None
-        model = self.engine.summary_escalator().model if excerpts else None
+        esc = self.source.escalator
+        model = esc.model if excerpts and esc is not None else None
         if model is not None:
             answer, error = self._ask(prompt, excerpts)
         out: dict[str, Any] = {"prompt": prompt, "sources": [e["id"] for e in excerpts]}
@@ -730,7 +736,7 @@ class _Ctx:
         from .summarizers.redact import redact
 
         body = "\n\n".join(f"[{e['id']} {e['role']}] {e['text']}" for e in excerpts)
-        if self.engine.config.redact:
+        if self.source.config.redact:
             body = redact(body)
             prompt = redact(prompt)  # the agent's question may quote a secret too
         msgs = [
@@ -740,7 +746,7 @@ class _Ctx:
             {"role": "user", "content": f"Question: {prompt}\n\n<excerpts>\n{body}\n</excerpts>"},
         ]
         t0 = time.monotonic()
-        answer = self.engine.summary_escalator().ask(msgs, max_tokens=800)
+        answer = self.source.escalator.ask(msgs, max_tokens=800)
         log.debug("lcm_expand_query answered in %.2fs", time.monotonic() - t0)
         return answer
 

@@ -36,7 +36,7 @@ from ..config import LCMConfig
 from ..search.semantic import SemanticArm, SemanticUnavailable, load_embedder
 from ..store import open_store
 from ..store.guard import GuardedStore, StoreUnavailable, mask_location
-from ..tools import READ_ONLY_SCHEMAS, dispatch_scoped
+from ..tools import READ_ONLY_SCHEMAS, ToolSource, dispatch_scoped
 from .scope import ScopeError, ServerScope
 
 log = logging.getLogger("lossless_context.mcp")
@@ -190,7 +190,8 @@ class LCMServer:
         store = self.reader.store
 
         def work() -> str:
-            return dispatch_scoped(self.reader, name, arguments, lambda a: self.scope.for_call(store, a))
+            source = ToolSource(store, self.reader.config, self.reader.semantic_arm())
+            return dispatch_scoped(source, name, arguments, lambda a: self.scope.for_call(store, a))
 
         try:
             answer = await self.calls.run(work)

@@ -452,3 +452,18 @@ def slots_to_entries(slots: Sequence[Slot]) -> list[ContextEntry]:
         elif s.kind == "m":
             out.append(ContextEntry("m", s.refs[0], s.ident, s.role, s.text_tokens or s.tokens))
     return out
+
+
+def cheap_slots(messages: Sequence[Any]) -> list[Slot]:
+    """Slots without the store: enough to see what head/tail protection leaves."""
+    out = []
+    for m in messages:
+        role = role_of(m)
+        if role == "system":
+            continue
+        if summary_node_ids(m):
+            out.append(Slot("s", summary_node_ids(m), m, role, estimate_message_tokens(m)))
+            continue
+        out.append(Slot("m", [0], m, role, estimate_message_tokens(m), call_ids=tool_call_ids(m),
+                        result_for=m.get("tool_call_id") if role == "tool" else None))
+    return out
