@@ -35,7 +35,7 @@ HOST_MODULE = "lossless_context.contract.host"
 CORE_LAYERS = [  # lowest first: a core module imports only from its own layer or lower ones
     ("host", {"lossless_context.contract.host"}),
     ("kernel", {"lossless_context.config", "lossless_context.records", "lossless_context.messages",
-                "lossless_context.tokens"}),
+                "lossless_context.tokens", "lossless_context.files"}),
     ("search", {"lossless_context.search"}),
     ("store", {"lossless_context.store"}),
     ("summarizers", {"lossless_context.summarizers"}),

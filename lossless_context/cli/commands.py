@@ -12,13 +12,13 @@ import logging
 import os
 import sqlite3
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import click
 
 from .. import __version__
+from ..files import atomic_text
 from .render import describe_text, expand_text, grep_text, sessions_table, status_table
 
 
@@ -451,14 +451,8 @@ def export(app: App, session: str | None, output: str) -> None:
         n = export_jsonl(store, sys.stdout, session)
         return
     dest = Path(output).expanduser()
-    fd, tmp = tempfile.mkstemp(prefix=".lcm-export.", suffix=".tmp", dir=str(dest.parent.resolve()))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            n = export_jsonl(store, fh, session)
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_text(dest, prefix=".lcm-export.", newline="\n") as fh:  # (0600: the conversation)
+        n = export_jsonl(store, fh, session)
     click.echo(f"exported {n} records to {dest}" + (f" (lineage of {session})" if session else ""), err=True)
 
 

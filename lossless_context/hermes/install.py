@@ -19,13 +19,13 @@ idempotent: running them twice changes nothing the second time.
 from __future__ import annotations
 
 import io
-import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, cast
+
+from ..files import write_text_atomic
 
 PLUGIN_NAME = "lcm"
 PLUGIN_FILES = ("plugin.yaml", "__init__.py")
@@ -84,18 +84,7 @@ def save_config(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     # Write atomically next to the file; keep its permissions when it existed.
     mode = path.stat().st_mode & 0o777 if path.exists() else 0o600
-    fd, tmp = tempfile.mkstemp(prefix=".config.", suffix=".yaml.tmp", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(buf.getvalue())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_text_atomic(path, buf.getvalue(), mode=mode, prefix=".config.", suffix=".yaml.tmp")
 
 
 def _section(data: Any, key: str) -> Any:

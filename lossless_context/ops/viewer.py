@@ -13,7 +13,6 @@ from __future__ import annotations
 import html
 import json
 import os
-import tempfile
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 
 from .export import StoreSQL, lineage_sessions
 from ..store.base import Store
+from ..files import write_text_atomic
 
 MAX_TEXT_CHARS = 20_000  # per message in the page; `lcm expand` shows the rest
 _DATA_TOKEN = "/*__LCM_DATA__*/"
@@ -132,16 +132,6 @@ def write_view(store: Store, session_id: str | None, path: str | os.PathLike[str
     page = render_view(collect(store, sid))
     dest = Path(path).expanduser()
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".lcm-view.", suffix=".html.tmp", dir=str(dest.parent))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(page)
-        # mkstemp made it 0600: the page holds the conversation, keep it private.
-        os.replace(tmp, dest)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    # 0600: the page holds the conversation, keep it private
+    write_text_atomic(dest, page, prefix=".lcm-view.", suffix=".html.tmp")
     return str(dest)

@@ -7,14 +7,13 @@ read-only; neither runs migrations.
 
 from __future__ import annotations
 
-import os
 import sqlite3
-import tempfile
 from pathlib import Path
 from typing import Callable
 from urllib.parse import quote
 
 from . import cipher
+from ...files import atomic_path
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -85,18 +84,11 @@ def backup_store_file(src: Path, dest: Path,
     made 0600 and only then renamed over `dest`; on any failure `dest` is untouched.
     `progress(done_pages, total_pages)` is called as pages are copied. An encrypted store is
     copied encrypted with the same key (its own salt). Returns whether the copy is encrypted."""
-    fd, tmp = tempfile.mkstemp(prefix=".lcm-backup.", suffix=".db", dir=str(dest.parent.resolve()))
-    os.close(fd)
     if cipher.is_encrypted_file(src):
-        try:
-            _encrypted_backup(src, Path(tmp))
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, dest)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_path(dest, prefix=".lcm-backup.", suffix=".db") as tmp:
+            _encrypted_backup(src, tmp)
         return True
-    try:
+    with atomic_path(dest, prefix=".lcm-backup.", suffix=".db") as tmp:
         s = sqlite3.connect(f"file:{quote(str(src.resolve()))}?mode=ro", uri=True, timeout=30)
         d = sqlite3.connect(tmp)
         try:
@@ -112,11 +104,6 @@ def backup_store_file(src: Path, dest: Path,
             s.close()
         if ok != "ok":
             raise StoreFileError(f"the backup failed its integrity check: {ok}")
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return False
 
 
