@@ -21,6 +21,7 @@ from .pipeline import forget
 from .ops import retention
 from .store import owners
 from .contract.base import base_class
+from .contract.host import has_llm
 from .pipeline.assemble import Slot
 from .pipeline.background import BackgroundWorker, SessionGrowth, presummarize, upgrade_nodes
 from .pipeline.compaction import Budget, Compactor, PassResult
@@ -343,7 +344,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
         if choice == "auto":
             if cfg.summary_base_url:
                 choice = "openai"
-            elif self._runtime and _host_available():
+            elif self._runtime and has_llm():
                 choice = "host"
             else:
                 choice = "extractive"
@@ -794,9 +795,3 @@ def _worker_or_none(engine: "LCMEngine") -> BackgroundWorker | None:
         return engine._worker() if engine._config is not None and engine._store is not None else None
     except Exception:
         return None
-
-
-def _host_available() -> bool:
-    from .contract.host import has_llm
-
-    return has_llm()
