@@ -181,3 +181,31 @@ def test_stored_times_are_the_hosts(tmp_path):
     # only the turn in flight when its list arrived keeps the moment it was stored
     assert len(off) <= 2 and all(abs(d) < 5 for _t, d in off), off
     assert len({round(at) for _t, at in ours}) > 3  # not all one moment
+
+
+def test_a_turn_forgotten_on_a_live_session_is_not_stored_again(tmp_path, hermes_host):
+    """`lcm forget --turn` while the session lives on: the host's own transcript still holds the
+    turn, and resuming the session hands it over again (with every later list). It stays
+    forgotten — not stored, not found — while the new turn is stored (through each host)."""
+    import sqlite3
+
+    from tests.test_cli import ok, run_lcm
+
+    with FakeOpenAI(responder=Router(chat=ChatResponder(reply_chars=400), summariser=SummariserResponder())) as srv:
+        turns = ["Question 1: the billing refactor.", f"my password is {SECRET}", "Question 3: the invoices."]
+        first = run_hermes(srv, turns, engine="lcm", workdir=tmp_path)
+        assert first.ok, first.describe()
+        sid = first.result["session_id"]
+        hits = _store_hits(first, SECRET)
+        assert hits, "the secret was never stored"
+        ok(run_lcm("forget", hits[0], "--turn", "--yes", home=first.hermes_home))
+        assert _store_hits(first, SECRET) == []
+        again = run_hermes(srv, ["Question 4: and the taxes?"], engine="lcm", hermes_home=first.hermes_home,
+                           home=first.home, session_id=sid, resume=True)
+        assert again.ok, again.describe()
+        assert again.result.get("resumed_messages", 0) >= 6  # the host's transcript holds the turn
+    assert _store_hits(again, SECRET) == [], "the host's copy of the forgotten turn was stored again"
+    with sqlite3.connect(again.hermes_home / "lcm" / "lcm.db") as c:
+        assert c.execute("SELECT COUNT(*) FROM messages WHERE text LIKE ?", (f"%{SECRET}%",)).fetchone()[0] == 0
+        assert c.execute("SELECT COUNT(*) FROM messages WHERE text LIKE '%Question 4%'").fetchone()[0] >= 1
+    ok(run_lcm("doctor", home=again.hermes_home))
