@@ -139,7 +139,7 @@ def unmerge(messages: Sequence[Any], context: Sequence[ContextEntry], raw_of: Ca
                 cache.clear()
             cache[id(msg)] = (msg, msg.get("content"), split_parts)
         out.extend(split_parts)
-    return messages if out is None else out  # type: ignore[return-value]
+    return messages if out is None else out  # type: ignore[return-value]  # nothing split: the very list given back (callers compare identity)
 
 
 def _resolver(context: Sequence[ContextEntry], nodes: Sequence[int], raw_of: Callable[[int], Any]) -> Known:
