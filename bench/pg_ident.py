@@ -181,6 +181,8 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
                 print(f"  pg_ident n={n:,} {label}: identifier p50 "
                       f"{common.get_path(point[label], 'lcm_grep.identifier.ms.p50')} ms", flush=True)
             out["points"].append(point)
+            if cfg.get("checkpoint"):  # (a long part: what is measured is kept if a later step fails)
+                Path(cfg["checkpoint"]).write_text(json.dumps(out, default=str), encoding="utf-8")
         out["ingest"] = _ingest(cl, base, work)
     finally:
         cl.stop()
@@ -211,6 +213,9 @@ def _tsvector_cost(dsn: str) -> dict[str, Any]:
     import psycopg
 
     with psycopg.connect(dsn, autocommit=True) as c:
+        # (serial: lcm_tsvector's EXCEPTION block, which cuts an over-long text, cannot run in a
+        # parallel worker, though the function is declared PARALLEL SAFE)
+        c.execute("SET max_parallel_workers_per_gather = 0")
         best = None
         for _ in range(3):
             t0 = time.perf_counter()
