@@ -296,11 +296,16 @@ def _dec_cursor(v: Any) -> dict:
     raise ToolError("cursor is not valid (pass next_cursor back unchanged)")
 
 
+MAX_ID = 2 ** 63 - 1  # the largest row id either store can hold
+
+
 def parse_id(v: Any) -> tuple[str, int]:
     if isinstance(v, bool) or v is None:
         raise ToolError("id is required (s<number> or m<number>)")
     s = str(v).strip().lower()
-    if len(s) > 1 and s[0] in "sm" and s[1:].isdigit():
+    if len(s) > 1 and s[0] in "sm" and s[1:].isascii() and s[1:].isdigit():  # (not "s²": int() refuses it)
+        if int(s[1:]) > MAX_ID:  # no row has it, and the stores cannot even look it up
+            raise ToolError(f"unknown id {s[:40]}")
         return s[0], int(s[1:])
     raise ToolError(f"id {str(v)[:40]!r} is not an id like s12 (summary) or m345 (message)")
 

@@ -631,3 +631,16 @@ def test_tool_arguments_nested_past_the_parser_do_not_break_a_pass(tmp_path):
     # the same text as a tool's own arguments is refused as bad JSON, not a broken tool
     data = tool_answer(e.handle_tool_call("lcm_grep", nested))
     assert "not valid JSON" in data["error"]
+
+
+def test_ids_past_any_row_are_unknown_ids(populated):
+    """Found by the fuzz once internal errors failed tests: an id past SQLite's integer range
+    ("s99999999999999999999") broke lcm_describe (OverflowError, an internal error), and a
+    non-ASCII digit ("s²") passed the id check and broke int(). Both are ids no row has."""
+    e, _ = populated
+    for bad in ("s" + "9" * 20, "m" + "9" * 30, "s²", "m１２"):
+        for name, args in (("lcm_describe", {"id": bad}), ("lcm_expand", {"id": bad}),
+                           ("lcm_expand_query", {"prompt": "what?", "summary_ids": [bad]}),
+                           ("lcm_grep", {"query": "error", "summary_id": bad})):
+            data = tool_answer(e.handle_tool_call(name, args))
+            assert "error" in data or name in ("lcm_expand_query",), (name, bad, data)
