@@ -23,7 +23,8 @@ from .store import owners
 from .contract.base import base_class
 from .contract.host import has_llm
 from .pipeline.assemble import Slot
-from .pipeline.background import BackgroundWorker, SessionGrowth, presummarize, upgrade_nodes
+from .pipeline.background import (BackgroundWorker, SessionGrowth, UpgradeQueue, counting, leftover_outlines,
+                                  presummarize, upgrade_nodes)
 from .pipeline.compaction import Budget, Compactor, PassResult
 from .pipeline.dag_balance import node_targets
 from .config import LCMConfig, model_threshold
@@ -45,7 +46,7 @@ from .pipeline.stubs import calls_by_id, stub_policy
 from .pipeline.stub_prep import StubPreparer, pass_running
 from .search.semantic import SemanticArm, SemanticUnavailable, load_embedder
 from .store.guard import GuardedStore, StoreUnavailable, trim_without_store
-from .summarizers.summarize import Escalator, HostSummarizer, ModelSummarizer, OpenAISummarizer, guard_for
+from .summarizers.summarize import Escalator, HostSummarizer, ModelSummarizer, OpenAISummarizer, guard_for, safe_call
 from .tokens import estimate_messages_tokens
 
 log = logging.getLogger("lossless_context")
@@ -107,6 +108,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
         self._select_cache: dict[str, Any] = {}
         self._growth = SessionGrowth()  # each session's recent growth, for the spend bound (background.py)
         self._select_lock = threading.Lock()
+        self._upgrades: UpgradeQueue = self._family.setdefault("upgrades", UpgradeQueue())
         # Shared by every copy of the registered engine: /lcm status shows the figures of
         # the agents the user talks to, not of the never-driven registered object.
         fam = self._family
@@ -151,7 +153,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
                             location, lambda loc: open_store(loc, call_timeout=bound),
                             self.config.store_retry_seconds)
                         # the `retention:` policy, applied on a thread of its own (ops/retention.py)
-                        retention.schedule(shared, self.config.retention, _live_sessions)
+                        retention.schedule(shared, self.config.retention, owners.live_sessions)
                     self._store = shared
         return self._store
 
@@ -598,7 +600,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
             self._stats["last_reason"] = res.reason
             self._spend.record(sid, res.spend, res.stubs, res.progressed and res.new_nodes == 0 and res.calls == 0)
         cancel = self._cancel_check()
-        if res.progressed and cancel is not None and _truthy(cancel):
+        if res.progressed and cancel is not None and safe_call(cancel):
             # The host gave up on this pass: its result would be discarded, so stage nothing.
             self._discard_stage(res.pass_id)
             res = PassResult(messages, reason="cancelled by the host", calls=res.calls,
@@ -664,8 +666,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
     # -- background compaction -----------------------------------------------------------------
 
     def _background_on(self) -> bool:
-        """`background_compaction`: on, off, or auto — on when a model summarises (a slow model
-        is what a user waits for; the extractive summariser costs milliseconds)."""
+        """on, off, or auto: on when a model summarises (the extractive one takes milliseconds)."""
         mode = self.config.background_compaction
         if mode == "auto":
             return self._get_escalator().model is not None
@@ -680,16 +681,25 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
         worker = self._worker()
         if worker is None:
             return
-        store, esc = self.store, self._get_escalator()
-        worker.submit(f"{sid}#upgrade", lambda stop: upgrade_nodes(store, esc, sid, list(node_ids), budget, stop))
+        pending, store, esc = self._upgrades, self.store, self._get_escalator()
+        seen = counting(self._stats, self._stats_lock, self._spend, sid)
+        pending.add(sid, node_ids)
+        worker.submit(f"{sid}#upgrade", lambda stop: upgrade_nodes(store, esc, sid, pending.take(sid), budget, stop, seen))
+
+    def upgrade_leftovers(self, sid: str) -> None:
+        """Queue the outlines a process that ended before its worker left in `sid`'s context."""
+        if not self._fork and self._worker() is not None:
+            self._submit_upgrade(sid, leftover_outlines(self.store, sid), self._budget(self._overhead))
+
+    def wait_background(self, timeout: float = 60.0) -> bool:
+        """Wait (bounded) until the worker has nothing left for this store (`lcm demo`, tests)."""
+        worker = self._worker()
+        return worker is None or worker.wait_idle(timeout)
 
     def maybe_presummarize(self, messages: List[Any], session_id: str | None = None) -> bool:
         """Between turns, above the soft threshold: summarise ahead what the next pass takes."""
-        worker = self._worker()
-        if worker is None or not self.context_length:
-            return False
-        esc = self._get_escalator()
-        if esc.model is None:
+        worker, esc = self._worker(), self._get_escalator()
+        if worker is None or not self.context_length or esc.model is None:
             return False
         tokens = (estimate_messages_tokens(messages) + self._overhead) * self.provider_ratio(session_id)
         sid = session_id or self._sid()
@@ -700,7 +710,8 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
             return False  # not growing, or its pass is not near: a summary made now may never be used
         store, budget = self.store, self._budget(self._overhead)
         stubs = stub_policy(self.config) if self.config.tool_stubs else None
-        return worker.submit(sid, lambda stop: presummarize(store, esc, sid, budget, stop, stubs))
+        seen = counting(self._stats, self._stats_lock, self._spend, sid)
+        return worker.submit(sid, lambda stop: presummarize(store, esc, sid, budget, stop, stubs, seen))
 
     def _cancel_check(self) -> Callable[[], bool] | None:
         fn = getattr(self, "_compression_cancelled_check", None)
@@ -776,18 +787,6 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
             log.exception("lcm: tool %s failed", name)
             return json.dumps({"error": f"internal error in {name}: {type(exc).__name__}"})
         return tools.dispatch(source, name, args, session_id=self.current_session(), current=current)
-
-
-def _live_sessions() -> set[str]:
-    """The sessions engines of this process are bound to (retention never touches them)."""
-    return {e.current_session() for e in owners.live_objects() if isinstance(e, LCMEngine)}
-
-
-def _truthy(fn: Callable[[], bool]) -> bool:
-    try:
-        return bool(fn())
-    except Exception:
-        return False
 
 
 def _worker_or_none(engine: "LCMEngine") -> BackgroundWorker | None:

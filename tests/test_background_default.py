@@ -5,12 +5,13 @@ threshold. Model calls go to the fake OpenAI-compatible server on 127.0.0.1; rea
 from __future__ import annotations
 
 import copy
+import threading
 
 import pytest
 
 from lossless_context import LCMEngine
 from lossless_context.config import LCMConfig
-from lossless_context.pipeline.background import BackgroundWorker, SessionGrowth
+from lossless_context.pipeline.background import BackgroundWorker, SessionGrowth, leftover_outlines
 from lossless_context.demo.sessions import chat_session, coding_session, turn_ranges
 from lossless_context.tokens import estimate_messages_tokens
 from tests.support.fake_openai import FakeOpenAI, SummariserResponder
@@ -109,3 +110,61 @@ def test_a_session_that_stopped_growing_is_not_summarised_ahead(tmp_path):
         assert any(submitted), "a growing session near its threshold was never summarised ahead"
         BackgroundWorker.for_store(e.store.location, 2).wait_idle(60)
         assert not any(e.maybe_presummarize(copy.deepcopy(last), session_id=sid) for _ in range(3))
+
+
+def _one_fast_pass(e: LCMEngine, sid: str, before_commit=None) -> None:
+    """Drive turns until one pass lands between the thresholds (the fast path: outlines, no
+    model call), then commit it as the released host does."""
+    e.on_session_start(sid, platform="cli")
+    history: list[dict] = []
+    msgs = chat_session(1200, seed=5).messages
+    for a, b in turn_ranges(msgs):
+        history.extend(copy.deepcopy(msgs[a:b]))
+        tokens = estimate_messages_tokens(history)
+        if not e.should_compress(tokens) or tokens >= 0.9 * WINDOW:
+            continue
+        out = e.compress(history, current_tokens=tokens, session_id=sid)
+        assert out != history
+        e.on_session_end(sid, history)
+        if before_commit is not None:
+            before_commit()
+        e.on_session_start(sid, boundary_reason="compression", old_session_id=sid)
+        return
+    raise AssertionError("no pass landed between the thresholds")
+
+
+def test_the_workers_model_calls_are_counted_in_status_and_spend(tmp_path):
+    """/lcm status and the session's spend count the summaries the worker makes after a pass
+    (they are the model calls the user pays for), apart from the passes' own."""
+    with FakeOpenAI(responder=SummariserResponder(max_chars=600)) as srv:
+        e = _engine(str(tmp_path / "c.db"), summarizer="openai", summary_base_url=srv.base_url)
+        _one_fast_pass(e, "counted")
+        assert e.wait_background(60)
+        st = e.get_status()
+        assert st["lcm_background_calls"] >= 1, st
+        assert st["lcm_summarizer_calls"] >= st["lcm_background_calls"] == len(srv.chat_requests)
+        assert st["lcm_cost_session"]["calls"] == len(srv.chat_requests)
+
+
+def test_outlines_left_by_a_process_that_ended_are_summarised_by_the_next(tmp_path):
+    """A `hermes chat -q` process ends right after its reply, before its worker summarised the
+    pass's outlines (daemon threads never hold a process): the next engine to start the session
+    queues them, and none stays an outline."""
+    store = str(tmp_path / "l.db")
+    with FakeOpenAI(responder=SummariserResponder(max_chars=600)) as srv:
+        e = _engine(store, summarizer="openai", summary_base_url=srv.base_url)
+        sid = "left"
+        gate = threading.Event()
+        worker = e._worker()
+        # the session's upgrade job waits behind a running one, and the process "exits" first
+        worker.submit(f"{sid}#upgrade", lambda stop: gate.wait(30))
+        _one_fast_pass(e, sid)
+        worker.shutdown()
+        gate.set()
+        assert leftover_outlines(e.store, sid), "the pass left no outline to upgrade"
+        assert not srv.chat_requests
+        later = _engine(store, summarizer="openai", summary_base_url=srv.base_url)
+        later.on_session_start(sid, platform="cli")
+        assert later.wait_background(60)
+        assert srv.chat_requests
+        assert leftover_outlines(later.store, sid) == []

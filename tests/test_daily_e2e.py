@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -49,7 +50,9 @@ def test_slash_commands_see_the_live_session(tmp_path):
         depth = max(c.execute(f"SELECT depth FROM summaries WHERE id IN ({','.join('?' * len(shown))})",
                               sorted(shown)).fetchall())[0]
         assert levels == depth + 1, (levels, depth)
-        assert "summariser calls 0," not in status, status  # the host's model summarised
+        # the host's model summarised (a pass below the hard threshold outlines its span and the
+        # background worker summarises it with the model: counted with the passes' calls)
+        assert int(re.search(r"summariser calls (\d+) \((\d+) in the background\)", status)[1]) >= 1, status
         assert CANARY in grep, grep
         assert f"active context of {sid}" in context and " s" in context, context
         # a resumed session: /lcm describe finds the summary nodes of the session it resumed

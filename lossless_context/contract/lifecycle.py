@@ -194,6 +194,7 @@ class SessionLifecycle:
             self._commit(old if isinstance(old, str) and old else session_id, session_id)
         else:
             self._reconcile(session_id)
+        self.upgrade_leftovers(session_id)  # outlines a process that ended left (background.py)
 
     def _reconcile(self, session_id: str) -> None:
         """Turns after the last compaction of a process that died were never handed to us;

@@ -236,6 +236,7 @@ def run_demo(
     t1 = time.perf_counter()
     host = replay(engine, msgs, sid, context_length, rotate=rotate, progress=tick)
     replay_seconds = time.perf_counter() - t1
+    engine.wait_background()  # the model's summaries of the fast passes' outlines (pipeline/background.py)
 
     checks = []
     for k, c in enumerate(session.canaries):

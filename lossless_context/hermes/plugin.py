@@ -127,7 +127,8 @@ def run_command(engine: Any, raw_args: str) -> str:
             f"summary nodes {nodes}\n"
             f"compactions {st.get('lcm_compactions', 0)} (this process), {st.get('lcm_store_compactions', 0)} (store); "
             f"summary levels in the context {st.get('compression_count', 0)}; "
-            f"summariser calls {st.get('lcm_summarizer_calls', 0)}, failures {st.get('lcm_summarizer_failures', 0)}\n"
+            f"summariser calls {st.get('lcm_summarizer_calls', 0)} ({st.get('lcm_background_calls', 0)} in the "
+            f"background), failures {st.get('lcm_summarizer_failures', 0)}\n"
             f"context {st.get('last_prompt_tokens', 0)}/{st.get('context_length', 0)} tokens, "
             f"threshold {st.get('threshold_tokens', 0)}{_ratio_note(st)}\n"
             + cost_lines(st)

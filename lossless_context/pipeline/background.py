@@ -24,7 +24,7 @@ from ..records import Source
 from ..messages import tool_call_ids
 from ..store.base import Store
 from .stubs import StubPolicy, apply_stubs
-from ..summarizers.summarize import OUTLINE, Escalator, SummaryRequest, deterministic_summary
+from ..summarizers.summarize import OUTLINE, Escalator, SummaryRequest, SummaryResult, deterministic_summary
 from ..tokens import estimate_text_tokens
 
 log = logging.getLogger("lossless_context.pipeline.background")
@@ -148,6 +148,24 @@ def _shutdown_all() -> None:
             w.shutdown()
 
 
+class UpgradeQueue:
+    """Node ids waiting for the worker's model summary, per session. A pass adds its ids and one
+    job per session drains them when it runs: a job already queued (the worker coalesces a
+    session's jobs) takes a later pass's ids too, so none is left an outline."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, set[int]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, session_id: str, node_ids: list[int]) -> None:
+        with self._lock:
+            self._ids.setdefault(session_id, set()).update(node_ids)
+
+    def take(self, session_id: str) -> list[int]:
+        with self._lock:
+            return sorted(self._ids.pop(session_id, ()))
+
+
 class SessionGrowth:
     """The spend bound of summarising ahead: a summary made before a pass needs it is spent for
     nothing if the session never reaches its threshold (a short task that ends, a session left
@@ -212,8 +230,29 @@ def context_slots(store: Store, session_id: str) -> tuple[list[Slot], dict[int, 
     return slots, records
 
 
+Observer = Callable[[SummaryResult], None]
+
+
+def _observed(observe: Observer | None, res: SummaryResult) -> None:
+    if observe is not None and res.calls:
+        observe(res)  # the engine counts the worker's model calls and spend with its passes'
+
+
+def counting(stats: dict[str, Any], lock: Any, ledger: Any, session_id: str) -> Observer:
+    """An observer that counts the worker's model calls with the passes' (/lcm status reads
+    `stats` under `lock`) and adds their spend to the session's in `ledger` (costs.SpendLedger)."""
+    def seen(res: SummaryResult) -> None:
+        with lock:
+            for k, v in (("summarizer_calls", res.calls), ("summarizer_failures", res.failures),
+                         ("background_calls", res.calls)):
+                stats[k] = stats.get(k, 0) + v
+        ledger.record_background(session_id, res.spend)
+    return seen
+
+
 def presummarize(store: Store, esc: Escalator, session_id: str, budget: Budget,
-                 stop: Callable[[], bool], stubs: StubPolicy | None = None) -> int:
+                 stop: Callable[[], bool], stubs: StubPolicy | None = None,
+                 observe: Observer | None = None) -> int:
     """Summarise, with the model, the stable chunks the next compaction will take.
 
     The chunks are planned the way compaction plans them: over what the model is shown
@@ -240,6 +279,7 @@ def presummarize(store: Store, esc: Escalator, session_id: str, budget: Budget,
         src_tokens = sum(estimate_text_tokens(x.text) for x in sources)
         target = min(budget.leaf_summary, max(32, src_tokens // 2))
         res = esc.summarize(SummaryRequest(sources, target, "leaf"), cancelled=stop)
+        _observed(observe, res)
         if res.level == "deterministic":
             continue  # the model was unavailable: compress() will do it
         store.put_presummary(session_id, key, res.text, estimate_text_tokens(res.text), src_tokens,
@@ -249,7 +289,7 @@ def presummarize(store: Store, esc: Escalator, session_id: str, budget: Budget,
 
 
 def upgrade_nodes(store: Store, esc: Escalator, session_id: str, node_ids: list[int], budget: Budget,
-                  stop: Callable[[], bool]) -> int:
+                  stop: Callable[[], bool], observe: Observer | None = None) -> int:
     """Replace deterministic summaries written on the critical path by model summaries."""
     done = 0
     for nid in node_ids:
@@ -271,6 +311,7 @@ def upgrade_nodes(store: Store, esc: Escalator, session_id: str, node_ids: list[
         if not sources:
             continue
         res = esc.summarize(SummaryRequest(sources, target, rec.kind), cancelled=stop)
+        _observed(observe, res)
         if res.level == "deterministic":
             if rec.summarizer == OUTLINE and not stop():
                 # No model summary now: the pass's outline gives way to the extractive summary
@@ -284,3 +325,16 @@ def upgrade_nodes(store: Store, esc: Escalator, session_id: str, node_ids: list[
                                  rec.source_tokens, res.level, res.summarizer)
         done += 1
     return done
+
+
+def leftover_outlines(store: Store, session_id: str) -> list[int]:
+    """The outline placeholders still in a session's published context: their upgrade was lost
+    when the process that made them ended first (a `hermes chat -q` turn exits right after its
+    reply; the worker's daemon threads never hold a process), so the next engine to serve the
+    session queues them again."""
+    _, ctx = store.get_context(session_id)
+    ids = [e.ref for e in ctx if e.kind == "s"]
+    if not ids:
+        return []
+    recs = store.get_summaries(ids)
+    return [i for i in ids if (r := recs.get(i)) is not None and r.summarizer == OUTLINE]

@@ -37,6 +37,11 @@ def live_objects() -> list[Any]:
     return list(_LIVE.values())
 
 
+def live_sessions() -> set[str]:
+    """The sessions live engines of this process are bound to (retention never touches them)."""
+    return {e.current_session() for e in live_objects() if callable(getattr(e, "current_session", None))}
+
+
 def new_pass_id(owner: str | None) -> str:
     return f"{uuid.uuid4().hex}@{owner}" if owner else uuid.uuid4().hex
 

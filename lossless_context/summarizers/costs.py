@@ -98,6 +98,12 @@ class SpendLedger:
             if stubs_only and stubs:
                 self.tier0_passes += 1
 
+    def record_background(self, session_id: str, spend: Spend) -> None:
+        """The worker's model calls between passes: the session's and the total spend."""
+        with self._lock:
+            self.total.add(spend)
+            self.sessions.setdefault(session_id, Spend()).add(spend)
+
     def status(self, session_id: str | None, provider: str = "") -> dict[str, Any]:
         with self._lock:
             sess = self.sessions.get(session_id or "", Spend())

@@ -404,7 +404,7 @@ class Escalator:
         if self.model is not None:
             self.model.take_spend()  # (drop anything a caller outside the escalator left)
             for level in ("normal", "aggressive"):
-                if cancelled is not None and _safe_call(cancelled):
+                if cancelled is not None and safe_call(cancelled):
                     errors.append("cancelled by host")
                     break
                 timeout = call_timeout
@@ -495,7 +495,7 @@ def outline_summary(req: SummaryRequest, do_redact: bool = True) -> str:
     return _redact(text) if do_redact else text
 
 
-def _safe_call(fn: Callable[[], bool]) -> bool:
+def safe_call(fn: Callable[[], bool]) -> bool:
     try:
         return bool(fn())
     except Exception:
