@@ -1,49 +1,36 @@
-"""The layering the README claims, checked on the source (issue #22).
+"""The layout rules import-linter cannot check, and import-linter's own contracts (issues #22, #42).
 
-Read with `ast` from lossless_context/, lazy imports inside functions included, imports under
-`if TYPE_CHECKING:` excluded (they never run):
+The import rules are declared once, in pyproject.toml's `[tool.importlinter]`, and checked by
+`lint-imports` (`.ci/run` runs it; `test_the_import_contracts_hold` runs it here): the layers,
+lazy imports included; the one module that imports the host; the core never importing the CLI, the
+Hermes adapter, the demo or the MCP server; no import cycles. This file runs those contracts, checks
+that their lists cover the package and match the README's layout table, and runs them once on a
+copy of the package broken on purpose, so a contract that cannot fail would fail here.
 
-* the core never imports the CLI, the Hermes adapter or the demo (the `demo/` subpackage);
-* only `host.py` imports the host (`agent.*`, `hermes_*`, `run_agent`); the adapter may too;
+What import-linter does not do is checked here on the source, read with `ast`:
+
 * nothing uses another module's private names (`x._name` on anything but `self`/`cls`), but
   for the few listed below, each with the reason it is not such a use;
-* inside the core, layers import only downwards: the host module, the kernel (config, records,
-  messages, tokens), search, stores, summarisers, the pipeline, operations, the rest of the
-  host contract, and on top the engine and its tools (`CORE_LAYERS`, lowest first);
-* no import cycles among the package's modules;
 * no file over 800 lines, but for the listed ones, which are due to be split;
 * code names say "summarize" (the host's and our config's spelling); prose may say "summarise".
 
-Every rule is also run on a small synthetic package that breaks it, so a checker that cannot
-fail would fail here.
+Each of these rules also runs on a small synthetic package that breaks it.
 """
 
 from __future__ import annotations
 
 import ast
+import os
+import shutil
+import subprocess
+import sys
 import textwrap
+import tomllib
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parents[1] / "lossless_context"
-CLI_PACKAGE = "lossless_context.cli"  # the `lcm` command line
-ADAPTER_PACKAGE = "lossless_context.hermes"  # the Hermes adapter
-ADAPTER_COMPAT = {"lossless_context.hermes_plugin"}  # the plugin's former path (old directory installs)
-DEMO_PACKAGE = "lossless_context.demo"  # the demo and its generated sessions
-MCP_PACKAGE = "lossless_context.mcp_server"  # `lcm mcp`: the read-only tools for MCP clients
-HOST_PACKAGES = {"agent", "hermes_constants", "hermes_cli", "hermes_state", "run_agent", "model_tools", "tools"}
-HOST_MODULE = "lossless_context.contract.host"
-CORE_LAYERS = [  # lowest first: a core module imports only from its own layer or lower ones
-    ("host", {"lossless_context.contract.host"}),
-    ("kernel", {"lossless_context.config", "lossless_context.records", "lossless_context.messages",
-                "lossless_context.tokens", "lossless_context.files"}),
-    ("search", {"lossless_context.search"}),
-    ("store", {"lossless_context.store"}),
-    ("summarizers", {"lossless_context.summarizers"}),
-    ("pipeline", {"lossless_context.pipeline"}),
-    ("ops", {"lossless_context.ops"}),
-    ("contract", {"lossless_context.contract"}),
-    ("engine", {"lossless_context.engine", "lossless_context.tools", "lossless_context"}),
-]
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "lossless_context"
+HOST_MODULE = "lossless_context.contract.host"  # the one module that imports Hermes
 # (module, name, attribute): private names used on something other than self/cls, and why that is fine
 PRIVATE_OK = {
     ("lossless_context.engine", "engine", "_config"): "another LCMEngine, inside LCMEngine's own module",
@@ -74,94 +61,6 @@ def load(root: Path) -> dict[str, tuple[Path, ast.Module]]:
     return {module_name(root, p): (p, ast.parse(p.read_text(encoding="utf-8"))) for p in sorted(root.rglob("*.py"))}
 
 
-def _type_checking_nodes(tree: ast.Module) -> set[int]:
-    skip: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for sub in node.body:
-                skip.update(id(n) for n in ast.walk(sub))
-    return skip
-
-
-def imports(mods: dict[str, tuple[Path, ast.Module]]) -> dict[str, set[str]]:
-    """module → every absolute name it imports (package modules resolved; runtime imports only)."""
-    out: dict[str, set[str]] = {}
-    for name, (path, tree) in mods.items():
-        skip = _type_checking_nodes(tree)
-        got: set[str] = set()
-        for node in ast.walk(tree):
-            if id(node) in skip:
-                continue
-            if isinstance(node, ast.Import):
-                got.update(a.name for a in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-                    base = base[:len(base) - (node.level - 1)]
-                    target = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    target = node.module or ""
-                for a in node.names:
-                    sub = f"{target}.{a.name}"
-                    got.add(sub if sub in mods else target)
-        out[name] = got
-    return out
-
-
-def _outer(m: str) -> bool:
-    """The CLI, the Hermes adapter, the demo and the MCP server: they may import the core, never
-    the reverse."""
-    return (_in(m, CLI_PACKAGE) or _in(m, ADAPTER_PACKAGE) or m in ADAPTER_COMPAT or _in(m, DEMO_PACKAGE)
-            or _in(m, MCP_PACKAGE))
-
-
-def _in(m: str, package: str) -> bool:
-    return m == package or m.startswith(package + ".")
-
-
-def layer_violations(mods: dict) -> list[str]:
-    bad = []
-    for m, targets in imports(mods).items():
-        if not _outer(m):
-            bad.extend(f"{m} imports {t}" for t in targets if _outer(t))
-    return sorted(bad)
-
-
-def core_layer(m: str) -> int | None:
-    """The index in CORE_LAYERS of a core module (the longest matching prefix); None outside."""
-    best: tuple[int, int] | None = None
-    for i, (_, prefixes) in enumerate(CORE_LAYERS):
-        for p in prefixes:
-            if (m == p or m.startswith(p + ".")) and (best is None or len(p) > best[1]):
-                best = (i, len(p))
-    return best[0] if best else None
-
-
-def layering_violations(mods: dict) -> list[str]:
-    """Core modules importing a higher core layer."""
-    bad = []
-    for m, targets in sorted(imports(mods).items()):
-        lm = core_layer(m)
-        if lm is None or _outer(m):
-            continue
-        for t in sorted(targets):
-            lt = core_layer(t) if t.startswith("lossless_context") else None
-            if lt is not None and lt > lm:
-                bad.append(f"{m} ({CORE_LAYERS[lm][0]}) imports {t} ({CORE_LAYERS[lt][0]})")
-    return bad
-
-
-def host_import_violations(mods: dict) -> list[str]:
-    bad = []
-    for m, targets in imports(mods).items():
-        if m == HOST_MODULE or _in(m, ADAPTER_PACKAGE) or m in ADAPTER_COMPAT or _in(m, CLI_PACKAGE):
-            continue
-        for t in targets:
-            if t.split(".")[0] in HOST_PACKAGES:
-                bad.append(f"{m} imports {t}")
-    return sorted(bad)
-
-
 def private_violations(mods: dict) -> list[str]:
     bad = []
     for m, (_path, tree) in mods.items():
@@ -184,43 +83,6 @@ def private_violations(mods: dict) -> list[str]:
                 bad.extend(f"{m}:{node.lineno} imports {node.module}.{a.name}" for a in node.names
                            if a.name.startswith("_") and not a.name.startswith("__"))
     return sorted(bad)
-
-
-def cycles(mods: dict) -> list[list[str]]:
-    graph = {m: {t for t in ts if t in mods and t != m} for m, ts in imports(mods).items()}
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    found: list[list[str]] = []
-    counter = [0]
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on.add(v)
-        for w in sorted(graph.get(v, ())):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                found.append(sorted(comp))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
 
 
 def british_names(mods: dict) -> list[str]:
@@ -248,41 +110,71 @@ def long_files(root: Path, limit: int = 800) -> set[str]:
             if len(p.read_text(encoding="utf-8").splitlines()) > limit}
 
 
-# -- the package --------------------------------------------------------------------------------
+# -- import-linter's contracts (pyproject.toml [tool.importlinter]) -----------------------------
 
-def test_the_core_never_imports_the_cli_the_adapter_or_the_demo():
-    assert layer_violations(load(PKG)) == []
-
-
-def test_core_layers_import_only_downwards():
-    assert layering_violations(load(PKG)) == []
+def contracts() -> dict[str, dict]:
+    """The contracts declared in pyproject.toml, by id."""
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]
+    return {c["id"]: c for c in cfg["contracts"]}
 
 
-def test_every_core_module_has_a_layer():
-    mods = load(PKG)
-    assert [m for m in mods if not _outer(m) and core_layer(m) is None] == []
+def lint_imports(root: Path) -> subprocess.CompletedProcess:
+    """Run `lint-imports` (the one .ci/run runs, from this interpreter's environment) on the
+    pyproject.toml and the lossless_context package found in `root`."""
+    exe = Path(sys.executable).with_name("lint-imports")
+    assert exe.exists(), f"{exe} missing: import-linter comes with the [test] extra"
+    env = {**os.environ, "PYTHONPATH": str(root)}  # the package in root, not the installed one
+    return subprocess.run([str(exe), "--no-cache", "--no-logo"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
 
 
-def test_only_the_host_module_imports_hermes():
-    assert host_import_violations(load(PKG)) == []
+def _within(m: str, package: str) -> bool:
+    return m == package or m.startswith(package + ".")
 
 
-def test_no_module_uses_another_modules_private_names():
-    assert private_violations(load(PKG)) == []
+def layer_groups(contract: dict, container: str) -> list[list[str]]:
+    """The layers of a layers contract, highest first, as groups of absolute module names: an
+    independent layer (`a | b`) is one group per module, a layer of siblings that may import each
+    other (`a : b`) one group."""
+    groups = []
+    for layer in contract["layers"]:
+        sep = ":" if ":" in layer else "|"
+        names = [f"{container}.{n.strip()}" for n in layer.split(sep)]
+        groups.extend([names] if sep == ":" else [[n] for n in names])
+    return groups
 
 
-def test_no_import_cycles_lazy_imports_included():
-    assert cycles(load(PKG)) == []
+def test_the_import_contracts_hold():
+    run = lint_imports(ROOT)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out
+    assert f"Contracts: {len(contracts())} kept, 0 broken." in out, out
 
 
-def test_code_names_spell_summarize_one_way():
-    assert british_names(load(PKG)) == []
-
-
-def test_files_stay_small():
-    over = long_files(PKG)
-    assert over <= LONG_FILES, f"over 800 lines: {sorted(over - LONG_FILES)}"
-    assert LONG_FILES <= over, f"split already: drop {sorted(LONG_FILES - over)} from LONG_FILES"
+def test_the_contracts_cover_the_package():
+    mods = {module_name(PKG, p) for p in PKG.rglob("*.py")}
+    top = {".".join(m.split(".")[:2]) for m in mods} - {"lossless_context"}
+    c = contracts()
+    # every module but host.py is a source of the host rule (a new module must be listed there)
+    host_sources = c["host-imports"]["source_modules"]
+    assert sorted(m for m in mods - {"lossless_context", "lossless_context.contract", HOST_MODULE}
+                  if not any(_within(m, s) for s in host_sources)) == []
+    # the two packages no contract can list without their children (the root, contract/) keep
+    # to relative imports of their own modules
+    for init in (PKG / "__init__.py", PKG / "contract" / "__init__.py"):
+        tree = ast.parse(init.read_text(encoding="utf-8"))
+        assert [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Import)
+                or (isinstance(n, ast.ImportFrom) and not n.level and n.module != "__future__")] == [], init
+    assert not any(_within(HOST_MODULE, s) for s in host_sources)
+    # the core (the sources) and the outer parts (the forbidden) together are the whole package
+    outer = c["core-never-imports-outer"]
+    assert set(outer["source_modules"]) | set(outer["forbidden_modules"]) == top
+    assert not set(outer["source_modules"]) & set(outer["forbidden_modules"])
+    # the contract package is laid out module by module in the main layers (host.py at the bottom)
+    listed = {m for g in layer_groups(c["layers"], "lossless_context") for m in g}
+    contract_mods = {m for m in mods if m.startswith("lossless_context.contract.")}
+    assert contract_mods == {m for m in listed if m.startswith("lossless_context.contract.")}
+    assert layer_groups(c["layers"], "lossless_context")[-1] == [HOST_MODULE]
 
 
 def readme_layout(readme: Path) -> list[tuple[list[str], str]]:
@@ -299,21 +191,74 @@ def readme_layout(readme: Path) -> list[tuple[list[str], str]]:
 
 
 def test_the_readme_layout_table_matches_the_package():
-    rows = readme_layout(PKG.parent / "README.md")
+    """Each path of the table is in the package and the package is in the table; rows that name
+    the same layer sit in the same group of the layers contract, and rows that name different
+    layers in different groups."""
+    rows = readme_layout(ROOT / "README.md")
     listed = {p: layer for paths, layer in rows for p in paths}
     top = {p.name for p in PKG.iterdir() if p.suffix == ".py" and p.stem != "__init__"} - {"hermes_plugin.py"}
     folders = {p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     assert set(listed) == top | folders, "README's layout table and the package differ"
-    names = {name for name, _ in CORE_LAYERS}
-    for path, layer in listed.items():
+    groups = layer_groups(contracts()["layers"], "lossless_context")
+
+    def group(path: str) -> int:
         mod = "lossless_context." + path.removesuffix(".py")
-        if _outer(mod):
-            continue
-        assert layer in names, (path, layer)
-        assert CORE_LAYERS[core_layer(mod)][0] == layer, (path, layer)
+        found = {i for i, g in enumerate(groups) for m in g if _within(m, mod) or _within(mod, m)}
+        assert len(found) == 1 or path == "contract", (path, found)
+        return min(found)  # contract/: the group of its modules above host.py
+
+    by_layer: dict[str, set[int]] = {}
+    for path, layer in listed.items():
+        by_layer.setdefault(layer, set()).add(group(path))
+    assert all(len(g) == 1 for g in by_layer.values()), by_layer
+    assert len({min(g) for g in by_layer.values()}) == len(by_layer), by_layer
 
 
-# -- the checker itself fails on violations -------------------------------------------------------
+def test_the_contracts_catch_violations(tmp_path):
+    """The contracts, run on a copy of the package with one breach of each rule, report each."""
+    shutil.copytree(PKG, tmp_path / "lossless_context", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    pkg = tmp_path / "lossless_context"
+
+    def append(rel: str, src: str) -> None:
+        with (pkg / rel).open("a", encoding="utf-8") as f:
+            f.write(textwrap.dedent(src))
+
+    append("store/guard.py", "\n\ndef _up():\n    from ..engine import LCMEngine  # a store reaching up to the engine\n    return LCMEngine\n")
+    append("pipeline/forks.py", "\n\ndef _host():\n    import run_agent  # the host, outside host.py\n    return run_agent\n")
+    append("ops/retention.py", "\n\ndef _outer():\n    from .. import cli  # the core importing the CLI\n    return cli\n")
+    append("contract/host.py", "\n\ndef _spec():\n    from . import spec  # host.py reaching up its own package\n    return spec\n")
+    (pkg / "pipeline" / "loop_a.py").write_text("from . import loop_b\n", encoding="utf-8")
+    (pkg / "pipeline" / "loop_b.py").write_text("def f():\n    from . import loop_a  # lazy: still a cycle\n", encoding="utf-8")
+    (pkg / "newpart.py").write_text('"""A module given no layer."""\n', encoding="utf-8")
+    run = lint_imports(tmp_path)
+    out = run.stdout + run.stderr
+    assert run.returncode != 0, out
+    for c in contracts().values():
+        assert f"{c['name']} BROKEN" in out, (c["id"], out)
+    for breach in ("lossless_context.store.guard -> lossless_context.engine",
+                   "lossless_context.pipeline.forks -> run_agent",
+                   "lossless_context.ops.retention -> lossless_context.cli",
+                   "lossless_context.contract.host -> lossless_context.contract.spec",
+                   ".loop_b -> .loop_a", "newpart"):
+        assert breach in out, (breach, out)
+
+
+# -- the rules import-linter does not check ------------------------------------------------------
+
+def test_no_module_uses_another_modules_private_names():
+    assert private_violations(load(PKG)) == []
+
+
+def test_code_names_spell_summarize_one_way():
+    assert british_names(load(PKG)) == []
+
+
+def test_files_stay_small():
+    over = long_files(PKG)
+    assert over <= LONG_FILES, f"over 800 lines: {sorted(over - LONG_FILES)}"
+    assert LONG_FILES <= over, f"split already: drop {sorted(LONG_FILES - over)} from LONG_FILES"
+
 
 def _fake(tmp_path: Path, files: dict[str, str]) -> dict:
     root = tmp_path / "lossless_context"
@@ -328,27 +273,13 @@ def _fake(tmp_path: Path, files: dict[str, str]) -> dict:
 def test_the_checks_catch_violations(tmp_path):
     mods = _fake(tmp_path, {
         "engine.py": """
-            from typing import TYPE_CHECKING
-            if TYPE_CHECKING:
-                from .tools import Thing  # typing only: no cycle
             def f(store):
-                from . import cli  # a lazy import is still an import
-                from agent.redact import x  # the host, outside host.py
                 return store._write(1)
         """,
         "c.py": "from .b import _hidden\ndef presummarise(): pass\n",
-        "tools.py": "from .engine import f\n",
-        "a.py": "def g():\n    from . import b\n",
-        "b.py": "from . import a\n",
-        "cli/__init__.py": "",
-        "store/__init__.py": "",
-        "store/x.py": "def h():\n    from ..engine import f\n",  # a store reaching up to the engine
+        "b.py": "_hidden = 1\n",
     })
-    assert layering_violations(mods) == ["lossless_context.store.x (store) imports lossless_context.engine (engine)"]
-    assert layer_violations(mods) == ["lossless_context.engine imports lossless_context.cli"]
-    assert host_import_violations(mods) == ["lossless_context.engine imports agent.redact"]
-    assert private_violations(mods) == ["lossless_context.c:1 imports b._hidden", "lossless_context.engine:8 store._write"]
-    assert cycles(mods) == [["lossless_context.a", "lossless_context.b"]]
+    assert private_violations(mods) == ["lossless_context.c:1 imports b._hidden", "lossless_context.engine:3 store._write"]
     assert british_names(mods) == ["lossless_context.c: presummarise"]
     (tmp_path / "lossless_context" / "big.py").write_text("x = 1\n" * 801)
     assert long_files(tmp_path / "lossless_context") == {"big.py"}
