@@ -1,6 +1,7 @@
 """The demo: a long deterministic coding session replayed through a real engine (`lcm demo`).
 
-Not part of the core: nothing outside this folder and the CLI imports it (tests/test_layout.py).
+Not part of the core: nothing outside this folder and the CLI imports it (the layers in
+pyproject.toml, checked by `lint-imports`).
 
 * `demo.py` — the replay, its canary checks and the tables `lcm demo` prints;
 * `sessions.py` — deterministic synthetic sessions (coding, chat, mixed) with planted canaries;
