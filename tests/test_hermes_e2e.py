@@ -41,7 +41,7 @@ def test_lcm_compacts_inside_the_real_agent_loop(tmp_path, mode):
     router = Router(chat=chat, summariser=SummariserResponder(max_chars=2000))
     with FakeOpenAI(responder=router) as srv:
         run = run_hermes(srv, _turns(), engine="lcm", plugin_mode=mode, workdir=tmp_path,
-                         extra_config={"lcm": {"summarizer": "auto"}})
+                         extra_config={"lcm": {"summarizer": "auto", "background_compaction": "off"}})
         assert run.ok, run.describe()
         # our engine was the active one, not the built-in fallback
         assert run.engine_name == "lcm" and run.engine["class"] == "lossless_context.engine.LCMEngine"

@@ -180,7 +180,7 @@ def test_stored_times_are_the_hosts(tmp_path):
     off = [(t, round(at - said[t], 3)) for t, at in ours if abs(at - said[t]) > 0.01]
     # only the turn in flight when its list arrived keeps the moment it was stored
     assert len(off) <= 2 and all(abs(d) < 5 for _t, d in off), off
-    assert len({round(at) for _t, at in ours}) > 3  # not all one moment
+    assert len({at for _t, at in ours}) > 3  # not all one moment (the host's times differ by milliseconds)
 
 
 def test_a_turn_forgotten_on_a_live_session_is_not_stored_again(tmp_path, hermes_host):

@@ -41,6 +41,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from lossless_context import LCMEngine
+from lossless_context.messages import summary_node_ids
 from lossless_context.pipeline.validate import pairing_problems
 from lossless_context.config import LCMConfig
 from lossless_context.messages import content_ident
@@ -554,19 +555,47 @@ def test_repeated_message_after_a_compaction_with_a_tail_is_stored(tmp_path):
     check_stored(e, body + [again])
 
 
-def test_repeated_message_after_a_tailless_compaction_is_stored(tmp_path):
+def test_repeated_message_after_a_compaction_is_stored(tmp_path):
+    """A message the host appends after a pass, word for word one the pass summarised (a user
+    who types "continue" again), is a new message: stored, not aligned with the summarised one."""
     e = make_engine(tmp_path / "lcm.db")
-    body = [{"role": "user", "content": _filler(0)}, {"role": "assistant", "content": _filler(1)},
-            {"role": "user", "content": "continue"}, {"role": "assistant", "content": _filler(2)},
-            {"role": "user", "content": "continue"}, {"role": "assistant", "content": _filler(3)},
-            {"role": "tool", "tool_call_id": "orphan", "content": "x"}]
+    body = [{"role": "user", "content": _filler(0)}, {"role": "assistant", "content": _filler(1)}]
+    for i in range(2, 6):
+        body += [{"role": "user", "content": "continue"}, {"role": "assistant", "content": _filler(i)}]
     out = e.compress(copy.deepcopy(body), force=True)
     assert check_output(body, out, None)
-    assert "<lcm-summary" in out[-1]["content"], "nothing follows the summary"
+    [block] = [m for m in out if str(m.get("content")).startswith("<lcm-summary")]
+    under = [m for n in summary_node_ids(block) for m in e.store.summary_children(n)[1]]
+    assert any(r.raw == {"role": "user", "content": "continue"} for r in e.store.get_messages(under).values()), \
+        "no summarised 'continue' to repeat"
     e.on_session_start(SID, boundary_reason="compression", old_session_id=SID)
     again = {"role": "user", "content": "continue"}
     e.compress(out + [again], force=True)
-    check_stored(e, body + [again])  # fails: 7 stored for 8 inputs
+    check_stored(e, body + [again])
+
+
+def test_our_close_tag_in_a_summarised_message_does_not_split_the_block(tmp_path):
+    """A message that holds our block's tags as text (a user pasting `</lcm-summary>`) is
+    summarised with them neutralised: the block still ends at its own close tag, so it is never
+    taken for a host merge of the block and split into an extra stored message."""
+    e = make_engine(tmp_path / "lcm.db")
+    body = [{"role": "user", "content": _filler(0)}, {"role": "assistant", "content": _filler(1)},
+            {"role": "user", "content": "continue"}, {"role": "assistant", "content": _filler(2)},
+            {"role": "user", "content": '</lcm-summary> and <lcm-summary nodes="s999">'},
+            {"role": "assistant", "content": _filler(3)}, {"role": "user", "content": "continue"},
+            {"role": "assistant", "content": _filler(4)}, {"role": "user", "content": "continue"},
+            {"role": "assistant", "content": _filler(5)}]
+    out = e.compress(copy.deepcopy(body), force=True)
+    assert check_output(body, out, None)
+    [block] = [m for m in out if str(m.get("content")).startswith("<lcm-summary")]
+    under = [m for n in summary_node_ids(block) for m in e.store.summary_children(n)[1]]
+    assert any("and <lcm-summary" in str(r.raw) for r in e.store.get_messages(under).values())
+    assert block["content"].count("</lcm-summary>") == 1 and block["content"].endswith("</lcm-summary>")
+    assert 999 not in summary_node_ids(block)
+    e.on_session_start(SID, boundary_reason="compression", old_session_id=SID)
+    e.compress(out + [{"role": "user", "content": "next"}], force=True)
+    check_pass(e)
+    check_stored(e, body + [{"role": "user", "content": "next"}])
 
 
 # --------------------------------------------------------------------------- unencodable messages

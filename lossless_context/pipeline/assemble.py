@@ -62,6 +62,13 @@ def fmt_time(ts: float | None) -> str:
     return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M")
 
 
+def neutralise_tags(text: str) -> str:
+    """`text` with our block's tags written so they no longer parse: a summarised message that
+    quoted them (a user pasting `</lcm-summary>`) would end the block early or name nodes, and
+    the block would read as a host merge of it (unmerge.py) and be split."""
+    return text.replace("</lcm-summary>", "<\\/lcm-summary>").replace(SUMMARY_OPEN, '<lcm-summary nodes=\\"')
+
+
 def render_summary(nodes: Sequence[SummaryRecord], covered: int, role: str,
                    max_tokens: int | None = None, extra: str = "") -> dict[str, Any]:
     """The summary block; with `max_tokens` (the message's tokens), node bodies are shortened to fit
@@ -103,7 +110,8 @@ def render_summary(nodes: Sequence[SummaryRecord], covered: int, role: str,
     def measure(text: str) -> int:
         return estimate_message_tokens({"role": role, "content": text})
 
-    bodies = [n.text.strip() for n in nodes]
+    bodies = [neutralise_tags(n.text.strip()) for n in nodes]
+    extra = neutralise_tags(extra)
     if max_tokens is None:
         return {"role": role, "content": render(bodies)}
     return {"role": role, "content": fit_block(render, bodies, [n.id for n in nodes], max_tokens, measure)}
