@@ -323,6 +323,7 @@ class _Ctx:
         # whole, and a call reads them once)
         self._covering_cache: dict[int, list[int]] = {}
         self._parents_cache: dict[int, list[int]] = {}
+        self._summary_scope: dict[int, bool] = {}  # summary id -> inside the scope
 
     # -- scope checks -------------------------------------------------------------------
 
@@ -360,9 +361,10 @@ class _Ctx:
         return rec
 
     def chain(self, kind: str, ref: int) -> list[int]:
-        """Summary ids from the node covering this item up to the top of the DAG."""
+        """Summary ids from the node covering this item up to the top of the DAG, as far as
+        the scope reaches (a parent's node made after a branch's fork is not the branch's)."""
         out: list[int] = []
-        frontier = self._covering(ref) if kind == "m" else self._parents_of(ref)
+        frontier = self.in_scope_summaries(self._covering(ref) if kind == "m" else self._parents_of(ref))
         seen: set[int] = set()
         while frontier and len(out) < 64:
             nxt = frontier[0]
@@ -370,8 +372,21 @@ class _Ctx:
                 break
             seen.add(nxt)
             out.append(nxt)
-            frontier = self._parents_of(nxt)
+            frontier = self.in_scope_summaries(self._parents_of(nxt))
         return out
+
+    def in_scope_summaries(self, ids: list[int]) -> list[int]:
+        """The summary ids of `ids` the scope holds: a node's parents and covering nodes may be
+        another lineage's, or made after this branch's fork — ids it must not even name."""
+        if not ids or (self.scope is None and not self.bounds):
+            return ids
+        unknown = [i for i in ids if i not in self._summary_scope]
+        if unknown:
+            recs = self.store.get_summaries(unknown)
+            for i in unknown:
+                r = recs.get(i)
+                self._summary_scope[i] = r is not None and self._in_scope(r.session_id, "s", i)
+        return [i for i in ids if self._summary_scope[i]]
 
     def _covering(self, mid: int) -> list[int]:
         if mid not in self._covering_cache:
@@ -508,7 +523,7 @@ class _Ctx:
                 "id": f"s{rec.id}", "kind": rec.kind, "depth": rec.depth, "tokens": rec.tokens,
                 "source_tokens": rec.source_tokens, "time_start": _iso(rec.t_start), "time_end": _iso(rec.t_end),
                 "messages_covered": rec.n_messages, "level": rec.level, "summarizer": rec.summarizer,
-                "parents": [f"s{p}" for p in self.store.summary_parents(ref)],
+                "parents": [f"s{p}" for p in self.in_scope_summaries(self.store.summary_parents(ref))],
                 "children": [f"s{k}" for k in kids] + [f"m{m}" for m in mids[:200]],
                 "children_total": len(kids) + len(mids),
                 "chain": [f"s{x}" for x in self.chain("s", ref)],

@@ -96,6 +96,50 @@ def test_branch_is_bounded_at_the_fork_and_stores_only_what_is_new(location, hos
     assert "unknown id" in ans.get("error", ""), ans
 
 
+def test_a_branch_never_names_its_parents_nodes_made_after_the_fork(location, host_db):
+    """The parent compacts on after a /branch, condensing summaries the branch shares into a
+    node made after the fork. The branch cannot open that node, and no answer of its tools
+    names it either: not as a parent, not in a chain, not as a hit's summary chain."""
+    db = host_db
+    reg = _engine(location)
+    p = copy.deepcopy(reg)
+    p.bind_session_state(db, "P")
+    hist = _turns("early", 16, big=14_000)
+    out = p.compress(hist, current_tokens=estimate_messages_tokens(hist))
+    assert out != hist
+    p.on_session_start("P", boundary_reason="compression", old_session_id="P")
+    p.on_session_end("P", out)
+    add_session(db, "B", parent="P")
+    b = copy.deepcopy(reg)
+    b.bind_session_state(db, "B")
+    b.on_session_end("B", copy.deepcopy(out))
+    shared = {int(i[1:]) for i in _grep(b, "early question 5") if i.startswith("s")}
+    assert shared, "no summary before the fork to share"
+    cur = out
+    for k in range(6):  # P goes on until a node over the shared summaries exists
+        cur = cur + _turns(f"later{k}", 6, big=14_000)
+        nxt = p.compress(cur, current_tokens=estimate_messages_tokens(cur), force=True)
+        if nxt != cur:
+            p.on_session_start("P", boundary_reason="compression", old_session_id="P")
+            cur = nxt
+        p.on_session_end("P", cur)
+    after = {q for s_id in shared for q in p.store.summary_parents(s_id)}
+    assert after, "the parent never condensed the shared summaries"
+    for q in after:
+        assert "unknown id" in json.loads(b.handle_tool_call("lcm_describe", {"id": f"s{q}"})).get("error", "")
+    named: set[str] = set()
+    ans = json.loads(b.handle_tool_call("lcm_grep", {"query": "early question 5", "limit": 50}))
+    for g in ans["groups"]:
+        for h in g["hits"]:
+            named.update(h["summary_chain"])
+            d = json.loads(b.handle_tool_call("lcm_describe", {"id": h["id"]}))
+            named.update(d.get("parents", []) + d.get("chain", []) + d.get("covered_by", []))
+    assert named.isdisjoint({f"s{q}" for q in after}), named
+    # the parent itself still sees its node over them
+    d = json.loads(p.handle_tool_call("lcm_describe", {"id": f"s{min(shared)}"}))
+    assert set(d["parents"]) & {f"s{q}" for q in after}
+
+
 def test_undo_takes_the_message_out_of_search_and_a_resend_brings_it_back(location):
     e = _engine(location)
     e.bind_session_state(None, "U")
