@@ -648,6 +648,29 @@ def test_search_fts_ranking(store):
     assert search(store, "重试次数上限") == []
 
 
+def test_ranked_search_filters_before_the_page(store):
+    """The best-scored matches of a ranked search are dropped by a filter (their role, their
+    session): the page still holds the best of those left, in rank order, with paging — the
+    rows are read past the first page's worth of ranked matches (store/sqlite/search.py)."""
+    store.ensure_session("s")
+    store.ensure_session("o")
+    best = store.append_messages("s", [nm("widget " * (3 + i % 4), "user", t=T0 + i) for i in range(30)])
+    other = store.append_messages("o", [nm("widget widget widget widget", "assistant", t=T0 + i) for i in range(8)])
+    kept = store.append_messages("s", [nm("widget " + "and other words " * (1 + i), "assistant", t=T0 + 40 + i)
+                                       for i in range(6)])
+    full = search(store, "widget", role="assistant", sessions=["s"], order="rank", limit=50)
+    assert ids_of(full) == kept  # (the shorter text scores better: the order they were stored in)
+    ranks = [r["rank"] for r in full]
+    assert ranks == sorted(ranks)
+    page = search(store, "widget", role="assistant", sessions=["s"], order="rank", limit=2, offset=1)
+    assert ids_of(page) == kept[1:3] and [r["rank"] for r in page] == ranks[1:3]
+    assert all(r["role"] == "assistant" and r["session_id"] == "s" for r in page)
+    tied = ids_of(search(store, "widget", sessions=["o"], order="rank", limit=3))  # (equal scores: any 3)
+    assert len(set(tied)) == 3 and set(tied) <= set(other)
+    assert ids_of(search(store, "widget", role="assistant", sessions=["s"], order="rank", limit=5, offset=4)) == kept[4:]
+    assert len(best) == 30 and search(store, "widget", role="tool", order="rank") == []
+
+
 def test_search_stop_words_only_falls_back(store):
     ids = _corpus(store)
     plan = plan_query("the of and")
