@@ -6,6 +6,11 @@ while a large store is pruned.
    substring in a fresh process) at N messages (full: 100,000), once on a plaintext store and
    once with `LCM_ENCRYPTION_KEY` set (the store is made encrypted: SQLCipher), in one run:
    builds first, then measurements, so both see the same machine. Ratios encrypted/plaintext.
+   The scale part repeats one question, so its searches find every page in the page cache;
+   **cold** asks ten different questions once each in a fresh process (then each again),
+   plaintext and encrypted in turn, ``COLD_ROUNDS`` times: what a page read from the file
+   costs (an encrypted page is decrypted and HMAC-checked on every cache miss), in wall and
+   CPU time.
 2. **prune_wait** — a store of N messages (full: 1,000,000: 100,000 built by the engine, the
    rest copied with SQL into sessions of their own lineage, each given an age: 400, 200, 120
    or 30 days) is pruned with `lcm prune --older-than 90` semantics in one process while
@@ -35,6 +40,16 @@ from . import common
 KEY = "bench key: a long passphrase"
 AGES = (400, 200, 120, 30)  # days, round-robin over the copied sessions
 OLDER_THAN = 90
+COLD_ROUNDS = 3
+# Ten questions, each asked once in a fresh process (their pages not yet in the page cache).
+COLD_QUESTIONS = (
+    "what did we decide about the retry limit for flaky webhook retries",
+    "how did we fix the database migration timeout", "which port does the staging server listen on",
+    "what was the error in the payment reconciliation job", "did we agree on the cache eviction policy",
+    "who owns the deployment pipeline for the billing service", "what is the plan for rotating the api keys",
+    "why did the nightly backup fail last week", "summary of the discussion about rate limits",
+    "what threshold did we pick for the memory alert",
+)
 
 
 def _scale(args: list[str], timeout: float, env_extra: dict[str, str] | None = None) -> dict[str, Any]:
@@ -70,6 +85,7 @@ def _encryption(n: int, work: Path) -> dict[str, Any]:
     for name, store in stores.items():
         measures[name] = _scale(["measure", "--store", store, "--n", str(builds[name]["n_stored"]), "--passes", "12",
                                  "--reps", "15", "--identifier", builds[name]["identifier"]], 3600, env[name])
+    out["cold"] = _cold(stores, env)
     with open(stores["encrypted"], "rb") as fh:
         out["encrypted_file_starts_as_sqlite"] = fh.read(16) == b"SQLite format 3\x00"
     for name in stores:
@@ -93,6 +109,55 @@ def _encryption(n: int, work: Path) -> dict[str, Any]:
     for suf in ("", "-wal", "-shm", ".meta.json"):
         Path(stores["encrypted"] + suf).unlink(missing_ok=True)
     shutil.rmtree(stores["encrypted"] + ".locks", ignore_errors=True)
+    return out
+
+
+def cold_greps(store: str, out: str) -> None:
+    """In this (fresh) process: each of COLD_QUESTIONS once (the first search of it: its pages
+    read from the file), then each again (best of 3: from the page cache); wall and CPU ms."""
+    from .scale import CONV
+
+    eng = common.make_engine(store, context_length=200_000)
+    eng.on_session_start(f"cold-{os.getpid()}", conversation_id=CONV, platform="cli")
+    first: list[tuple[float, float]] = []
+    again: list[tuple[float, float]] = []
+    for rep, sink in ((1, first), (3, again)):
+        for q in COLD_QUESTIONS:
+            best = (float("inf"), float("inf"))
+            for _ in range(rep):
+                t0, c0 = time.perf_counter(), time.process_time()
+                json.loads(eng.handle_tool_call("lcm_grep", {"query": q}))
+                best = min(best, ((time.perf_counter() - t0) * 1000, (time.process_time() - c0) * 1000))
+            sink.append(best)
+    eng.store.close()
+    Path(out).write_text(json.dumps({"first": first, "again": again}), encoding="utf-8")
+
+
+def _cold(stores: dict[str, str], env: dict[str, dict[str, str]]) -> dict[str, Any]:
+    """cold_greps on each store, plaintext and encrypted in turn, COLD_ROUNDS times; per store the
+    median over rounds of each figure, and the ratios encrypted/plaintext."""
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in stores}
+    for _ in range(COLD_ROUNDS):
+        for name, store in stores.items():
+            res = store + ".cold.json"
+            r = subprocess.run([sys.executable, "-m", "bench.lifecycle", "cold", "--store", store, "--out", res],
+                               cwd=common.ROOT, env={**os.environ, **env[name]}, capture_output=True, text=True,
+                               timeout=1800)
+            if r.returncode != 0:
+                raise RuntimeError(f"cold greps ({name}) failed: {r.stderr[-3000:]}")
+            data = json.loads(Path(res).read_text())
+            Path(res).unlink()
+            row: dict[str, float] = {}
+            for part in ("first", "again"):
+                for k, label in ((0, "wall"), (1, "cpu")):
+                    vals = sorted(x[k] for x in data[part])
+                    row[f"{part}_{label}_p50_ms"] = vals[len(vals) // 2]
+                    row[f"{part}_{label}_sum_ms"] = sum(vals)
+            runs[name].append(row)
+    out: dict[str, Any] = {"questions": len(COLD_QUESTIONS), "rounds": COLD_ROUNDS}
+    for name, rows in runs.items():
+        out[name] = {k: round(sorted(r[k] for r in rows)[len(rows) // 2], 2) for k in rows[0]}
+    out["ratios"] = {k: _ratio(out["encrypted"][k], out["plaintext"][k]) for k in out["plaintext"]}
     return out
 
 
@@ -313,7 +378,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.lifecycle")
-    ap.add_argument("mode", choices=["host", "prune", "run", "enc"])
+    ap.add_argument("mode", choices=["host", "prune", "run", "enc", "cold"])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--store")
     ap.add_argument("--out")
@@ -330,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
         host_loop(a.store, a.out, a.stop, a.seconds)
     elif a.mode == "prune":
         prune_once(a.store, a.out)
+    elif a.mode == "cold":
+        cold_greps(a.store, a.out)
     elif a.mode == "enc":  # the encryption measurements alone (the prune part takes an hour at 1M)
         work = Path(a.data_dir or (Path(common.isolate_env()) / "lifecycle"))
         work.mkdir(parents=True, exist_ok=True)
