@@ -293,11 +293,13 @@ def _summarised_twice(path: Path) -> int:
         db.close()
 
 
-@pytest.mark.xfail(strict=True, reason="found by driving the oracle through the committing host driver: a pass "
-                   "over a list that ends in an assistant tool call without its results (the `append 30` cut) "
-                   "summarises that call with the span before it; replayed with its results, the span is no "
-                   "longer one run, is not folded, and 28 messages end under two leaves (reported, issue #37)")
 def test_a_replay_after_committed_passes_summarises_nothing_twice(tmp_path, recorded):
+    """Found by driving the oracle through the committing host driver: the `append 30` cut ends
+    in an assistant tool call without its results. The pass over it held that call back from
+    its output and put it under the newest leaf with the span before it; replayed with its
+    results, that leaf's span was no longer one run of the list, was not folded back, and the
+    next pass summarised its 28 messages a second time. The call is the tail's now (the host
+    appends its results right after it: pipeline/assemble.pending_start)."""
     play_both(tmp_path, _pool("coding", 3, 1200), REPLAY_OPS, recorded, commit=True)
     assert _summarised_twice(tmp_path / "fast.db") == 0
 
@@ -305,8 +307,8 @@ def test_a_replay_after_committed_passes_summarises_nothing_twice(tmp_path, reco
 def test_fast_and_plain_agree_on_a_replayed_list(tmp_path, recorded):
     """The originals again in place of our compacted list, after passes: both walks open the
     context's summaries alike, the same spans fold back, nothing is stored twice. (The host
-    adopts each pass from its list alone here, without the commit signal: see the xfail test
-    above for the committed case.)"""
+    adopts each pass from its list alone here, without the commit signal: see the test above
+    for the committed case.)"""
     play_both(tmp_path, _pool("coding", 3, 1200), REPLAY_OPS, recorded, commit=False)
     for name in ("fast.db", "plain.db"):
         db = sqlite3.connect(tmp_path / name)

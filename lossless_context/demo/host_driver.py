@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..contract.host import rough_estimator
-from ..pipeline.validate import pairing_problems
+from ..pipeline.validate import pairing_problems, pending_calls
 from ..tokens import estimate_message_tokens, estimate_text_tokens
 
 
@@ -258,7 +258,7 @@ class R19Host:
             self.no_progress += 1
             self.messages = before
         else:
-            self.invalid.extend(pairing_problems(out))
+            self.invalid.extend(pairing_problems(out, pending_calls(before)))  # (its results come next)
             if self.on_output:
                 self.on_output(out)
             old = self.session_id

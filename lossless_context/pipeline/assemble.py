@@ -156,12 +156,34 @@ def reply_anchor(slots: Sequence[Slot], start: int = 0) -> int | None:
     return None
 
 
-def repair(messages: list[Any], changes: list[tuple[dict, dict]] | None = None) -> list[dict[str, Any]]:
+def pending_start(slots: Sequence[Slot]) -> int | None:
+    """Where the list's last turn group starts when it is an assistant's tool call still waiting
+    for its results (none or only some of them follow it, up to the list's end), else None.
+    The host appends those results right after the call, so the group belongs to the fresh
+    tail: a pass keeps it verbatim, last in its output (`repair(pending_end=True)`). Folded
+    into a leaf or dropped, the call would leave the results the host appends next orphaned,
+    and its row under a leaf whose span a replay of the list no longer holds as one run."""
+    i = len(slots) - 1
+    while i >= 0 and slots[i].kind == "m" and slots[i].role == "tool":
+        i -= 1
+    if i < 0 or slots[i].kind != "m" or slots[i].role != "assistant" or not slots[i].call_ids:
+        return None
+    if groups(slots[i:]) != [(0, len(slots) - i)]:
+        return None  # a result past the call's own: nothing is waiting for the host
+    answered = {s.result_for for s in slots[i + 1:]}
+    return i if any(c not in answered for c in slots[i].call_ids) else None
+
+
+def repair(messages: list[Any], changes: list[tuple[dict, dict]] | None = None, *,
+           pending_end: bool = False) -> list[dict[str, Any]]:
     """Drop what cannot be valid: non-dicts, orphan tool results, calls without results.
 
     An assistant message whose calls lack results keeps its text (if any) without the
     unanswered calls, so nothing is invented and no provider rejects the list. Each
     message replaced by a repaired copy is reported in `changes` as (original, copy).
+    ``pending_end``: the input ends in a tool call whose results the host is about to append
+    (`pending_start`); when the list still ends in it, it stays as it is, with the results
+    that came already — repaired, the results appended next would be orphans.
     """
     out: list[dict[str, Any]] = []
     n = len(messages)
@@ -188,7 +210,10 @@ def repair(messages: list[Any], changes: list[tuple[dict, dict]] | None = None) 
                 j += 1
             answered = [tc for tc in m["tool_calls"]
                         if isinstance(tc, Mapping) and tc.get("id") in seen]
-            if len(answered) == len(m["tool_calls"]) and len(ids) == len(m["tool_calls"]):
+            if pending_end and j == n and len(ids) == len(m["tool_calls"]) > len(answered):
+                out.append(m)  # (the host's newest call: its remaining results come next)
+                out.extend(results)
+            elif len(answered) == len(m["tool_calls"]) and len(ids) == len(m["tool_calls"]):
                 out.append(m)
                 out.extend(results)
             elif answered:

@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from .assemble import (Slot, choose_summary_role, groups, large_representation, render_summary, repair,
-                       reply_anchor)
+from .assemble import (Slot, choose_summary_role, groups, large_representation, pending_start, render_summary,
+                       repair, reply_anchor)
 from . import continuity
 from ..summarizers.costs import Spend
 from .dag_balance import next_condensation
@@ -112,6 +112,7 @@ class Compactor:
         self._reply_folded = False  # the pass had to summarise the reply the host just delivered
         self._pinned: Slot | None = None  # that reply, shown right after the head (_reply_mode)
         self._min_tail = 0  # the tail starts after every summary slot
+        self._pending_end = False  # the list ends in a tool call waiting for its results (kept last)
 
     def _total(self, messages: Sequence[Any]) -> int:
         """total_tokens(messages), each object estimated once per pass."""
@@ -196,6 +197,11 @@ class Compactor:
         nodes: list[_Node] = []
         region_end = h  # everything before this index (after head) is already in `nodes`
         hard_cap = len(slots) if hold is None else max(h, hold)
+        wait = pending_start(slots)
+        self._pending_end = wait is not None
+        if wait is not None:
+            # The host appends this call's results right after it: it is the tail's, never folded.
+            hard_cap = min(hard_cap, max(h, wait))
         all_slots = slots  # (the pass's input, for the lists returned unchanged)
         t = min(hard_cap, self.tail_start(slots, h, tail_budget))
         self._reply_folded, self._pinned = False, None
@@ -236,7 +242,7 @@ class Compactor:
                 if len(gs) <= 1:
                     break
                 half = max(1, len(gs) // 2)
-                t = gs[half][0] if half < len(gs) else gs[-1][0]
+                t = min(hard_cap, gs[half][0] if half < len(gs) else gs[-1][0])
             # The tail starts where the last round's list was assembled: messages between the
             # region's end and a start chosen for a round that never ran were in neither.
             t = region_end
@@ -503,7 +509,7 @@ class Compactor:
             role_ok = True
         out.extend(s.msg for s in slots[t:] if s.kind == "m" and s.msg is not None)
         self._changes: list[tuple[dict, dict]] = []
-        return repair(out, self._changes), role_ok
+        return repair(out, self._changes, pending_end=self._pending_end), role_ok
 
     def _continuity_text(self, slots: Sequence[Slot], h: int, t: int) -> str:
         if self._cont is None:

@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from .assemble import STUB_MARK, Slot, large_representation, repair
+from .assemble import STUB_MARK, Slot, large_representation, pending_start, repair
 from ..messages import content_ident
 from ..records import MessageRecord
 from ..tokens import estimate_message_tokens, estimate_messages_tokens, estimate_text_tokens
@@ -459,7 +459,8 @@ def swap_stubs(host: list[Any], originals: Sequence[Any], slots: Sequence[Slot],
     if not swap:
         return None
     changes: list[tuple[dict, dict]] = []
-    out = repair([swap.get(id(m), m) for m in host], changes)
+    # (a call the list ends waiting for stays as it is: its results come next, as in a full pass)
+    out = repair([swap.get(id(m), m) for m in host], changes, pending_end=pending_start(slots) is not None)
     if len(out) != len(host):
         return None  # repair had to hold messages back: a full pass covers them by a leaf
     if changes and store is not None:

@@ -2,7 +2,8 @@
 
 * `pairing_problems` — tool calls and results paired: what every output of the engine
   guarantees by construction (the host may hand over messages of any shape; those are kept
-  as they are, so types are not checked here);
+  as they are, so types are not checked here), but for a tool call its input ends waiting
+  for (`pending_calls`: the host appends its results right after the output);
 * `sequence_problems` — pairing plus known roles, well-typed content, tool calls and JSON-object
   arguments: what a generated or imported session must satisfy. A list it accepts is accepted by
   `pairing_problems` too (tests/test_validate.py).
@@ -16,12 +17,29 @@ from typing import Any, Sequence
 from ..messages import tool_call_ids
 
 
-def pairing_problems(messages: Sequence[Any]) -> list[str]:
+def pending_calls(messages: Sequence[Any]) -> list[str]:
+    """The tool calls a list ends waiting for: the ids of its last assistant message's calls
+    not yet answered, when nothing but its results follow it (the host appends the rest next).
+    A pass keeps that call last in its output (assemble.pending_start)."""
+    pending: list[str] = []
+    for m in messages:
+        role = m.get("role") if isinstance(m, dict) else None
+        if role == "tool":
+            if m.get("tool_call_id") in pending:
+                pending.remove(m.get("tool_call_id"))
+            continue
+        pending = list(tool_call_ids(m)) if role == "assistant" else []
+    return pending
+
+
+def pairing_problems(messages: Sequence[Any], pending: Sequence[str] = ()) -> list[str]:
     """Where tool calls and tool results are not paired (empty when they are): every call
     answered by the tool messages right after it, no result without its call. What every
-    assembled output guarantees by construction, whatever the types inside the messages."""
+    assembled output guarantees by construction, whatever the types inside the messages.
+    ``pending``: calls the list may end waiting for — an output's input's own
+    (`pending_calls(input)`), whose results the host appends right after the output."""
     errs = []
-    pending: list[str] = []
+    waiting: list[str] = []
     for idx, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             errs.append(f"{idx}: not a message")
@@ -29,18 +47,19 @@ def pairing_problems(messages: Sequence[Any]) -> list[str]:
         role = m["role"]
         if role == "tool":
             tid = m.get("tool_call_id")
-            if tid not in pending:
+            if tid not in waiting:
                 errs.append(f"{idx}: orphan tool result {tid!r}")
             else:
-                pending.remove(tid)
+                waiting.remove(tid)
             continue
-        if pending:
-            errs.append(f"{idx}: tool calls without results: {pending}")
-            pending = []
+        if waiting:
+            errs.append(f"{idx}: tool calls without results: {waiting}")
+            waiting = []
         if role == "assistant":
-            pending = list(tool_call_ids(m))
-    if pending:
-        errs.append(f"end: tool calls without results: {pending}")
+            waiting = list(tool_call_ids(m))
+    left = [p for p in waiting if p not in pending]
+    if left:
+        errs.append(f"end: tool calls without results: {left}")
     return errs
 
 
