@@ -191,3 +191,51 @@ def test_a_replay_missing_a_message_still_compacts(tmp_path):
         host.maybe_compress()
     assert host.compactions >= 2 and host.invalid == []
     assert host.estimate() < host.engine.threshold_tokens
+
+
+def test_a_call_the_list_ends_waiting_for_is_the_tails_and_a_replay_summarises_nothing_twice(tmp_path):
+    """A pass over a list that ends in an assistant tool call without its results (the host
+    appends them right after it: a prefix handed to a manual /compress, a pass in the tool
+    loop). The call is the fresh tail's: last in the output as the host holds it, its row in
+    the context under no leaf. It used to be held back from the output and put under the
+    newest leaf with the span before it: the results the host appended next were orphans,
+    and a replay of the originals (with those results) no longer held that leaf's span as one
+    run, so it was not folded back and the next pass summarised its messages a second time."""
+    location = tmp_path / "l.db"
+    turns = _turns(700, seed=6)
+    cut = len(turns) // 2
+    host = _host(location, turns[:cut])
+    assert host.compactions >= 1 and host.invalid == []
+    store = host.engine.store
+    # the next turn up to its first tool call, without the call's results
+    turn = turns[cut]
+    k = next(i for i, m in enumerate(turn) if m.get("role") == "assistant" and m.get("tool_calls"))
+    call = turn[k]
+    assert turn[k + 1].get("role") == "tool"
+    host.add(*turn[:k + 1])
+    before = _leaves(store)
+    assert host.compress_once(force=True) and host.invalid == []
+    assert host.messages[-1] == call  # verbatim: its results come next
+    _, ctx = store.get_context(SID)
+    assert ctx[-1].kind == "m"
+    row = ctx[-1].ref
+    assert store.get_messages([row])[row].raw == call
+    assert not store.message_summaries_many([row]).get(row)  # under no leaf
+    assert pairing_problems(host.messages[:-1]) == []
+    # the host appends the results right after the call: no orphan, nothing held back
+    host.add(*turn[k + 1:])
+    assert pairing_problems(host.messages) == []
+    host.engine.ingest(host.messages, session_id=SID)
+    assert not _summarised_twice(store, before)
+    # a new process whose host lost the compacted list replays the originals, results included
+    leaves = _leaves(store)
+    replay = _host(location)
+    replay.add(*[m for t in turns[:cut + 1] for m in t])
+    assert replay.compress_once(force=True) and replay.invalid == []
+    assert not _summarised_twice(replay.engine.store, leaves)
+    for t in turns[cut + 1:cut + 4]:
+        replay.add(*t)
+        replay.maybe_compress()
+    assert not _summarised_twice(replay.engine.store, leaves) and replay.invalid == []
+    _one_leaf_each(replay.engine.store)
+    assert_connected(replay.engine.store, SID)
