@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from lossless_context import LCMEngine
-from lossless_context.pipeline.validate import pairing_problems
+from lossless_context.pipeline.validate import pairing_problems, pending_calls
 from lossless_context.config import LCMConfig
 from lossless_context.demo.sessions import coding_session, turn_ranges
 from lossless_context.tokens import estimate_messages_tokens
@@ -65,7 +65,8 @@ def test_random_conversations(tmp_path_factory, conv, ctx_len, chunk, force_ever
     host = R19Host(e)
     host.start(context_length=ctx_len)
     outputs = []
-    host.on_output = outputs.append
+    # (with the calls its input ended waiting for: the host appends their results right after it)
+    host.on_output = lambda out: outputs.append((out, pending_calls(host.messages)))
     reasons: list[str] = []  # the engine's reason after each pass
     host.on_pass = lambda h, rec: reasons.append(e.get_status()["lcm_last_reason"] or "")
     for i in range(0, len(conv), chunk):
@@ -81,8 +82,9 @@ def test_random_conversations(tmp_path_factory, conv, ctx_len, chunk, force_ever
         assert not reason.startswith("error"), reason
         if p.tokens_before > e.threshold_tokens and reason not in NOTHING_TO_COMPACT:
             assert p.adopted and p.tokens_after < p.tokens_before, (p, reason)
-    for out in outputs:
-        assert pairing_problems(out) == []
+    for out, waiting in outputs:
+        assert pairing_problems(out, waiting) == []
+        assert pending_calls(out) == waiting  # a call the input ended waiting for stays last
         reason = e.get_status()["lcm_last_reason"] or ""
         if "unreachable" not in reason:
             assert estimate_messages_tokens(out) <= e.threshold_tokens
