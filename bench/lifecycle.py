@@ -96,6 +96,9 @@ def _encryption(n: int, work: Path) -> dict[str, Any]:
             "grep_text_p50_ms": common.get_path(m, "lcm_grep.text.ms.p50"),
             "grep_identifier_p50_ms": common.get_path(m, "lcm_grep.identifier.ms.p50"),
             "grep_cjk_p50_ms": common.get_path(m, "lcm_grep.cjk_substring.ms.p50"),
+            "grep_text_cpu_p50_ms": common.get_path(m, "lcm_grep.text.cpu_ms.p50"),
+            "grep_identifier_cpu_p50_ms": common.get_path(m, "lcm_grep.identifier.cpu_ms.p50"),
+            "grep_cjk_cpu_p50_ms": common.get_path(m, "lcm_grep.cjk_substring.cpu_ms.p50"),
             "compress_engine_p50_ms": common.get_path(m, "compress.engine_ms.p50"),
             "expand_p50_ms": common.get_path(m, "lcm_expand.ms.p50"),
         }
@@ -103,7 +106,9 @@ def _encryption(n: int, work: Path) -> dict[str, Any]:
     out["ratios"] = {
         "ingest_time": _ratio(p["ingest_msgs_per_s"], e["ingest_msgs_per_s"]),  # time per message: enc/plain
         **{k: _ratio(e[k], p[k]) for k in ("grep_text_p50_ms", "grep_identifier_p50_ms", "grep_cjk_p50_ms",
-                                            "compress_engine_p50_ms", "expand_p50_ms", "store_bytes")},
+                                            "grep_text_cpu_p50_ms", "grep_identifier_cpu_p50_ms",
+                                            "grep_cjk_cpu_p50_ms", "compress_engine_p50_ms", "expand_p50_ms",
+                                            "store_bytes")},
     }
     out["plain_store"] = stores["plaintext"]
     for suf in ("", "-wal", "-shm", ".meta.json"):

@@ -28,11 +28,16 @@ def lifecycle(res: dict[str, Any]) -> list[str]:
               f"| ingest (msgs/s; ratio: time per message) | {_f(p.get('ingest_msgs_per_s'))} | "
               f"{_f(e.get('ingest_msgs_per_s'))} | ×{_f(r.get('ingest_time'), 2)} |"]
         for key, label in (("grep_text_p50_ms", "lcm_grep text p50 (ms)"),
+                           ("grep_text_cpu_p50_ms", "lcm_grep text p50 (CPU ms)"),
                            ("grep_identifier_p50_ms", "lcm_grep identifier p50 (ms)"),
+                           ("grep_identifier_cpu_p50_ms", "lcm_grep identifier p50 (CPU ms)"),
                            ("grep_cjk_p50_ms", "lcm_grep CJK substring p50 (ms)"),
+                           ("grep_cjk_cpu_p50_ms", "lcm_grep CJK substring p50 (CPU ms)"),
                            ("compress_engine_p50_ms", "compress() engine p50 (ms)"),
                            ("expand_p50_ms", "lcm_expand p50 (ms)"), ("store_bytes", "store bytes")):
-            L.append(f"| {label} | {_f(p.get(key), 2)} | {_f(e.get(key), 2)} | ×{_f(r.get(key), 2)} |")
+            if key in p or key in e:
+                L.append(f"| {label} | {_f(p.get(key), 2)} | {_f(e.get(key), 2)} | ×{_f(r.get(key), 2)} |")
+    L += _cold(enc.get("cold") or {}, enc.get("before") or {})
     if enc.get("note"):
         L += ["", enc["note"]]
     inter = enc.get("interleaved") or {}
@@ -45,6 +50,37 @@ def lifecycle(res: dict[str, Any]) -> list[str]:
     for key in ("prune_wait", "prune_wait_controlled"):
         if res.get(key):
             L += _prune(res[key])
+    return L
+
+
+def _cold(cold: dict[str, Any], before: dict[str, Any]) -> list[str]:
+    """The cold part (ten different questions, each first asked in a fresh process) and, when
+    kept, the same measurements of the code before a change, from the same session."""
+    if not cold.get("plaintext"):
+        return []
+    L = ["", f"lcm_grep text, {cold.get('questions')} different questions each asked once in a fresh process (its "
+         "pages read from the file: decrypted and HMAC-checked when encrypted), then each again (from the page "
+         f"cache); plaintext and encrypted in turn, {cold.get('rounds')} rounds, medians:", "",
+         "| | plaintext | encrypted | encrypted / plaintext |", "|---|---:|---:|---:|"]
+    p, e, r = cold["plaintext"], cold["encrypted"], cold.get("ratios", {})
+    for key, label in (("first_wall_p50_ms", "first search p50 (ms)"), ("first_cpu_p50_ms", "first search p50 (CPU ms)"),
+                       ("first_cpu_sum_ms", "first searches, total (CPU ms)"),
+                       ("again_wall_p50_ms", "again p50 (ms)"), ("again_cpu_p50_ms", "again p50 (CPU ms)"),
+                       ("again_cpu_sum_ms", "again, total (CPU ms)")):
+        L.append(f"| {label} | {_f(p.get(key), 2)} | {_f(e.get(key), 2)} | ×{_f(r.get(key), 2)} |")
+    if before.get("runs"):
+        L += ["", f"Before and after {before.get('change')} (each a run of this part, "
+              f"{before.get('order')}; encrypted / plaintext within each run):", "",
+              "| run | code | text p50 | text p50 (CPU) | first searches (CPU total) | again (CPU total) |"
+              " plaintext first / again (CPU ms) | encrypted first / again (CPU ms) |",
+              "|---|---|---:|---:|---:|---:|---:|---:|"]
+        for k, run in enumerate(before["runs"], 1):
+            rr, cr = run.get("ratios", {}), (run.get("cold") or {}).get("ratios", {})
+            cp, ce = (run.get("cold") or {}).get("plaintext", {}), (run.get("cold") or {}).get("encrypted", {})
+            L.append(f"| {k} | {run.get('code')} | ×{_f(rr.get('grep_text_p50_ms'), 2)} | "
+                     f"×{_f(rr.get('grep_text_cpu_p50_ms'), 2)} | ×{_f(cr.get('first_cpu_sum_ms'), 2)} | "
+                     f"×{_f(cr.get('again_cpu_sum_ms'), 2)} | {_f(cp.get('first_cpu_sum_ms'))} / "
+                     f"{_f(cp.get('again_cpu_sum_ms'))} | {_f(ce.get('first_cpu_sum_ms'))} / {_f(ce.get('again_cpu_sum_ms'))} |")
     return L
 
 
