@@ -239,3 +239,34 @@ def test_a_call_the_list_ends_waiting_for_is_the_tails_and_a_replay_summarises_n
     assert not _summarised_twice(replay.engine.store, leaves) and replay.invalid == []
     _one_leaf_each(replay.engine.store)
     assert_connected(replay.engine.store, SID)
+
+
+@pytest.mark.parametrize("stray", [False, True])
+def test_a_replay_after_a_pass_that_pinned_the_reply_summarises_nothing_twice(tmp_path, stray):
+    """A pass in the middle of a turn pins the reply the host just delivered right after the
+    head (a 0.22 host checks it survived). Its leaves used to span that reply (the messages
+    before and after it in one leaf), and one held-back message (a stray tool result in the
+    tail) joined the newest leaf: either span is no longer one run of the host's list, so a
+    replay of the originals did not fold it back and the next pass summarised ~280 messages a
+    second time. Now no leaf spans the pinned reply and held-back messages get leaves of their
+    own (one per run)."""
+    location = tmp_path / "l.db"
+    msgs = coding_session(700, seed=6).messages
+    first = msgs[:300] + [{"role": "tool", "tool_call_id": "nobody", "content": "stray output"}] + msgs[300:305] \
+        if stray else msgs[:305]
+    host = _host(location)
+    host.add(*first)
+    assert host.compress_once(force=True)
+    store = host.engine.store
+    _, ctx = store.get_context(SID)
+    kinds = [e.kind for e in ctx]
+    first_s = kinds.index("s")
+    # the pinned reply: a message after the head, before the block
+    assert kinds[first_s - 1] == "m" and ctx[first_s - 1].ref > ctx[first_s - 2].ref + 1
+    before = _leaves(store)
+    replay = _host(location)
+    replay.add(*first, *msgs[305:330])
+    assert replay.compress_once(force=True) and replay.invalid == []
+    assert not _summarised_twice(replay.engine.store, before)
+    _one_leaf_each(replay.engine.store)
+    assert_connected(replay.engine.store, SID)

@@ -111,6 +111,7 @@ class Compactor:
         self._tok: dict[int, tuple[Any, int]] = {}
         self._reply_folded = False  # the pass had to summarise the reply the host just delivered
         self._pinned: Slot | None = None  # that reply, shown right after the head (_reply_mode)
+        self._pin_at = -1  # the index the pinned reply had among the slots the pass works on
         self._min_tail = 0  # the tail starts after every summary slot
         self._pending_end = False  # the list ends in a tool call waiting for its results (kept last)
 
@@ -210,6 +211,7 @@ class Compactor:
             # The reply stands right after the head and the block right after it (it summarises
             # what came before and after the reply): the slots the pass works on skip it.
             self._pinned = slots[anchor]
+            self._pin_at = anchor  # (where it stood: no leaf spans it, see _summarize_region)
             slots = slots[:anchor] + slots[anchor + 1:]
             hard_cap, t = hard_cap - 1, max(h, t - 1)
             if self._cont is not None:
@@ -369,7 +371,13 @@ class Compactor:
                           a: int, b: int, nodes: list[_Node], existing: dict[int, SummaryRecord],
                           budget: Budget, focus: str | None, memory: str) -> list[_Node]:
         nodes = list(nodes)
-        for kind, item, _full in plan_region(slots, a, b, records, budget.leaf_chunk):
+        cut = self._pin_at if self._pinned is not None else -1
+        # A leaf never spans the pinned reply: its span stays one run of the host's list (where
+        # the reply still stands between its neighbours), so a replay of the list folds it back.
+        plan = (plan_region(slots, a, cut, records, budget.leaf_chunk) + plan_region(slots, cut, b, records,
+                                                                                   budget.leaf_chunk)
+                if a < cut < b else plan_region(slots, a, b, records, budget.leaf_chunk))
+        for kind, item, _full in plan:
             if kind == "s":
                 for ref in item:
                     rec = existing.get(ref)
@@ -536,33 +544,37 @@ class Compactor:
     def _cover_unemitted(self, slots: Sequence[Slot], h: int, t: int, output: list[dict[str, Any]],
                          nodes: list[_Node], records: dict[int, MessageRecord]) -> set[int]:
         """Head/tail messages that cannot be sent (orphan results, unparseable input) are
-        put under a leaf, so every stored message stays reachable from the DAG."""
+        put under a leaf, so every stored message stays reachable from the DAG: one leaf per
+        run of adjacent held messages, never a region's leaf (a leaf's span is one run of the
+        list, or a replay of the list cannot fold it back: ingest_replay.py)."""
         emitted = {id(m) for m in output}
         repaired = {id(o) for o, _ in getattr(self, "_changes", [])}
-        held = [s.refs[0] for s in list(slots[:h]) + list(slots[t:])
-                if s.kind in ("m", "x") and (s.msg is None or (id(s.msg) not in emitted and id(s.msg) not in repaired))]
-        if not held:
+        runs: list[list[int]] = []
+        last = -2
+        for i in [*range(h), *range(t, len(slots))]:
+            s = slots[i]
+            if s.kind in ("m", "x") and (s.msg is None or (id(s.msg) not in emitted and id(s.msg) not in repaired)):
+                if i == last + 1:
+                    runs[-1].append(s.refs[0])
+                else:
+                    runs.append([s.refs[0]])
+                last = i
+        if not runs:
             return set()
+        held = [m for run in runs for m in run]
         log.info("lcm: %d message(s) held back from the context (not valid to send); covered by a leaf", len(held))
-        leaf = next((x for x in reversed(self.new) if x.kind == "leaf"), None)
-        if leaf is not None and nodes and any(n.key == leaf.key for n in nodes):
-            leaf.message_ids.extend(held)
-            leaf.n_messages += len(held)
-            for n in nodes:
-                if n.key == leaf.key:
-                    n.n_messages += len(held)
-        else:
-            text = (f"({len(held)} message(s) held back from the context because they cannot be sent "
+        for run in runs:
+            text = (f"({len(run)} message(s) held back from the context because they cannot be sent "
                     "as they are (orphan tool results or unparseable input); stored verbatim: "
-                    + ", ".join(f"m{m}" for m in held[:20]) + ")")
-            times = [records[m].created_at for m in held if m in records]
+                    + ", ".join(f"m{m}" for m in run[:20]) + ")")
+            times = [records[m].created_at for m in run if m in records]
             key = f"new{len(self.new)}"
             tokens = estimate_text_tokens(text)
             self.new.append(NewSummary(key, "leaf", 0, text, tokens, tokens, "deterministic", "extractive",
                                        min(times) if times else None, max(times) if times else None,
-                                       len(held), message_ids=held))
+                                       len(run), message_ids=run))
             nodes.append(_Node(key, 0, tokens, text, min(times) if times else None,
-                               max(times) if times else None, len(held)))
+                               max(times) if times else None, len(run)))
         return set(held)
 
     def _record_aliases(self, slots: Sequence[Slot], output: list[dict[str, Any]]) -> None:
