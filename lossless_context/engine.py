@@ -31,6 +31,7 @@ from .config import LCMConfig, model_threshold
 from .pipeline.ingest import cheap_slots, slots_to_entries, times_from_host
 from .pipeline.ingest_fast import align_fast
 from .pipeline.ingest_replay import fold_replayed
+from .pipeline.ingest_resume import PassEcho
 from .pipeline.forks import as_host_instruction
 from .pipeline.unmerge import stored_raw, unmerge
 from .contract.lifecycle import SessionBusy, SessionLifecycle, held, session_lock
@@ -42,8 +43,8 @@ from .contract.units import ProviderUnits
 from .contract.passbudget import MIN_OVER_WINDOW_CUT, effective_host, over_window, pass_budget, plausible_overhead
 from .store import Store, open_store
 from .summarizers.costs import SpendLedger
-from .pipeline.stubs import calls_by_id, stub_policy
-from .pipeline.stub_prep import StubPreparer, pass_running
+from .pipeline.stubs import stub_policy
+from .pipeline.stub_prep import pass_running, prepare_new
 from .search.semantic import SemanticArm, SemanticUnavailable, load_embedder
 from .store.guard import GuardedStore, StoreUnavailable, trim_without_store
 from .summarizers.summarize import Escalator, HostSummarizer, ModelSummarizer, OpenAISummarizer, guard_for, safe_call
@@ -103,6 +104,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
         # so re-sending a longer list costs the new part only (see ingest_resume.Resume).
         self._aligned: "OrderedDict[str, tuple[int, list[Any], Any]]" = OrderedDict()
         self._aligned_lock = threading.Lock()
+        self._echo = PassEcho()  # the list each session's last pass aligned (its flush is a no-op)
         self._owner = owners.register(self)  # names this engine in the passes it stages
         self._unmerged: dict[int, Any] = {}  # the parts of host merges of our block (unmerge.py)
         self._select_cache: dict[str, Any] = {}
@@ -379,17 +381,19 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
     # -- ingestion -----------------------------------------------------------------------------------
 
     def ingest(self, messages: List[Any], session_id: str | None = None,
-               lock_wait: float | None = None) -> list[Slot]:
+               lock_wait: float | None = None, flush: bool = False) -> list[Slot]:
         """Store whatever is new in `messages` and return the aligned slots. Waits at most
         `lock_wait` (default `lock_timeout`) seconds behind a pass on the same session, then
-        raises SessionBusy (the host hands the whole list again later: nothing is lost)."""
+        raises SessionBusy (the host hands the whole list again later: nothing is lost).
+        `flush` (on_session_end): no slots wanted; the list the last pass aligned is not
+        aligned again (ingest_resume.PassEcho), and [] is returned for it."""
         sid = self._route(session_id or self._sid(), messages)
         wait = self.config.lock_timeout if lock_wait is None else lock_wait
         with held(self.store.location, sid, wait):
-            return self._ingest_locked(sid, messages)[0]
+            return self._ingest_locked(sid, messages, flush=flush)[0]
 
-    def _ingest_locked(self, sid: str, messages: List[Any],
-                       for_pass: bool = False) -> tuple[list[Slot], int, int, int | None]:
+    def _ingest_locked(self, sid: str, messages: List[Any], for_pass: bool = False,
+                       flush: bool = False) -> tuple[list[Slot], int, int, int | None]:
         """Align the host's list (ingest.py) and keep the active context; the slots, the
         context's version and length, and (for a pass) the first slot it must not summarise
         (ingest_replay.fold_replayed)."""
@@ -397,6 +401,9 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
         body = messages[1:] if messages and role_of(messages[0]) == "system" else messages
         body = as_host_instruction(body) if self._fork else body  # (review prompt: not user speech; forks.py)
         self._adopt_or_drop_stage(sid, body, for_pass)
+        if flush and self._echo.repeats(sid, body, lambda: self.store.context_version(sid)):
+            return [], -1, 0, None  # the list the last pass aligned, against the same context
+        raw_body = body
         with self._aligned_lock:
             cached = self._aligned.pop(sid, None)
         resume = None
@@ -433,27 +440,16 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
             if arm is not None:
                 arm.notify()  # new messages to embed (in the arm's thread, off this path)
             if cfg.tool_stubs:
-                self._prepare_stubs(slots, res.new_ids)
-        if not for_pass and res.resume is not None:
+                prepare_new(self.store, stub_policy(cfg), slots, res.new_ids)
+        if for_pass:  # (a pass that folded a replay: its list is aligned afresh next time)
+            self._echo.remember(sid, raw_body, version) if folded is None else self._echo.forget(sid)
+        elif res.resume is not None:
             res.resume.version = version
             with self._aligned_lock:
                 self._aligned[sid] = (version, entries, res.resume)
                 while len(self._aligned) > ALIGNED_SESSIONS:
                     self._aligned.popitem(last=False)
         return slots, version, len(entries), hold
-
-    def _prepare_stubs(self, slots: list[Slot], new_ids: List[int]) -> None:
-        """Hand the new tool results to the stub preparer (stub_prep.py): their tier-0 stubs
-        are made between passes, not by the pass that first finds them old."""
-        new, policy = set(new_ids), stub_policy(self.config)
-        results = [s for s in slots if s.kind == "m" and s.role == "tool" and s.refs[0] in new
-                   and (s.text_tokens or s.tokens) >= policy.min_tokens]
-        if not results:
-            return
-        calls = calls_by_id(slots)
-        store = self.store
-        StubPreparer.for_store(store.location, store, policy).submit(
-            [(s.refs[0], calls.get(s.result_for or "")) for s in results])
 
     def _adopt_or_drop_stage(self, sid: str, body: List[Any], for_pass: bool) -> None:
         """Without a commit signal, the host's list itself tells whether it adopted a stage."""

@@ -272,7 +272,7 @@ class SessionLifecycle:
         # Also fired before every committed compaction: flush only, never close shared things.
         try:
             if isinstance(messages, list) and messages:
-                self.ingest(messages, session_id=session_id or self._sid())
+                self.ingest(messages, session_id=session_id or self._sid(), flush=True)
         except Exception as exc:
             log_hook_failure("on_session_end flush failed (nothing lost from the host)", exc)
 

@@ -6,15 +6,19 @@ stored context is still the one the previous alignment left, that prefix maps to
 slots again; only the rest needs aligning. This module keeps what such a call resumes from
 (`Resume`), what its messages' identities were computed from (`Snapshot`), and decides
 whether resuming is safe (`resumable`). ingest_fast.align_fast uses it; the plain
-alignment (ingest.align) never resumes.
+alignment (ingest.align) never resumes. `PassEcho` knows a host's flush of the very list a
+pass just aligned (nothing to align again).
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 import operator
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .assemble import Slot
 from ..messages import IdentMemo, plain_tool_calls
@@ -131,3 +135,67 @@ def resumable(resume: Resume, messages: Sequence[Any], memo: IdentMemo) -> bool:
         return False
     # A part list (or another non-string field) may have been changed in place.
     return all(memo.ident(head[i]) == resume.idents[i] for i in snap.complex)
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+class PassEcho:
+    """The list each session's last pass aligned, to know the host's flush of that very list.
+
+    A host that commits a pass first hands the list it gave the pass back in `on_session_end`
+    (Hermes 0.19's flush, a copy of it): aligned again against the stored context the pass's
+    ingest left, it would store nothing and change nothing — the same rows, the same slots,
+    no fold (a pass's ingest that folded a replay is not remembered) — yet it cost a walk over
+    the whole context. So the engine remembers, per session, what the pass's ingest was given
+    (each message's values as they were: a copy of its fields, of its tool calls, and of any
+    other nested value) with the context version it left, and a flush whose messages are all
+    equal to those, while the context is still at that version, is known to be a no-op. A list
+    with content parts or tool calls of another shape is not remembered (its identity is not
+    read from plain strings). Kept for the last few sessions only, behind its own lock."""
+
+    SESSIONS = 4
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_session: "OrderedDict[str, tuple[int, list[dict[str, Any]]]]" = OrderedDict()
+
+    def remember(self, session_id: str, messages: Sequence[Any], version: int) -> None:
+        self.forget(session_id)
+        snap = Snapshot.of(messages)
+        if snap is None or snap.complex or not messages:
+            return  # (content parts, unusual tool calls: not worth a copy)
+        frozen = []
+        for msg, calls in zip(messages, snap.calls):
+            copy_ = dict(msg)
+            for k, v in copy_.items():
+                if k == "tool_calls":
+                    copy_[k] = calls  # (Snapshot's copy of plain tool calls, or None)
+                elif not isinstance(v, _SCALARS):
+                    copy_[k] = copy.deepcopy(v)
+            frozen.append(copy_)
+        with self._lock:
+            self._by_session[session_id] = (version, frozen)
+            while len(self._by_session) > self.SESSIONS:
+                self._by_session.popitem(last=False)
+
+    def forget(self, session_id: str) -> None:
+        with self._lock:
+            self._by_session.pop(session_id, None)
+
+    def repeats(self, session_id: str, messages: Sequence[Any], version_now: Callable[[], int]) -> bool:
+        """True when `messages` equal what the session's last pass aligned, value for value,
+        and the stored context is still the version that pass's ingest left."""
+        with self._lock:
+            entry = self._by_session.get(session_id)
+        if entry is None:
+            return False
+        version, frozen = entry
+        if len(messages) != len(frozen) or not set(map(type, messages)) <= _DICT:
+            return False
+        try:
+            if list(messages) != frozen:
+                return False
+        except Exception:  # a hostile __eq__: align it
+            return False
+        return version_now() == version

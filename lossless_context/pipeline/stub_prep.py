@@ -20,7 +20,8 @@ from collections import deque
 from typing import Any, Callable, Sequence
 
 from ..store.base import Store
-from .stubs import StubPolicy, prepared_text, stub_for
+from .assemble import Slot
+from .stubs import StubPolicy, calls_by_id, prepared_text, stub_for
 
 log = logging.getLogger("lossless_context.pipeline.stub_prep")
 
@@ -161,6 +162,19 @@ class StubPreparer:
 
     def _stopping(self) -> bool:
         return self.stopped
+
+
+def prepare_new(store: Store, policy: StubPolicy, slots: Sequence[Slot], new_ids: Sequence[int]) -> None:
+    """Hand an ingest's new tool results to the store's preparer: their tier-0 stubs are made
+    between passes, not by the pass that first finds them old."""
+    new = set(new_ids)
+    results = [s for s in slots if s.kind == "m" and s.role == "tool" and s.refs[0] in new
+               and (s.text_tokens or s.tokens) >= policy.min_tokens]
+    if not results:
+        return
+    calls = calls_by_id(slots)
+    StubPreparer.for_store(store.location, store, policy).submit(
+        [(s.refs[0], calls.get(s.result_for or "")) for s in results])
 
 
 def drop(location: str) -> None:

@@ -212,10 +212,13 @@ def _call_text(call: tuple[str, str] | None) -> str:
     return f"tool: {name}({_cap(args, 160)})"
 
 
-def _same_line(a: str, b: str) -> bool:
-    """Lines that show the same source line (with or without an "L12 " prefix)."""
-    strip = lambda x: re.sub(r"^\s*L\d+\s+", "", x).strip()  # noqa: E731
-    return strip(a) == strip(b)
+_LINE_NO_RE = re.compile(r"^\s*L\d+\s+")
+
+
+def _line_key(line: str) -> str:
+    """What a line shows of its source line (without an "L12 " prefix): lines with equal
+    keys show the same source line."""
+    return _LINE_NO_RE.sub("", line).strip()
 
 
 def _header(call: tuple[str, str] | None, kind: str, chars: int, n_lines: int | None, tokens: int,
@@ -286,12 +289,17 @@ def make_stub(content: str, call: tuple[str, str] | None, policy: StubPolicy, to
     if room > 240:
         # The type-aware sketch (JSON shape, code definitions, log levels…), minus what we have.
         sketch = explore(body, max_tokens=max(50, room // 4), hint=hint, classified=classified)
+        shown = {_line_key(p) for p in parts}  # (a set: each sketch line is looked up once)
         for line in sketch.split("\n")[1:]:
-            if not line.strip() or line.endswith(":") or any(_same_line(line, p) for p in parts):
+            if not line.strip() or line.endswith(":"):
+                continue
+            key = _line_key(line)
+            if key in shown:
                 continue
             if len(line) + 1 > room:
                 break
             parts.append(line)
+            shown.add(key)
             room -= len(line) + 1
     return "\n".join(parts)
 
