@@ -73,6 +73,10 @@ def aligned(monkeypatch):
     return calls
 
 
+def _settle(eng: LCMEngine) -> None:
+    assert StubPreparer.for_store(eng.store.location, eng.store, stub_policy(eng.config)).wait_idle(60)
+
+
 def _play(path: Path, msgs: list[dict[str, Any]]) -> tuple[list[str], dict[str, list]]:
     eng = _engine(path)
     outputs: list[str] = []
@@ -82,7 +86,7 @@ def _play(path: Path, msgs: list[dict[str, Any]]) -> tuple[list[str], dict[str, 
         host.start()
         host.feed(msgs)
         host.end()
-        assert StubPreparer.for_store(eng.store.location, eng.store, stub_policy(eng.config)).wait_idle(60)
+        _settle(eng)
     finally:
         eng.store.close()
     return outputs, _stored(path)
@@ -117,10 +121,12 @@ def test_the_flush_of_the_passs_list_is_not_aligned(tmp_path, aligned):
     eng, msgs = _setup(tmp_path)
     try:
         _pass(eng, msgs)
+        _settle(eng)  # (the stub preparer writes its verdicts after the pass)
         before = _stored(tmp_path / "e.db")
         aligned.clear()
         eng.on_session_end(SID, copy.deepcopy(msgs))  # the host's flush: a copy of what the pass got
         assert aligned == []
+        _settle(eng)
         assert _stored(tmp_path / "e.db") == before
     finally:
         eng.store.close()
