@@ -620,7 +620,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
             self._note("the pass changed nothing")
             return messages
         self._no_progress_at = None
-        self._note_pass_output(sid, estimate_messages_tokens(res.output))
+        self._note_pass_output(sid, after)  # (res.output as measured above: unchanged since)
         self._pending[sid] = res.pass_id or ""
         self._settle_fork_pass(sid)  # (a background fork's pass waits for no commit: lifecycle.py)
         if res.upgrade_ids:
