@@ -26,7 +26,8 @@ from .messages import flatten_content, media_shown, safe_json
 from .pipeline import forks
 from .ops.retention import removed_note
 from .search import textsearch
-from .search.query import compile_regex, plan_query, score_hit, snippet
+from .search.query import plan_query, score_hit, snippet
+from .search.regex import SCAN_SECONDS, compile_regex
 from .tokens import estimate_text_tokens
 from .store.guard import StoreUnavailable
 
@@ -458,7 +459,12 @@ class _Ctx:
         page = self._visible(page, hidden)
         groups: dict[str, dict[str, Any]] = {}
         order: list[str] = []
-        for r in page:
+        spans: list[Any] = [None] * len(page)
+        if regex is not None and page:  # where each hit matched, in one request to the matcher process
+            spans = regex.search_many([r["text"] if isinstance(r["text"], str) else "" for r in page],
+                                      SCAN_SECONDS)[0]
+            spans += [None] * (len(page) - len(spans))
+        for r, span in zip(page, spans):
             chain = self.chain(r["kind"], r["id"])
             top = chain[-1] if chain else (r["id"] if r["kind"] == "s" else None)
             key = f"s{top}" if top is not None else "active"
@@ -475,7 +481,7 @@ class _Ctx:
                 "kind": "message" if r["kind"] == "m" else "summary",
                 "role": r["role"],
                 "time": _iso(r.get("created_at")),
-                "snippet": snippet(r["text"], plan) if mode == "text" else _regex_snippet(regex, r["text"]),
+                "snippet": snippet(r["text"], plan) if mode == "text" else _regex_snippet(span, r["text"]),
                 "summary_chain": [f"s{x}" for x in chain],
             }
             if r.get("folded"):  # summaries that only repeat this original's match (originals.py)
@@ -493,13 +499,18 @@ class _Ctx:
                                       "note": f"large; lcm_expand(id=\"m{r['id']}\") pages through it"}
             groups[key]["hits"].append(hit)
         self._mark_pruned(groups)
-        return {
+        answer = {
             "query": plan.query,
             "mode": mode,
             "hits": len(page),
             "groups": [groups[k] for k in order],
             "next_cursor": _enc_cursor({"o": offset + limit}) if more else None,
         }
+        if regex is not None and regex.stopped:  # a scan ran out of time (search/regex.py)
+            answer["note"] = (f"the regex search stopped at its time limit ({SCAN_SECONDS:g} s): the hits "
+                              "found until then are shown; older history was not searched. A more specific "
+                              "pattern or since/until/role/summary_id narrows the search")
+        return answer
 
     def _mark_pruned(self, groups: dict[str, dict[str, Any]]) -> None:
         """Summary hits whose originals retention removed say so (one read for the page)."""
@@ -771,10 +782,7 @@ class _Ctx:
         return answer
 
 
-def _regex_snippet(regex, text: str, width: int = 160) -> str:
-    from .search.query import regex_search_bounded
-
-    span = regex_search_bounded(regex, text)
+def _regex_snippet(span: tuple[int, int] | None, text: str, width: int = 160) -> str:
     if not span:
         return flatten_content(text)[:width]
     a = max(0, span[0] - width // 2)

@@ -24,27 +24,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import re
 import unicodedata
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from types import ModuleType
-
-_sre_parser: ModuleType | None
-try:  # private but stable since 3.11; used only for the catastrophic-regex heuristic
-    _sre_parser = importlib.import_module("re._parser")
-except ImportError:  # pragma: no cover
-    _sre_parser = None
+# lcm_grep's regex mode lives in regex.py (a pattern is matched in a process of its own, bounded in
+# time); its entry points are named here too, where the other search plans are.
+from .regex import MAX_REGEX_CHARS, compile_regex, regex_search_bounded
 
 __all__ = ["MAX_QUERY_CHARS", "MAX_REGEX_CHARS", "STOP_WORDS", "QueryPlan", "plan_query",
            "like_escape", "like_pattern", "score_hit", "snippet", "compile_regex",
            "regex_search_bounded"]
 
 MAX_QUERY_CHARS = 1000
-MAX_REGEX_CHARS = 500
 MAX_SUBSTRINGS = 8
 MAX_PG_OPERAND_BYTES = 2000  # PostgreSQL never indexes words over 2047 bytes
 SCAN_CHARS = 1_000_000  # score_hit / snippet look at most this much of a hit
@@ -371,188 +364,3 @@ def snippet(text: str, plan: QueryPlan, width: int = 160) -> str:
         sp = flat.rfind(" ", max(end - 20, e, start + 1), end)
         end = sp if sp != -1 else end
     return ("…" if start > 0 else "") + flat[start:end].strip() + ("…" if end < len(flat) else "")
-
-
-# ---------------------------------------------------------------- regex mode
-_REPEATS = frozenset({"MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"})
-_CHAR_OPS = frozenset({"LITERAL", "NOT_LITERAL", "ANY", "IN"})
-_ZERO_WIDTH = frozenset({"AT", "ASSERT", "ASSERT_NOT"})
-_CATEGORIES = {"CATEGORY_DIGIT": r"\d", "CATEGORY_NOT_DIGIT": r"\D", "CATEGORY_SPACE": r"\s",
-               "CATEGORY_NOT_SPACE": r"\S", "CATEGORY_WORD": r"\w", "CATEGORY_NOT_WORD": r"\W",
-               "CATEGORY_LINEBREAK": "\n", "CATEGORY_NOT_LINEBREAK": "[^\n]"}
-_SAMPLE_CHARS = [chr(i) for i in range(128)] + list(
-    "\u00e9\u00df\u0416\u4e2d\u00a0\u2028\u0663\U0001f525")
-_NESTED = ("regex rejected: a repeated group contains a quantifier that can match the same "
-           "text in many ways (like (a+)+, (a*)*, (.*)* or (\\w+\\s?)*), which can take "
-           "exponential time; make the parts unambiguous, e.g. (\\w+\\s)*, or use an atomic "
-           "group (?>...) or a possessive quantifier (a++)")
-_OVERLAP = ("regex rejected: alternatives inside a repeated group can match the same text "
-            "(like (a|a)* or (a|aa)+), which can take exponential time; make them distinct")
-
-
-def _children(op: str, av) -> list:
-    if op in _REPEATS or op in ("SUBPATTERN", "ASSERT", "ASSERT_NOT"):
-        return [av[-1]]
-    if op == "GROUPREF_EXISTS":
-        return [av[1], av[2] or []]
-    return [av] if op == "ATOMIC_GROUP" else list(av[1]) if op == "BRANCH" else []
-
-
-def _nullable(seq) -> bool:
-    for op, av in seq:
-        n = op.name
-        if n in _CHAR_OPS:
-            return False
-        if n in _REPEATS and av[0] > 0 and not _nullable(av[2]):
-            return False
-        if n in ("SUBPATTERN", "ATOMIC_GROUP", "BRANCH", "GROUPREF_EXISTS") and not any(
-                _nullable(k) for k in _children(n, av)):
-            return False
-    return True
-
-
-def _first(seq, after: list | None) -> list | None:
-    """Char atoms that can start `seq` (then `after` if seq can be empty); None = unknown."""
-    acc: list = []
-    for item in seq:
-        n = item[0].name
-        if n in _CHAR_OPS:
-            return acc + [item]
-        if n in _ZERO_WIDTH:
-            continue
-        kids = [_first(k, []) for k in _children(n, item[1])]
-        known = [k for k in kids if k is not None]
-        if not kids or len(known) < len(kids):
-            return None  # back-reference etc.: could start with anything
-        acc += [a for k in known for a in k]
-        if not _nullable([item]):
-            return acc
-    return None if after is None else acc + after
-
-
-def _atoms(seq) -> list | None:
-    out: list = []
-    for item in seq:
-        n = item[0].name
-        if n in _CHAR_OPS:
-            out.append(item)
-        elif n not in _ZERO_WIDTH:
-            kids = [_atoms(k) for k in _children(n, item[1])]
-            known = [k for k in kids if k is not None]
-            if not kids or len(known) < len(kids):
-                return None  # back-reference etc.: could be anything
-            out += [a for k in known for a in k]
-    return out
-
-
-def _matches(atom: tuple, ch: str) -> bool:
-    n, av = atom[0].name, atom[1]
-    if n == "LITERAL":
-        return ch == chr(av)
-    if n == "NOT_LITERAL":
-        return ch != chr(av)
-    if n != "IN":
-        return True  # ANY
-    negate, hit = False, False
-    for op, arg in av:
-        m = op.name
-        if m == "NEGATE":
-            negate = True
-        elif m == "LITERAL":
-            hit = hit or ch == chr(arg)
-        elif m == "RANGE":
-            hit = hit or arg[0] <= ord(ch) <= arg[1]
-        elif m == "CATEGORY":
-            rx = _CATEGORIES.get(arg.name)
-            hit = hit or rx is None or re.match(rx, ch) is not None
-        else:
-            hit = True
-    return hit != negate
-
-
-def _overlap(a: list | None, b: list | None, icase: bool) -> bool:
-    if a is None or b is None:
-        return True
-    for ch in _SAMPLE_CHARS:
-        cands = (ch, ch.swapcase()) if icase else (ch,)
-        if any(_matches(x, c) for x in a for c in cands) and any(
-                _matches(y, c) for y in b for c in cands):
-            return True
-    return False
-
-
-def _scan(seq, in_loop: bool, after: list | None, icase: bool) -> str | None:
-    items = list(seq)
-    for i, (op, av) in enumerate(items):
-        n = op.name
-        nxt = _first(items[i + 1:], after) if in_loop else None  # only loops check it
-        if n in ("MAX_REPEAT", "MIN_REPEAT"):
-            lo, hi, body = av
-            if in_loop and hi > 1 and hi != lo and _overlap(_atoms(body), nxt, icase):
-                return _NESTED
-            err = (_scan(body, True, _first(body, []), icase) if hi > 1
-                   else _scan(body, in_loop, nxt, icase))
-        elif n in ("POSSESSIVE_REPEAT", "ATOMIC_GROUP"):
-            err = _scan(_children(n, av)[0], False, nxt, icase)
-        elif n == "BRANCH":
-            alts = list(av[1])
-            firsts = [_first(a, nxt) for a in alts] if in_loop else []
-            if in_loop and (sum(map(_nullable, alts)) > 1 or any(
-                    _overlap(firsts[x], firsts[y], icase)
-                    for x in range(len(alts)) for y in range(x + 1, len(alts)))):
-                return _OVERLAP
-            err = next((e for e in (_scan(a, in_loop, nxt, icase) for a in alts) if e), None)
-        else:
-            kid_after = [] if n in ("ASSERT", "ASSERT_NOT") else nxt
-            err = next((e for e in (_scan(k, in_loop, kid_after, icase)
-                                    for k in _children(n, av)) if e), None)
-        if err:
-            return err
-    return None
-
-
-def compile_regex(pattern: str, *, flags: int = 0,
-                  max_length: int = MAX_REGEX_CHARS) -> tuple[re.Pattern[str] | None, str | None]:
-    """Validate and compile a user regex for ``mode=regex``; never raises.
-
-    Returns ``(compiled, None)`` or ``(None, error_message)``. Rejects non-strings, empty
-    and over-long patterns, invalid syntax, and (heuristically) patterns with nested
-    ambiguous quantifiers or overlapping alternatives inside a loop, the classic causes of
-    catastrophic backtracking. Python's ``re`` cannot be interrupted, so pair this with
-    :func:`regex_search_bounded` to bound the text scanned per row.
-    """
-    if not isinstance(pattern, str):
-        return None, "regex must be a string"
-    if not pattern:
-        return None, "regex is empty"
-    if len(pattern) > max_length:
-        return None, f"regex is too long ({len(pattern)} chars; the limit is {max_length})"
-    try:
-        flags = int(flags) & ~re.DEBUG
-        with warnings.catch_warnings():  # e.g. FutureWarning "possible nested set"
-            warnings.simplefilter("ignore")
-            compiled = re.compile(pattern, flags)
-            tree = _sre_parser.parse(pattern, flags) if _sre_parser else None
-    except re.error as exc:
-        where = f" at position {exc.pos}" if exc.pos is not None else ""
-        return None, f"invalid regex: {exc.msg}{where}"
-    except (RecursionError, OverflowError, ValueError, TypeError, MemoryError) as exc:
-        return None, f"invalid regex: {exc}"
-    try:
-        icase = bool((tree.state.flags | flags) & re.IGNORECASE) if tree else False
-        problem = _scan(tree, False, [], icase) if tree else None
-    except RecursionError:
-        problem = "regex rejected: the pattern is too deeply nested"
-    except Exception:  # a heuristic must not block a pattern `re` accepted
-        problem = None
-    return (None, problem) if problem else (compiled, None)
-
-
-def regex_search_bounded(compiled: re.Pattern[str] | None, text: str,
-                         max_chars: int = 200_000) -> tuple[int, int] | None:
-    """Span of the first match in the first ``max_chars`` chars of ``text``, or None.
-    Uses ``search(text, 0, max_chars)`` (no copy), so ``$`` also matches at the cut-off."""
-    if compiled is None or not isinstance(text, str):
-        return None
-    m = compiled.search(text, 0, max(0, int(max_chars)))
-    return m.span() if m else None

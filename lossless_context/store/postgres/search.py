@@ -555,7 +555,7 @@ class PostgresSearch(IdentifierQueries):
             args = _substring_args(target, subs, params, with_params, limit, offset, kept, _scoped(where))
             rows = self._read(lambda c: c.execute(sql, args, prepare=_prepare(sql, target)).fetchall())
         elif mode == "regex" and regex is not None:
-            from ...search.query import regex_search_bounded
+            from ...search.regex import SCAN_ROWS, scan
 
             sql = (
                 f"{with_sql}SELECT {cols}, 0.0::float8 FROM {table} t"
@@ -563,26 +563,15 @@ class PostgresSearch(IdentifierQueries):
                 + " ORDER BY t.id DESC LIMIT %s"
             )
 
-            def scan(c: Any) -> list[tuple]:
-                out: list[tuple] = []
-                found = 0
-                deadline = time.monotonic() + 2.0  # regex search is bounded in time
+            def scanned(c: Any) -> list[tuple]:
                 with c.transaction():  # a server-side cursor streams rows instead of loading all
                     with c.cursor(name="lcm_regex_scan") as cur:
                         cur.itersize = 256
-                        cur.execute(sql, (*with_params, *params, 200_000))
-                        for row in cur:
-                            if time.monotonic() > deadline:
-                                break
-                            if regex_search_bounded(regex, row[4]) is not None:
-                                if found >= offset:
-                                    out.append(row)
-                                found += 1
-                                if len(out) >= limit:
-                                    break
-                return out
+                        cur.execute(sql, (*with_params, *params, SCAN_ROWS))
+                        # matched in the matcher process, within the scan's time limit (search/regex.py)
+                        return [tuple(r) for r in scan(cur, regex, offset=offset, limit=limit)]
 
-            rows = self._read(scan)
+            rows = self._read(scanned)
         else:
             rows = []
         return [dict(zip(keys, r)) for r in rows]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import sqlite3
-import time
 from typing import Any, Callable, Sequence
 
 from ...messages import CJK_CLASS
@@ -181,24 +180,16 @@ class SQLiteSearch:
                 sql, (*with_params, *[like_pattern(s) for s in subs], *params, limit, offset)
             ).fetchall()
         elif mode == "regex" and regex is not None:
-            from ...search.query import regex_search_bounded
+            from ...search.regex import SCAN_ROWS, scan
 
             sql = (
                 f"{with_sql}SELECT {cols}, 0.0 FROM {table} {alias}"
                 + (" WHERE " + " AND ".join(where) if where else "")
                 + f" ORDER BY {alias}.id DESC LIMIT ?"
             )
-            found = 0
-            deadline = time.monotonic() + 2.0  # regex search is bounded in time
-            for row in c.execute(sql, (*with_params, *params, 200_000)):
-                if time.monotonic() > deadline:
-                    break
-                if regex_search_bounded(regex, row[4]) is not None:
-                    if found >= offset:
-                        rows.append(row)
-                    found += 1
-                    if len(rows) >= limit:
-                        break
+            # matched in the matcher process, within the scan's time limit (search/regex.py)
+            rows = [tuple(r) for r in scan(c.execute(sql, (*with_params, *params, SCAN_ROWS)), regex,
+                                           offset=offset, limit=limit)]
         keys = ("id", "session_id", "role", "created_at", "text", "rank")
         return [dict(zip(keys, r)) for r in rows]
 
