@@ -10,30 +10,38 @@ Why a process: Python's regex engine backtracks, and a match running in C cannot
 another thread. It does check for signals as it backtracks, so a SIGALRM armed for the request's
 `seconds` stops a match that would run for hours here, in the process's main thread, where the
 handler runs; the process answers and waits for the next request. (The caller kills the process
-when an answer is late all the same.) The process ends at the end of its input: when the caller
-closes the pipe, exits or dies. A request never runs longer than `MAX_SECONDS`, so a process whose
-caller died mid-request ends within that too.
+when an answer is late all the same.) The process ends at the end of its input, when the caller
+closes the pipe, exits or dies; and while it matches, the timer's handler looks every `TICK`
+seconds whether the caller is still its parent, and ends it when not.
 """
 
 from __future__ import annotations
 
 import pickle
 import re
+import os
 import signal
 import struct
 import sys
+import time
 from typing import Any, BinaryIO
 
-MAX_SECONDS = 60.0
+MAX_SECONDS = 60.0  # no request runs longer
+TICK = 0.25  # how often a running match looks at the clock and at its parent
 _HEAD = struct.Struct(">I")
+_PARENT = os.getppid()
+_deadline = 0.0
 
 
 class _Expired(Exception):
     """The request's time ran out (raised by the SIGALRM handler inside a match)."""
 
 
-def _expired(signum: int, frame: Any) -> None:
-    raise _Expired()
+def _tick(signum: int, frame: Any) -> None:
+    if os.getppid() != _PARENT:  # the caller died: this process was handed to another parent
+        os._exit(0)
+    if time.monotonic() >= _deadline:
+        raise _Expired()
 
 
 def _read(inp: BinaryIO, n: int) -> bytes:
@@ -56,7 +64,10 @@ def answer(req: Any, cache: dict[tuple[str, int], re.Pattern[str]]) -> tuple[str
             rx = cache[(pattern, flags)] = re.compile(pattern, flags)
             if len(cache) > 32:
                 cache.pop(next(iter(cache)))
-        signal.setitimer(signal.ITIMER_REAL, min(MAX_SECONDS, max(0.001, float(seconds))))
+        global _deadline
+        seconds = min(MAX_SECONDS, max(0.001, float(seconds)))
+        _deadline = time.monotonic() + seconds
+        signal.setitimer(signal.ITIMER_REAL, min(seconds, TICK), TICK)
         try:
             for text in texts:
                 m = rx.search(text, 0, max_chars)
@@ -72,7 +83,7 @@ def answer(req: Any, cache: dict[tuple[str, int], re.Pattern[str]]) -> tuple[str
 
 def main() -> None:
     inp, out = sys.stdin.buffer, sys.stdout.buffer
-    signal.signal(signal.SIGALRM, _expired)
+    signal.signal(signal.SIGALRM, _tick)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's Ctrl-C is for the caller
     cache: dict[tuple[str, int], re.Pattern[str]] = {}
     out.write(_HEAD.pack(0))  # ready
