@@ -270,9 +270,15 @@ class _Matcher:
             _kill(proc)
 
     def close(self) -> None:
-        with self._lock:
+        # (at exit a request may still be running on another thread: its process is killed too,
+        # and that request answers "not done" when it reads the end of the pipe)
+        got = self._lock.acquire(timeout=1.0)
+        try:
             if self._pid == os.getpid():
                 self._stop()
+        finally:
+            if got:
+                self._lock.release()
 
 
 def _write(proc: subprocess.Popen[bytes], data: bytes, deadline: float) -> None:
