@@ -1,7 +1,9 @@
 """Search: the query model, candidate search and ranking, shared by both stores and the tools.
 
-* `query`      — a plain-language or identifier query planned into terms, phrases, LIKE
-                 patterns and a bounded regex (what each store's search implements);
+* `query`      — a plain-language or identifier query planned into terms, phrases and LIKE
+                 patterns (what each store's search implements);
+* `regex`      — lcm_grep's regex mode, bounded in time: patterns matched in a matcher process
+                 of its own (`regex_worker`), stopped at their time limit;
 * `textsearch` — lcm_grep's text-mode candidate search: relax the query step by step instead
                  of scoring every match;
 * `ranking`    — re-ranking candidates with what the DAG knows (covering summary, neighbours,

@@ -1,4 +1,4 @@
-"""Turn any user search string into safe search plans (SQLite FTS5, PostgreSQL, LIKE, regex).
+"""Turn any user search string into safe search plans (SQLite FTS5, PostgreSQL, LIKE).
 
 Agents search with questions ("what did we decide about the retry limit?"), identifiers
 (``models.py``, ``ERR_TIMEOUT``, ``QX-1234``, ``getUserById``) and quoted phrases.
