@@ -426,7 +426,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
         same = [(e.kind, e.ref) for e in entries] == [(e.kind, e.ref) for e in ctx]
         if res.context_written and folded is None:
             version = self.store.context_version(sid)
-        elif res.context_written or not same or (res.changed and folded is None):
+        elif res.context_written or not same:  # (not when only the slot count differs: a summary slot holds several refs)
             version = self.store.set_context(sid, entries)
         # The host's full list (a pass's too): what it rolled back (undo, retry) leaves search
         # (forget.py); a manual /compress of a prefix hides the tail the host re-appends only

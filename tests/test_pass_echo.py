@@ -186,3 +186,27 @@ def test_the_echo_keeps_a_few_sessions():
     assert echo.repeats(f"s{PassEcho.SESSIONS + 2}", [{"role": "user", "content": f"hi {PassEcho.SESSIONS + 2}"}],
                         lambda: 1)
     assert not echo.repeats("s0", [{"role": "user", "content": "hi 0"}], lambda: 1)
+
+
+def test_an_unchanged_list_leaves_the_context_and_its_version_alone(tmp_path):
+    """The host re-sends the list it holds (every request goes through ingest): nothing new,
+    the same entries — so no write and no new context version, even where one summary block
+    stands for several nodes (a slot with several refs: the slot and entry counts differ)."""
+    e = _engine(tmp_path / "v.db")
+    host = R19Host(e, session_id=SID, overhead_tokens=500)
+    host.start(context_length=16_000)
+    msgs = _messages(400)
+    for a in range(0, len(msgs), 20):
+        host.add(*msgs[a:a + 20])
+        host.maybe_compress()
+    assert host.compactions >= 2
+    host.end()
+    _settle(e)
+    live = copy.deepcopy(host.messages)
+    e.ingest(copy.deepcopy(live), session_id=SID)
+    version, ctx = e.store.get_context(SID)
+    assert any(len(s.refs) > 1 for s in e.ingest(copy.deepcopy(live), session_id=SID) if s.kind == "s"), \
+        "no block of several nodes: the case is not exercised"
+    for _ in range(3):
+        e.ingest(copy.deepcopy(live), session_id=SID)
+        assert e.store.get_context(SID) == (version, ctx)
