@@ -120,9 +120,30 @@ def run_doctor(store: Store, repair: bool = False, fanin: int = 4, retention: An
     # A prune stopped half-way left summaries without sources: finish it before checking.
     finished = finish_interrupted(store) if repair and interrupted(store) else 0
     rep = _sqlite(store, repair) if store.kind == "sqlite" else _postgres(store, repair, DoctorReport())
+    _migrations_check(store, rep)
     _depth_check(store, rep, repair, fanin)
     lifecycle_checks(store, rep, finished, retention)
     return rep
+
+
+def _migrations_check(store: Any, rep: DoctorReport) -> None:
+    """One line: the store's schema migrations (store/migrate.py). A required one pending is a
+    failure (a writing open applies it; a read-only one, `lcm mcp`, never does); an optional one
+    the server could not apply, or names a newer lcm recorded, are information."""
+    st = store.migration_state()
+    detail = f"{len(st.applied)} applied"
+    if st.pending:
+        rep.add("schema migrations", False, f"{detail}; pending: {', '.join(st.pending)}"
+                " (open the store once with a writing lcm, e.g. `lcm doctor`, to apply them)")
+        return
+    notes = []
+    if st.pending_optional:
+        notes.append(f"optional, not applied (the server lacks what they need; retried at each writing open):"
+                     f" {', '.join(st.pending_optional)}")
+    if st.unknown:
+        notes.append(f"recorded by a newer lcm: {', '.join(st.unknown)}")
+    rep.add("schema migrations", True, "; ".join([detail + ", none pending" if not notes else detail] + notes),
+            info=bool(notes))
 
 
 def _split(unreachable: list[tuple], latest: list[tuple]) -> tuple[list[tuple], list[tuple]]:

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from ..base import StoreError
+from .. import migrate
 from .deadline import fired, watch
 from .migrations import MIGRATION_LOCK_KEY, MIGRATIONS, OPTIONAL
 
@@ -271,44 +272,37 @@ class PostgresConnections:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _migrate(self, conn: Any) -> None:
-        def pending() -> list[str]:
-            done: set[str] = set()
-            if conn.execute("SELECT to_regclass('lcm_migrations')").fetchone()[0] is not None:
-                done = {r[0] for r in conn.execute("SELECT name FROM lcm_migrations")}
-            return [name for name, _ in MIGRATIONS if name not in done]
+        def applied() -> set[str]:
+            if conn.execute("SELECT to_regclass('lcm_migrations')").fetchone()[0] is None:
+                return set()
+            return {r[0] for r in conn.execute("SELECT name FROM lcm_migrations")}
+
+        def apply(name: str, sql: str) -> bool:
+            conn.execute(sql)
+            conn.execute("INSERT INTO lcm_migrations(name, applied_at) VALUES (%s, %s)", (name, time.time()))
+            return True
 
         with watch(conn, self._call_timeout):  # every open asks this: the hot path's bound
-            if not pending():
+            if not migrate.pending(MIGRATIONS, applied()):
                 return
         # Migrating may build indexes over a large table (and wait for another process's
-        # migration): bounded, but by the maintenance bound.
+        # migration): bounded, but by the maintenance bound. One transaction holds the lock;
+        # an optional entry runs in a savepoint (conn.transaction() nested).
         with watch(conn, MAINTENANCE_TIMEOUT), conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS lcm_migrations"
                 " (name TEXT PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)")
-            todo = set(pending())  # re-read under the lock: another process may have migrated
-            for name, sql in MIGRATIONS:
-                if name not in todo:
-                    continue
-                if name in OPTIONAL:
-                    try:
-                        with conn.transaction():  # a savepoint
-                            conn.execute(sql)
-                            conn.execute("INSERT INTO lcm_migrations(name, applied_at) VALUES (%s, %s)",
-                                         (name, time.time()))
-                    except psycopg.Error as exc:
-                        log.warning("lcm store %s: optional migration %s skipped: %s",
-                                    self.location, name, str(exc).strip())
-                        continue
-                else:
-                    conn.execute(sql)
-                    conn.execute("INSERT INTO lcm_migrations(name, applied_at) VALUES (%s, %s)",
-                                 (name, time.time()))
-                log.info("lcm store %s: applied migration %s", self.location, name)
+            # (re-read under the lock: another process may have migrated)
+            migrate.apply_pending(self.location, MIGRATIONS, applied(), apply, optional=OPTIONAL,
+                                  savepoint=conn.transaction, failure=psycopg.Error)
 
     def applied_migrations(self) -> list[str]:
         return self._read(lambda c: [r[0] for r in c.execute("SELECT name FROM lcm_migrations ORDER BY name")])
+
+    def migration_state(self) -> migrate.MigrationState:
+        """The store's migrations against this version's list (`lcm doctor`)."""
+        return migrate.MigrationState.of(MIGRATIONS, self.applied_migrations(), OPTIONAL)
 
     def close(self) -> None:
         self._drop_pools(timeout=5.0)

@@ -12,6 +12,7 @@ import contextlib
 from typing import Any, Callable, Iterator, TypeVar
 
 from ..base import StoreError
+from .. import migrate
 from .deadline import watch
 from .migrations import MIGRATIONS, OPTIONAL
 from .store import PostgresStore
@@ -43,15 +44,13 @@ class ReadOnlyPostgresStore(PostgresStore):
         return kwargs
 
     def _migrate(self, conn: Any) -> None:
-        try:
+        def read() -> list[str]:
             with watch(conn, self._call_timeout):  # (a frozen server: bounded like every call)
-                done = {r[0] for r in conn.execute("SELECT name FROM lcm_migrations")}
-        except Exception as exc:
-            raise StoreError(f"{self.location} is not an lcm store (or is unreadable): {exc}") from exc
-        missing = [name for name, _sql in MIGRATIONS if name not in done and name not in OPTIONAL]
-        if missing:
-            raise StoreError(f"store {self.location} was made by an older version and needs upgrading "
-                             f"({', '.join(missing)}); open it once with a writing lcm (e.g. `lcm doctor`)")
+                return [r[0] for r in conn.execute("SELECT name FROM lcm_migrations")]
+
+        done = migrate.read_applied(self.location, read)
+        migrate.require_applied(self.location, MIGRATIONS, done, OPTIONAL,
+                                "open it once with a writing lcm (e.g. `lcm doctor`)")
 
     def _refuse(self) -> StoreError:
         return StoreError(f"store {self.location} is opened read-only: nothing can be written")

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..base import StoreError
+from .. import migrate
 from .store import BUSY_TIMEOUT_MS, SQLiteStore
 from .migrations import MIGRATIONS
 from . import cipher as sqlite_cipher
@@ -73,14 +74,10 @@ class ReadOnlySQLiteStore(SQLiteStore):
         raise StoreError(f"cannot open store {self.location} read-only: {last}")
 
     def _migrate(self, c: sqlite3.Connection) -> None:
-        try:
-            done = {r[0] for r in c.execute("SELECT name FROM lcm_migrations")}
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.location} is not an lcm store (or is unreadable): {exc}") from exc
-        missing = [name for name, _sql in MIGRATIONS if name not in done]
-        if missing:
-            raise StoreError(f"store {self.location} was made by an older version and needs upgrading "
-                             f"({', '.join(missing)}); open it once as its owner (e.g. `lcm doctor`)")
+        done = migrate.read_applied(self.location, lambda: [r[0] for r in c.execute("SELECT name FROM lcm_migrations")],
+                                    sqlite3.Error)
+        migrate.require_applied(self.location, MIGRATIONS, done, (),
+                                "open it once as its owner (e.g. `lcm doctor`)")
 
     def _refuse(self) -> StoreError:
         return StoreError(f"store {self.location} is {self.why}: nothing can be written")

@@ -11,7 +11,6 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import logging
 import os
 import sqlite3
 import threading
@@ -24,6 +23,7 @@ from ...messages import clean_text
 from ..owners import pass_owner
 from ...records import ContextEntry, MessageRecord, NewMessage, NewSummary, StagedPass, SummaryRecord
 from ..base import Store, StoreError, resolve_keys, with_appended
+from .. import migrate
 from ..rows import MSG_COLS, SUM_COLS, message_record, summary_record
 from . import append as sqlite_append, index as sqlite_index, merge as sqlite_merge, wal as sqlite_wal
 from . import cipher as sqlite_cipher
@@ -35,7 +35,6 @@ from .records import SQLiteRecords
 from .lifecycle import SQLiteLifecycle
 from .search import SQLiteSearch
 
-log = logging.getLogger("lossless_context.store")
 
 BUSY_TIMEOUT_MS = 30_000
 
@@ -194,23 +193,29 @@ class SQLiteStore(SQLiteRecords, SQLiteLifecycle, SQLiteSearch, SQLiteCosts, SQL
             "CREATE TABLE IF NOT EXISTS lcm_migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)"
         )
         done = {r[0] for r in c.execute("SELECT name FROM lcm_migrations")}
-        for name, sql in MIGRATIONS:
-            if name in done:
-                continue
+
+        def apply(name: str, sql: str) -> bool:
+            # One transaction per entry, under the write lock.
             c.execute("BEGIN IMMEDIATE")
             try:
                 # Re-check under the write lock: another process may have migrated meanwhile.
                 if c.execute("SELECT 1 FROM lcm_migrations WHERE name=?", (name,)).fetchone():
                     c.execute("COMMIT")
-                    continue
-                for stmt in _split_sql(sql):
+                    return False
+                for stmt in migrate.split_sql(sql):
                     c.execute(stmt)
                 c.execute("INSERT INTO lcm_migrations(name, applied_at) VALUES (?, ?)", (name, time.time()))
                 c.execute("COMMIT")
             except BaseException:
                 c.execute("ROLLBACK")
                 raise
-            log.info("lcm store %s: applied migration %s", self.location, name)
+            return True
+
+        migrate.apply_pending(self.location, MIGRATIONS, done, apply)
+
+    def migration_state(self) -> migrate.MigrationState:
+        """The store's migrations against this version's list (`lcm doctor`)."""
+        return migrate.MigrationState.of(MIGRATIONS, self.applied_migrations())
 
     def applied_migrations(self) -> list[str]:
         return [r[0] for r in self.conn().execute("SELECT name FROM lcm_migrations ORDER BY name")]
@@ -757,30 +762,6 @@ class SQLiteStore(SQLiteRecords, SQLiteLifecycle, SQLiteSearch, SQLiteCosts, SQL
                 except OSError:
                     pass
             os.close(fd)
-
-
-def _split_sql(script: str) -> list[str]:
-    """Split a migration into statements, keeping trigger bodies (BEGIN … END;) whole."""
-    out, buf, depth = [], [], 0
-    for line in script.splitlines():
-        s = line.strip()
-        if not s:
-            continue
-        buf.append(line)
-        up = s.upper()
-        if up.startswith("CREATE TRIGGER"):
-            depth = 1
-        if depth and up == "END;":
-            depth = 0
-            out.append("\n".join(buf))
-            buf = []
-            continue
-        if not depth and s.endswith(";"):
-            out.append("\n".join(buf))
-            buf = []
-    if buf:
-        out.append("\n".join(buf))
-    return out
 
 
 def _insert_summary(c: sqlite3.Connection, session_id: str, s: NewSummary, text: str, state: str,
