@@ -1,6 +1,7 @@
 """Store integrity checks (`lcm doctor`) and the safe repairs (`--repair`).
 
-Checks: the database's own integrity check, foreign keys, full-text indexes in sync with
+Checks: the store's schema migrations (applied, any pending: store/migrate.py), the database's
+own integrity check, foreign keys, full-text indexes in sync with
 their tables, every message reachable from an active context or the DAG, no cycles in the
 DAG, no summary without sources, no leftover staged work, no copy of our summary block
 stored as a message (merge_copies.py: what host merges did under earlier engines). Reported as information: messages

@@ -4,7 +4,8 @@
 * `sqlite/`, `postgres/` — the two backends (each folder's docstring lists its modules);
 * `rows`      — message and summary rows as both stores read them (columns, records);
 * `guard`     — the store circuit breaker, and the session's way on without its store;
-* `owners`    — which engine staged a pass, and whether it can still commit it.
+* `owners`    — which engine staged a pass, and whether it can still commit it;
+* `migrate`   — the one runner of both backends' append-only named schema migrations.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Append-only named schema migrations for the PostgreSQL store.
 
 Never edit or reorder an entry once released: add a new one. The runner
-(:meth:`PostgresStore._migrate`) applies every missing entry inside one transaction
+(``store/migrate.py``, called by ``conn.py``) applies every missing entry inside one transaction
 holding ``pg_advisory_xact_lock(MIGRATION_LOCK_KEY)``, so several processes starting at
 once migrate exactly once, and records each in ``lcm_migrations``.
 

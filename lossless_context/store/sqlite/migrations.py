@@ -1,7 +1,8 @@
 """Append-only named schema migrations for the SQLite store.
 
 Never edit or reorder an entry once released: add a new one. Each runs once, inside a
-transaction, and is recorded in `lcm_migrations`.
+transaction, and is recorded in `lcm_migrations` (the runner: ``store/migrate.py``; a script is
+cut into statements by ``sqlite3.complete_statement``, so trigger bodies stay whole).
 """
 
 from __future__ import annotations
