@@ -129,8 +129,16 @@ def test_prune_by_age_removes_whole_lineages_and_the_file_shrinks(location, tmp_
         plan = retention.plan_prune(store, older_than_days=90)
         assert sorted(plan.sessions) == ["old-a", "old-a-branch", "old-b"]
         assert plan.est_freed > 0 and plan.protected == 0
+        # each row is weighed by its text before a transaction takes it (ops/batches.py)
+        ids, sums = store.session_message_ids("old-a"), store.session_summary_ids("old-a")
+        weights = store.removal_tokens(ids + [10**9], sums)
+        assert weights["messages"] == {i: m.tokens for i, m in store.get_messages(ids).items()}
+        assert set(weights["summaries"]) == set(sums) and min(weights["summaries"].values()) > 0
         rep = retention.prune(store, plan, pause=0)
         assert rep.sessions == 3 and rep.messages > 0 and rep.summaries > 0 and not rep.skipped
+        assert rep.transactions == len(rep.batch_log.batches) >= 2
+        assert sum(n for n, _u, _s in rep.batch_log.batches) == rep.messages + rep.summaries
+        assert all(units > rows for rows, units, _s in rep.batch_log.batches)  # (their tokens counted)
         assert _sessions(store) == {"mid", "fresh"}
         # gone from search, messages and summaries alike; the rest untouched
         assert _grep_all(store, "CANARY-old-a-3") == [] and _grep_all(store, "CANARY-old-b-7") == []

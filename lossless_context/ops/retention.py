@@ -15,8 +15,9 @@ context still holds); each summary records how many originals went and when, whi
 ``lcm_expand`` and ``lcm_grep`` say.
 
 Plans first (``plan_prune``, also what ``--dry-run`` prints), then removes in small
-transactions (``prune``): each batch is sized to take about ``BATCH_SECONDS``, with a pause
-between, so a host's write never waits long behind a prune; then the freed pages go back to
+transactions (``prune``): each takes rows while their predicted cost fits a time budget
+(ops/batches.py: weighed by their text, the rate measured as it goes), with a pause between,
+so a host's write never waits long behind a prune; then the freed pages go back to
 the file system (SQLite with incremental auto-vacuum; PostgreSQL leaves it to VACUUM). Every
 prune is logged in the store (an interrupted one is finished by ``lcm doctor --repair``).
 
@@ -39,14 +40,13 @@ from typing import Any, Callable, Sequence
 from ..config import RetentionPolicy
 from ..pipeline.forget import plan_forget
 from ..store.base import Store
+from .batches import BatchLog, TimedBatches
 
 log = logging.getLogger("lossless_context")
 
 DAY = 86_400.0
 MIN_AGE_DAYS = 1.0  # a lineage active within this is never pruned
-BATCH_SECONDS = 0.04  # the target length of one removal transaction
 PAUSE_SECONDS = 0.05  # between two transactions: other writers get the lock
-MAX_BATCH = 2_000
 LOCK_NAME = "\x00lcm-retention"  # (a compaction-lock name no session can have)
 AUTO_DELAY_SECONDS = 60.0  # the background prune starts this long after the store is opened
 
@@ -234,13 +234,20 @@ class PruneReport:
     messages: int = 0
     summaries: int = 0
     skipped: list[str] = field(default_factory=list)  # lineages (first session) that came alive meanwhile
-    transactions: int = 0
-    longest_tx_ms: float = 0.0
+    batch_log: BatchLog = field(default_factory=BatchLog)
     bytes_returned: int = 0
     used_after: int = 0
     file_after: int = 0
     seconds: float = 0.0
     run_id: int | None = None
+
+    @property
+    def transactions(self) -> int:
+        return self.batch_log.transactions
+
+    @property
+    def longest_tx_ms(self) -> float:
+        return self.batch_log.longest_s * 1000
 
     def as_dict(self) -> dict[str, Any]:
         return {"plan": self.plan.as_dict(), "sessions": self.sessions, "messages": self.messages,
@@ -250,30 +257,11 @@ class PruneReport:
                 "seconds": round(self.seconds, 2), "run_id": self.run_id}
 
 
-class _Batches:
-    """Removal in transactions of about BATCH_SECONDS each, with a pause between."""
-
-    def __init__(self, report: PruneReport, pause: float) -> None:
-        self.report, self.pause, self.size = report, pause, 64
-
-    def run(self, ids: Sequence[int], fn: Callable[[list[int]], int]) -> int:
-        done, i = 0, 0
-        ids = list(ids)
-        while i < len(ids):
-            part = ids[i:i + self.size]
-            t0 = time.perf_counter()
-            done += fn(part)
-            dt = time.perf_counter() - t0
-            i += len(part)
-            self.report.transactions += 1
-            self.report.longest_tx_ms = max(self.report.longest_tx_ms, dt * 1000)
-            if dt < BATCH_SECONDS / 2:
-                self.size = min(MAX_BATCH, self.size * 2)
-            elif dt > BATCH_SECONDS:
-                self.size = max(8, int(self.size * BATCH_SECONDS / dt))
-            if self.pause and i < len(ids):
-                time.sleep(self.pause)
-        return done
+def _batches(rep: PruneReport, pause: float) -> TimedBatches:
+    """The prune's transactions (ops/batches.py), counted in its report as they run."""
+    b = TimedBatches(pause=pause)
+    b.log = rep.batch_log
+    return b
 
 
 def _still_idle(store: Store, g: Lineage, floor: float, live: Callable[[], set[str]]) -> bool:
@@ -318,7 +306,7 @@ def prune(store: Store, plan: PrunePlan, *, trigger: str = "cli", pause: float =
 
 def _carry_out(store: Store, plan: PrunePlan, rep: PruneReport, pause: float, live_fn: Callable[[], set[str]],
                floor: float) -> None:
-    batches = _Batches(rep, pause)
+    batches = _batches(rep, pause)
     todo = list(plan.lineages)
     done: set[str] = set()
     while todo:
@@ -327,8 +315,7 @@ def _carry_out(store: Store, plan: PrunePlan, rep: PruneReport, pause: float, li
         if not _still_idle(store, g, floor, live_fn):
             rep.skipped.append(g.sessions[0])
         elif plan.mode == "originals":
-            rep.messages += batches.run(store.originals_under_summaries(g.sessions),
-                                        lambda part: _drop_originals(store, part, plan.now))
+            rep.messages += _run_originals(store, g.sessions, batches, plan.now)
         else:
             _remove_sessions(store, g.sessions, batches, rep)
         if not todo and plan.max_bytes is not None:
@@ -341,7 +328,12 @@ def _carry_out(store: Store, plan: PrunePlan, rep: PruneReport, pause: float, li
                 todo = [x for x in nxt.lineages if x.sessions[0] not in done][:1]
 
 
-def _remove_sessions(store: Store, sessions: Sequence[str], batches: _Batches, rep: PruneReport) -> None:
+def _run_originals(store: Store, sessions: Sequence[str], batches: TimedBatches, at: float) -> int:
+    ids = store.originals_under_summaries(sessions)
+    return batches.run(ids, lambda part: _drop_originals(store, part, at), store.removal_tokens(ids, [])["messages"])
+
+
+def _remove_sessions(store: Store, sessions: Sequence[str], batches: TimedBatches, rep: PruneReport) -> None:
     """`lcm forget` of these sessions, in small transactions: other sessions' contexts
     repaired first, then the messages, then the summaries, then the sessions themselves."""
     existing = [s for s in sessions if store.get_session(s) is not None]
@@ -350,8 +342,11 @@ def _remove_sessions(store: Store, sessions: Sequence[str], batches: _Batches, r
     fp = plan_forget(store, existing, every_stage=False)
     if fp.contexts:
         store.forget_records([], [], [], fp.contexts)
-    rep.messages += batches.run(fp.message_ids, lambda part: store.forget_records([], part, [], {})["messages"])
-    rep.summaries += batches.run(fp.summary_ids, lambda part: store.forget_records([], [], part, {})["summaries"])
+    tokens = store.removal_tokens(fp.message_ids, fp.summary_ids)
+    rep.messages += batches.run(fp.message_ids, lambda part: store.forget_records([], part, [], {})["messages"],
+                                tokens["messages"])
+    rep.summaries += batches.run(fp.summary_ids, lambda part: store.forget_records([], [], part, {})["summaries"],
+                                 tokens["summaries"])
     # what arrived meanwhile (nothing, unless a session came alive after the last check)
     late_m = [m for t in fp.targets for m in store.session_message_ids(t)]
     late_s = [s for t in fp.targets for s in store.session_summary_ids(t)]
@@ -428,10 +423,9 @@ def finish_interrupted(store: Store) -> int:
         if sessions:
             plan.lineages = [Lineage(sessions, 0.0, 0, 0)]
         rep = PruneReport(plan)
-        batches = _Batches(rep, PAUSE_SECONDS)
+        batches = _batches(rep, PAUSE_SECONDS)
         if sessions and run["mode"] == "originals":
-            rep.messages += batches.run(store.originals_under_summaries(sessions),
-                                        lambda part: _drop_originals(store, part, time.time()))
+            rep.messages += _run_originals(store, sessions, batches, time.time())
         elif sessions:
             _remove_sessions(store, sessions, batches, rep)
         store.retention_run_finish(run["id"], rep.sessions, rep.messages, rep.summaries, None)

@@ -537,6 +537,13 @@ class Store(abc.ABC):
         context holds: what a prune that keeps the summaries may remove."""
         raise NotImplementedError
 
+    def removal_tokens(self, message_ids: Sequence[int], summary_ids: Sequence[int]) -> dict[str, dict[int, int]]:
+        """{"messages": {id: tokens}, "summaries": {id: tokens}} of these rows: what removing
+        each costs beyond a fixed per-row part (its text leaves the full-text indexes token
+        by token), so a prune can size its transactions by time (ops/batches.py). A row
+        missing from the answer counts as its fixed part only."""
+        return {"messages": {}, "summaries": {}}
+
     def record_pruned(self, message_ids: Sequence[int], pruned_at: float, reason: str = "retention") -> int:
         """Before a prune removes these messages (``forget_records``) and keeps the summaries
         over them: each such summary records how many of its originals go, their id span,

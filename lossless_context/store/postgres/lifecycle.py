@@ -58,6 +58,16 @@ class PostgresLifecycle:
             " AND NOT EXISTS (SELECT 1 FROM context_items ci WHERE ci.message_id = sm.message_id)"
             " ORDER BY sm.message_id", (x, x)).fetchall())]
 
+    def removal_tokens(self, message_ids: Sequence[int], summary_ids: Sequence[int]) -> dict[str, dict[int, int]]:
+        m, s = [int(i) for i in message_ids], [int(i) for i in summary_ids]
+
+        def run(c: Any) -> dict[str, dict[int, int]]:
+            return {table: {int(r[0]): int(r[1] or 0) for r in c.execute(
+                        f"SELECT id, tokens FROM {table} WHERE id = ANY(%s)", (ids,)).fetchall()}
+                    for table, ids in (("messages", m), ("summaries", s))}
+
+        return dict(self._read(run))
+
     def record_pruned(self, message_ids: Sequence[int], pruned_at: float, reason: str = "retention") -> int:
         m = sorted({int(i) for i in message_ids})
         if not m:

@@ -1,0 +1,93 @@
+"""Removal in transactions bounded by time, not by a count of rows (retention, ops/retention.py).
+
+A prune deletes rows while the host goes on writing to the same store, and each transaction
+holds the single write lock. What a row costs to delete varies a thousandfold: its index rows
+are fixed work, but its text leaves the full-text indexes token by token (SQLite re-tokenizes a
+deleted message for the FTS delete), so a batch sized by the time of the previous one can take
+seconds when it reaches a run of long messages. Here every row is weighed before it is taken —
+``1 + tokens / ROW_TOKENS`` *units* (a fixed part, and the text's share) — and the time per unit
+is measured on every transaction: a transaction takes rows, in order, while their predicted cost
+stays within the budget, at least one (a single huge row goes alone), at most ``MAX_ROWS``.
+After a slow transaction the measured rate replaces the estimate at once (the next batch is
+smaller by as much as this one overran); after a fast one the estimate moves half-way down
+(one lucky batch does not double the next). Between two transactions a pause lets other
+writers in. The clock and the pause are injectable (tests drive them without waiting).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+BUDGET_SECONDS = 0.04  # the target length of one removal transaction
+ROW_TOKENS = 400  # a row's fixed deletion work is about what this many tokens of its text cost
+FIRST_UNIT_SECONDS = 0.0005  # the first transaction's guess (measured from then on)
+MAX_ROWS = 2_000  # a transaction's ceiling whatever the measurements say (statement sizes)
+
+
+@dataclass
+class BatchLog:
+    """What the transactions did: count, longest, and (rows, units, seconds) of each."""
+
+    transactions: int = 0
+    longest_s: float = 0.0
+    batches: list[tuple[int, float, float]] = field(default_factory=list)
+
+    def add(self, rows: int, units: float, seconds: float) -> None:
+        self.transactions += 1
+        self.longest_s = max(self.longest_s, seconds)
+        if len(self.batches) < 100_000:  # (a bound on what a very long prune keeps)
+            self.batches.append((rows, units, seconds))
+
+
+class TimedBatches:
+    """Run ``fn`` over ids in transactions of about ``budget`` seconds each (see the module doc)."""
+
+    def __init__(self, *, budget: float = BUDGET_SECONDS, pause: float = 0.05,
+                 clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep,
+                 max_rows: int = MAX_ROWS) -> None:
+        self.budget, self.pause, self.clock, self.sleep, self.max_rows = budget, pause, clock, sleep, max_rows
+        self.unit_seconds = FIRST_UNIT_SECONDS  # the estimate: seconds one unit of work takes
+        self.log = BatchLog()
+
+    @staticmethod
+    def units(tokens: int) -> float:
+        return 1.0 + max(0, int(tokens)) / ROW_TOKENS
+
+    def next_batch(self, weights: Sequence[float]) -> int:
+        """How many of the next rows (their units, in order) the next transaction takes."""
+        allowed = self.budget / max(self.unit_seconds, 1e-9)
+        n, spent = 0, 0.0
+        for w in weights[:self.max_rows]:
+            if n and spent + w > allowed:
+                break
+            n, spent = n + 1, spent + w
+        return n
+
+    def observe(self, units: float, seconds: float) -> None:
+        """Learn from one transaction: ``units`` of work took ``seconds``."""
+        rate = seconds / max(units, 1e-9)
+        if rate >= self.unit_seconds:
+            self.unit_seconds = rate
+        else:
+            self.unit_seconds = (self.unit_seconds + rate) / 2
+
+    def run(self, ids: Sequence[int], fn: Callable[[list[int]], int], tokens: Mapping[int, int] | None = None) -> int:
+        """``fn(part)`` removes ``part`` in one transaction and returns how many it removed;
+        ``tokens`` weighs each id (missing: the fixed part only). Returns the total removed."""
+        ids = list(ids)
+        weights = [self.units((tokens or {}).get(i, 0)) for i in ids]
+        done, i = 0, 0
+        while i < len(ids):
+            n = self.next_batch(weights[i:i + self.max_rows])
+            part, units = ids[i:i + n], sum(weights[i:i + n])
+            t0 = self.clock()
+            done += fn(part)
+            dt = self.clock() - t0
+            i += n
+            self.log.add(n, units, dt)
+            self.observe(units, dt)
+            if self.pause and i < len(ids):
+                self.sleep(self.pause)
+        return done
