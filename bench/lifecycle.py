@@ -313,7 +313,9 @@ def _dist(rows: list[tuple[float, str, float]], op: str, lo: float, hi: float) -
     return d
 
 
-def _prune_wait(n: int, base: str | None, work: Path, baseline_s: float) -> dict[str, Any]:
+def _prune_wait(n: int, base: str | None, work: Path, baseline_s: float, code: str | None = None) -> dict[str, Any]:
+    """``code``: another checkout whose retention code runs the prune (the commit before a
+    change: before/after in one session); the host is this checkout's engine either way."""
     store = str(work / f"prune-{n}.db")
     if base and os.path.exists(base):
         common.checkpoint(base)
@@ -336,7 +338,7 @@ def _prune_wait(n: int, base: str | None, work: Path, baseline_s: float) -> dict
     time.sleep(baseline_s)
     t_prune = time.time()
     r = subprocess.run([sys.executable, "-m", "bench.lifecycle", "prune", "--store", store, "--out", prune_out],
-                       cwd=common.ROOT, env=env, capture_output=True, text=True, timeout=7200)
+                       cwd=code or common.ROOT, env=env, capture_output=True, text=True, timeout=7200)
     t_end = time.time()
     time.sleep(baseline_s)  # (the same host, as long again after the prune: a second baseline)
     t_after = time.time()
@@ -381,9 +383,32 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     return res
 
 
+def prune_ab(n: int, engine_n: int, before_code: str, work: Path, baseline_s: float, rounds: int) -> dict[str, Any]:
+    """The prune part before and after a change, in one session: one engine-built base, then
+    the prune with the host beside it, before / after alternating (ABBA...)."""
+    base = str(work / f"ab-base-{engine_n}.db")
+    b = _scale(["build", "--store", base, "--n", str(engine_n)], 7200)
+    Path(base + ".meta.json").write_text(json.dumps({"n_stored": b["n_stored"]}), encoding="utf-8")
+    order = [("before", before_code), ("after", None)]
+    runs = []
+    for k in range(rounds):
+        for label, code in (order if k % 2 == 0 else order[::-1]):
+            r = _prune_wait(n, base, work, baseline_s, code)
+            r["code"] = label
+            runs.append(r)
+            print(json.dumps({"code": label, "prune": r["prune"], "host": r["host"]}, default=str), flush=True)
+    for suf in ("", "-wal", "-shm", ".meta.json"):
+        Path(base + suf).unlink(missing_ok=True)
+    shutil.rmtree(base + ".locks", ignore_errors=True)
+    return {"n": n, "engine_built": engine_n, "runs": runs}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.lifecycle")
-    ap.add_argument("mode", choices=["host", "prune", "run", "enc", "cold"])
+    ap.add_argument("mode", choices=["host", "prune", "run", "enc", "cold", "prune-ab"])
+    ap.add_argument("--before-code", help="prune-ab: a checkout of the code before the change")
+    ap.add_argument("--engine-size", type=int, default=20_000)
+    ap.add_argument("--baseline-seconds", type=float, default=30.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--store")
     ap.add_argument("--out")
@@ -400,6 +425,11 @@ def main(argv: list[str] | None = None) -> int:
         host_loop(a.store, a.out, a.stop, a.seconds)
     elif a.mode == "prune":
         prune_once(a.store, a.out)
+    elif a.mode == "prune-ab":  # the prune part alone, before/after a change (see prune_ab)
+        work = Path(a.data_dir or (Path(common.isolate_env()) / "lifecycle"))
+        work.mkdir(parents=True, exist_ok=True)
+        res = prune_ab(a.prune_size or 150_000, a.engine_size, a.before_code, work, a.baseline_seconds, a.rounds)
+        Path(a.out).write_text(json.dumps({"prune_ab": res}, indent=1, default=str), encoding="utf-8")
     elif a.mode == "cold":
         cold_greps(a.store, a.out)
     elif a.mode == "enc":  # the encryption measurements alone (the prune part takes an hour at 1M)
