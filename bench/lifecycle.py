@@ -310,6 +310,8 @@ def _dist(rows: list[tuple[float, str, float]], op: str, lo: float, hi: float) -
     vals = [ms for t, o, ms in rows if o == op and lo <= t <= hi]
     d = common.dist(vals, 1)
     d["max"] = round(max(vals), 1) if vals else None
+    d["p99"] = round(common.percentile(vals, 99), 1) if vals else None
+    d["over_100ms"] = sum(1 for v in vals if v > 100)
     return d
 
 
