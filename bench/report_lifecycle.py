@@ -50,6 +50,31 @@ def lifecycle(res: dict[str, Any]) -> list[str]:
     for key in ("prune_wait", "prune_wait_controlled"):
         if res.get(key):
             L += _prune(res[key])
+    if res.get("prune_ab"):
+        L += _prune_ab(res["prune_ab"])
+    return L
+
+
+def _prune_ab(ab: dict[str, Any]) -> list[str]:
+    """The prune before and after a change, with the host beside it (`lifecycle.py prune-ab`)."""
+    L = ["", ab.get("intro") or f"`{ab.get('command')}`", "",
+         "| run | code | prune (s) | msgs/s | transactions | lock held p50 / p95 / max (ms) | held > 100 ms | host write"
+         " during p50 / p95 / p99 / max (ms) | writes > 100 ms | host grep during p50 / p95 / max (ms) | host write"
+         " before the prune: p95 / max (ms) |",
+         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for k, run in enumerate(ab.get("runs") or [], 1):
+        pr, host = run.get("prune", {}), run.get("host", {})
+        held, w, g = pr.get("lock_held_ms") or {}, host.get("during", {}).get("write", {}), host.get("during", {}).get("grep", {})
+        b = host.get("before", {}).get("write", {})
+        rate = pr["messages"] / pr["seconds"] if pr.get("seconds") else None
+        L.append(f"| {k} | {run.get('code')} | {_f(pr.get('seconds'))} | {_f(rate, 0)} | {_f(pr.get('transactions'))} | "
+                 f"{_f(held.get('p50'))} / {_f(held.get('p95'))} / {_f(held.get('max'))} | "
+                 f"{_f(held.get('over_100ms'))} of {_f(held.get('n'))} | {_f(w.get('p50'))} / {_f(w.get('p95'))} / "
+                 f"{_f(w.get('p99'))} / {_f(w.get('max'))} | {_f(w.get('over_100ms'))} of {_f(w.get('n'))} | "
+                 f"{_f(g.get('p50'))} / {_f(g.get('p95'))} / {_f(g.get('max'))} | {_f(b.get('p95'))} / {_f(b.get('max'))} "
+                 f"({_f(b.get('over_100ms'))} of {_f(b.get('n'))} over 100) |")
+    if ab.get("note"):
+        L += ["", ab["note"]]
     return L
 
 
