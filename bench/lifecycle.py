@@ -282,6 +282,7 @@ def prune_once(store: str, out: str) -> None:
 
     st = open_store(store)
     held: list[float] = []
+    commits: list[float] = []
     real_tx = st.tx  # type: ignore[attr-defined]
 
     @contextmanager
@@ -291,7 +292,9 @@ def prune_once(store: str, out: str) -> None:
         with real_tx() as c:
             t = time.perf_counter()
             yield c
+            body = time.perf_counter()
         held.append((time.perf_counter() - t) * 1000)
+        commits.append((time.perf_counter() - body) * 1000)  # (COMMIT, and a checkpoint it ran)
 
     st.tx = timed_tx  # type: ignore[attr-defined]
     t0 = time.perf_counter()
@@ -303,6 +306,9 @@ def prune_once(store: str, out: str) -> None:
     Path(out).write_text(json.dumps({"plan_seconds": round(plan_s, 2), "started": t1, "ended": time.time(),
                                      "lock_held_ms": {**common.dist(held, 1), "max": round(max(held), 1) if held else None,
                                                       "over_100ms": sum(1 for h in held if h > 100)},
+                                     "commit_ms": {**common.dist(commits, 1), "max": round(max(commits), 1) if commits else None,
+                                                   "over_50ms": sum(1 for h in commits if h > 50),
+                                                   "of_held_over_100ms": [round(c, 1) for h, c in zip(held, commits) if h > 100]},
                                      # (rows, units, seconds) of the slowest removal calls, where the code logs them
                                      "slowest_batches": sorted(getattr(getattr(rep, "batch_log", None), "batches", []),
                                                                key=lambda b: -b[2])[:8],
@@ -355,7 +361,7 @@ def _prune_wait(n: int, base: str | None, work: Path, baseline_s: float, code: s
     pr = json.loads(Path(prune_out).read_text())
     out["prune"] = {k: pr[k] for k in ("plan_seconds", "sessions", "messages", "summaries", "transactions",
                                        "longest_transaction_ms", "bytes_returned", "file_bytes_after", "seconds",
-                                       "lock_held_ms", "slowest_batches") if k in pr}
+                                       "lock_held_ms", "commit_ms", "slowest_batches") if k in pr}
     out["prune"]["removal_started_after_s"] = round(pr["started"] - t_prune, 1)
     out["host"] = {
         "before": {op: _dist(rows, op, t_base, t_prune) for op in ("write", "grep")},  # type: ignore[arg-type]
