@@ -680,7 +680,8 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
         pending, store, esc = self._upgrades, self.store, self._get_escalator()
         seen = counting(self._stats, self._stats_lock, self._spend, sid)
         pending.add(sid, node_ids)
-        worker.submit(f"{sid}#upgrade", lambda stop: upgrade_nodes(store, esc, sid, pending.take(sid), budget, stop, seen))
+        worker.submit(f"{sid}#upgrade", lambda stop: upgrade_nodes(store, esc, sid, pending.take(sid), budget, stop, seen),
+                      store)
 
     def upgrade_leftovers(self, sid: str) -> None:
         """Queue the outlines a process that ended before its worker left in `sid`'s context."""
@@ -707,7 +708,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
         store, budget = self.store, self._budget(self._overhead)
         stubs = stub_policy(self.config) if self.config.tool_stubs else None
         seen = counting(self._stats, self._stats_lock, self._spend, sid)
-        return worker.submit(sid, lambda stop: presummarize(store, esc, sid, budget, stop, stubs, seen))
+        return worker.submit(sid, lambda stop: presummarize(store, esc, sid, budget, stop, stubs, seen), store)
 
     def _cancel_check(self) -> Callable[[], bool] | None:
         fn = getattr(self, "_compression_cancelled_check", None)

@@ -168,3 +168,40 @@ def test_outlines_left_by_a_process_that_ended_are_summarised_by_the_next(tmp_pa
         assert later.wait_background(60)
         assert srv.chat_requests
         assert leftover_outlines(later.store, sid) == []
+
+
+def test_closing_the_store_stops_the_workers_job_on_it_first(tmp_path):
+    """The worker's upgrade job reads and writes through the engine's store; closing the store
+    closes its connections (a job writing on one closed beneath it crashed the process: a
+    segfault in the suite). The close drops the store's queued jobs and waits, bounded, for a
+    running one: it sees its stop flag after its model call and writes nothing more."""
+    from tests.test_background import Gated
+
+    gated = Gated()
+    with FakeOpenAI(responder=gated) as srv:
+        e = _engine(str(tmp_path / "x.db"), summarizer="openai", summary_base_url=srv.base_url)
+        worker = e._worker()
+        _one_fast_pass(e, "closing")
+        for _ in range(1200):  # (a hang guard: the job's model call reaches the server)
+            if srv.requests:
+                break
+            threading.Event().wait(0.05)
+        assert srv.requests, "the worker never called the model"
+        outlines = leftover_outlines(e.store, "closing")
+        assert outlines
+        closed = threading.Event()
+        t = threading.Thread(target=lambda: (e.store.close(), closed.set()), daemon=True)
+        t.start()
+        for _ in range(1200):
+            if worker.released(e.store):
+                break
+            threading.Event().wait(0.05)
+        assert worker.released(e.store) and not closed.is_set()  # the close waits for the running job
+        gated.opened.set()
+        assert closed.wait(60)
+        t.join(60)
+        assert worker.wait_idle(60)
+        assert not worker.submit("closing#upgrade", lambda stop: None, e.store)  # a closed store takes none
+    reopened = _engine(str(tmp_path / "x.db"), summarizer="extractive")
+    assert leftover_outlines(reopened.store, "closing") == outlines  # nothing written after the close began
+    reopened.store.close()

@@ -11,6 +11,8 @@ from lossless_context import LCMEngine
 from lossless_context.config import LCMConfig
 from lossless_context.demo.host_driver import R19Host
 from lossless_context.demo.sessions import coding_session
+from lossless_context.pipeline.stub_prep import StubPreparer
+from lossless_context.pipeline.stubs import stub_policy
 from lossless_context.store.base import Store
 
 
@@ -22,6 +24,11 @@ def _compacted(tmp_path, backend: str, request, sid: str, seed: int) -> LCMEngin
     host.start()
     host.feed(coding_session(600, seed=seed).messages)
     host.end()
+    # The reads below are compared with each other: nothing may rewrite a summary meanwhile
+    # (the background worker replaces the passes' outlines after them).
+    assert e.wait_background(120)
+    # ... nor give a tool result its stub (the tier-0 preparer writes them after a pass)
+    assert StubPreparer.for_store(e.store.location, e.store, stub_policy(e.config)).wait_idle(120)
     return e
 
 

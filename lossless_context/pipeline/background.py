@@ -38,10 +38,16 @@ class BackgroundWorker:
 
     def __init__(self, concurrency: int = 2) -> None:
         self.concurrency = max(1, int(concurrency))
-        self._q: queue.Queue[tuple[str, Callable[[Callable[[], bool]], object]] | None] = queue.Queue()
+        self._q: queue.Queue[tuple[str, Callable[[Callable[[], bool]], object], Any] | None] = queue.Queue()
         self._busy: set[str] = set()
         self._queued: set[str] = set()
         self._lock = threading.Lock()
+        self._store_idle = threading.Condition(self._lock)
+        # Per store object (by id; the dicts hold it, so an id is never reused meanwhile): the
+        # stores whose close stops their jobs first, those closed, and the jobs running on each.
+        self._hooked: dict[int, Any] = {}
+        self._closed: dict[int, Any] = {}
+        self._using: dict[int, int] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.jobs_done = 0
@@ -71,17 +77,48 @@ class BackgroundWorker:
         with self._lock:
             return len(self._queued) + len(self._busy)
 
-    def submit(self, session_id: str, job: Callable[[Callable[[], bool]], object]) -> bool:
+    def submit(self, session_id: str, job: Callable[[Callable[[], bool]], object], store: Any = None) -> bool:
         """Queue a job unless one for this session is already queued (the newest plan wins
-        when it runs, so coalescing loses nothing)."""
+        when it runs, so coalescing loses nothing). `store`: the store the job works on —
+        its close first stops the job (a job writing on a connection closed under it crashes
+        the process), and its queued jobs are dropped."""
         if self._stop.is_set():
             return False
+        hook = None
         with self._lock:
-            if session_id in self._queued:
+            if session_id in self._queued or (store is not None and id(store) in self._closed):
                 return False
             self._queued.add(session_id)
-        self._q.put((session_id, job))
+            if store is not None and id(store) not in self._hooked:
+                self._hooked[id(store)] = store
+                hook = getattr(store, "add_close_hook", None)
+        if hook is not None:
+            hook(lambda: self.release_store(store))
+        self._q.put((session_id, job, store))
         return True
+
+    def release_store(self, store: Any, timeout: float = 10.0) -> bool:
+        """The store is closing: its queued jobs are dropped, its running ones see their stop
+        flag before the next model call, and this waits (bounded) until none runs on it."""
+        key = id(store)
+        with self._store_idle:
+            self._closed[key] = store
+            self._hooked.pop(key, None)
+            done = self._store_idle.wait_for(lambda: not self._using.get(key), timeout=timeout)
+        if not done:
+            log.debug("lcm: a background job on %s did not stop within %.0f s", getattr(store, "location", store),
+                      timeout)
+        return done
+
+    def _stop_check(self, store: Any) -> Callable[[], bool]:
+        """A job's stop flag: the process ends, or its store is closing."""
+        key = id(store)
+        return lambda: self._stop.is_set() or (store is not None and key in self._closed)
+
+    def released(self, store: Any) -> bool:
+        """Whether `store`'s close has stopped its jobs here."""
+        with self._lock:
+            return id(store) in self._closed
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -91,8 +128,12 @@ class BackgroundWorker:
                 continue
             if item is None:
                 return
-            sid, job = item
+            sid, job, store = item
+            key = id(store)
             with self._lock:
+                if store is not None and key in self._closed:  # its store closed: dropped
+                    self._queued.discard(sid)
+                    continue
                 if sid in self._busy:  # one job per session: wait behind the running one
                     requeue = True  # (stays marked as queued, so the backlog never reads 0 here)
                 else:
@@ -100,15 +141,16 @@ class BackgroundWorker:
                     self._busy.add(sid)
                     self._running += 1
                     self.max_parallel = max(self.max_parallel, self._running)
+                    self._using[key] = self._using.get(key, 0) + 1
                     requeue = False
             if requeue:
                 time.sleep(0.05)
-                self._q.put((sid, job))
+                self._q.put((sid, job, store))
                 continue
             started = time.monotonic()
             ok = False
             try:
-                job(self._stop.is_set)
+                job(self._stop_check(store))
                 ok = True
             except Exception as exc:  # a failed job loses only staged work
                 # (the store's outage was told by its breaker; anything else with its traceback)
@@ -125,6 +167,10 @@ class BackgroundWorker:
                     self.model_seconds += time.monotonic() - started
                     self._busy.discard(sid)
                     self._running -= 1
+                    self._using[key] -= 1
+                    if not self._using[key]:
+                        del self._using[key]
+                        self._store_idle.notify_all()
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
         deadline = time.monotonic() + timeout
@@ -280,6 +326,8 @@ def presummarize(store: Store, esc: Escalator, session_id: str, budget: Budget,
         target = min(budget.leaf_summary, max(32, src_tokens // 2))
         res = esc.summarize(SummaryRequest(sources, target, "leaf"), cancelled=stop)
         _observed(observe, res)
+        if stop():
+            break
         if res.level == "deterministic":
             continue  # the model was unavailable: compress() will do it
         store.put_presummary(session_id, key, res.text, estimate_text_tokens(res.text), src_tokens,
@@ -312,6 +360,8 @@ def upgrade_nodes(store: Store, esc: Escalator, session_id: str, node_ids: list[
             continue
         res = esc.summarize(SummaryRequest(sources, target, rec.kind), cancelled=stop)
         _observed(observe, res)
+        if stop():
+            break  # (its store is closing, or the process ends: nothing more is written)
         if res.level == "deterministic":
             if rec.summarizer == OUTLINE and not stop():
                 # No model summary now: the pass's outline gives way to the extractive summary
