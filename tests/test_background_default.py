@@ -205,3 +205,27 @@ def test_closing_the_store_stops_the_workers_job_on_it_first(tmp_path):
     reopened = _engine(str(tmp_path / "x.db"), summarizer="extractive")
     assert leftover_outlines(reopened.store, "closing") == outlines  # nothing written after the close began
     reopened.store.close()
+
+
+def test_shutdown_waits_for_the_running_job_to_reach_its_stop_check():
+    """At exit (atexit) the worker stops and waits, bounded, for a running job: the interpreter
+    must not tear the sqlite3 module down under a thread still inside a store call."""
+    w = BackgroundWorker(concurrency=1)
+    inside, release = threading.Event(), threading.Event()
+    seen: list[bool] = []
+
+    def job(stop):
+        inside.set()
+        release.wait(60)  # (a model call)
+        seen.append(stop())  # the job's check after it: stop, write nothing
+
+    assert w.submit("s", job)
+    assert inside.wait(60)
+    result: list[bool] = []
+    t = threading.Thread(target=lambda: result.append(w.shutdown(wait=60)), daemon=True)
+    t.start()
+    t.join(0.2)
+    assert not result  # still waiting for the job
+    release.set()
+    t.join(60)
+    assert result == [True] and seen == [True]

@@ -112,6 +112,9 @@ def test_server_restart_mid_session(tmp_path, caplog):
         e.on_session_start("rs", boundary_reason="compression", old_session_id="rs", platform="cli")
         host = [m for m in out if m.get("role") != "system"]
         acknowledged = n  # every RS- marker so far was stored by a committed pass
+        # (the background worker has upgraded the pass's outlines: no job of it meets the outage,
+        # whose one line the passes below must say)
+        assert e.wait_background(60)
 
         server.pause()  # pg_ctl stop -m fast: connections are cut
         caplog.set_level(logging.WARNING, logger="lossless_context")

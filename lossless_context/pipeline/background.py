@@ -180,18 +180,26 @@ class BackgroundWorker:
             time.sleep(0.02)
         return False
 
-    def shutdown(self) -> None:
-        """Stop promptly: jobs see the stop flag before their next model call."""
+    def shutdown(self, wait: float = 0.0) -> bool:
+        """Stop promptly: jobs see the stop flag before and after each model call. `wait`: how
+        long to wait for the running ones to end (whether they did)."""
         self._stop.set()
         for _ in self._threads:
             self._q.put(None)
+        with self._store_idle:
+            return self._store_idle.wait_for(lambda: self._running == 0, timeout=wait)
 
 
 @atexit.register
 def _shutdown_all() -> None:
+    # At exit the interpreter tears down the sqlite3 module under any daemon thread still inside
+    # a store call (a crash as the process ends): let the running jobs reach their stop check,
+    # bounded (a job inside a model call stops at its return, writing nothing).
     with _WORKERS_LOCK:
-        for w in _WORKERS.values():
-            w.shutdown()
+        workers = list(_WORKERS.values())
+    deadline = time.monotonic() + 5.0
+    for w in workers:
+        w.shutdown(wait=max(0.0, deadline - time.monotonic()))
 
 
 class UpgradeQueue:

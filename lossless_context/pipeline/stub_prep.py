@@ -14,6 +14,7 @@ prepared (the same `stubs.stub_for`).
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 from collections import deque
@@ -181,3 +182,13 @@ def drop(location: str) -> None:
     """Forget a location's preparer (its store closed)."""
     with _LOCK:
         _PREPARERS.pop(location, None)
+
+
+@atexit.register
+def _stop_all() -> None:
+    # At exit the interpreter tears down the sqlite3 module under a daemon thread still inside a
+    # store call: the preparers stop their batch first (bounded; a batch is a few stubs).
+    with _LOCK:
+        preparers = list(_PREPARERS.values())
+    for p in preparers:
+        p.stop(timeout=2.0)
