@@ -18,7 +18,7 @@ tables; ``staged_passes.rid`` orders stages created in the same instant (SQLite:
 
 from __future__ import annotations
 
-from .idents import IDENT_MIGRATIONS
+from .idents import IDENT_LEXEMES_FLAT, IDENT_MIGRATIONS
 from .kept_plans import KEPT_PLANS
 from .lifecycle_schema import LIFECYCLE_MIGRATIONS
 
@@ -654,6 +654,7 @@ MIGRATIONS += [
         """,
     ),
 ]
+MIGRATIONS += IDENT_LEXEMES_FLAT  # 035: identifier lexemes in one flat query (idents.py)
 
 # Migrations the store can live without (run in a savepoint; retried at the next start).
 OPTIONAL: frozenset[str] = frozenset({"002_trigram", "015_lz4_toast"})
