@@ -186,11 +186,33 @@ IDENT_LEXEMES_FLAT: list[tuple[str, str]] = [
                              pg_catalog.generate_series(2, LEAST(pg_catalog.cardinality(r.run), 4)) AS j);
                     CONTINUE;
                 END IF;
-                -- (a larger batch: 033's steps as they were, their quirks included)
                 words := pg_catalog.regexp_split_to_array(pg_catalog.array_to_string(batch, ' '), '[_./ -]');
                 IF pg_catalog.cardinality(words) > 16000 THEN
-                    CONTINUE;  -- (identifiers of over 16 parts on average: left to the phrase)
+                    CONTINUE;  -- (as 033: identifiers of over 16 parts on average, left to the phrase)
                 END IF;
+                IF NOT EXISTS (SELECT FROM pg_catalog.unnest(words) AS w WHERE pg_catalog.length(w) >= 2047) THEN
+                    -- (a larger batch: as above, each part past the 255th of its lexeme as written)
+                    out := out || ARRAY(
+                        SELECT pg_catalog.array_to_string(r.run[1:j], '/')
+                        FROM (SELECT pg_catalog.array_agg(y.stem) OVER (PARTITION BY y.k ORDER BY y.o
+                                         ROWS BETWEEN CURRENT ROW AND 3 FOLLOWING) AS run
+                              FROM (SELECT x.k, x.o,
+                                           CASE WHEN x.lex IS NOT NULL AND pg_catalog.row_number() OVER (
+                                                         PARTITION BY x.lex ORDER BY x.k, x.o) <= 255
+                                                THEN x.lex ELSE x.w END AS stem
+                                    FROM (SELECT b.k, p.o, p.w,
+                                                 CASE WHEN p.w ~ '^[a-z]+$'
+                                                      THEN (pg_catalog.ts_lexize(
+                                                               'pg_catalog.english_stem'::regdictionary, p.w))[1]
+                                                      END AS lex
+                                          FROM pg_catalog.unnest(batch) WITH ORDINALITY AS b(id, k),
+                                               pg_catalog.unnest(pg_catalog.regexp_split_to_array(b.id, '[_./-]'))
+                                                   WITH ORDINALITY AS p(w, o)) x) y
+                              WHERE y.o <= 12) r,
+                             pg_catalog.generate_series(2, LEAST(pg_catalog.cardinality(r.run), 4)) AS j);
+                    CONTINUE;
+                END IF;
+                -- (a part of 2,047 letters or more: 033's steps as they were, to the letter)
                 -- (only words of letters: one token each, whatever they spell; a word with a digit
                 -- may be two, 06e82d63 is a number and a word, and the english configuration
                 -- does not stem those anyway)
