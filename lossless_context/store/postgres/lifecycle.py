@@ -62,9 +62,10 @@ class PostgresLifecycle:
         m, s = [int(i) for i in message_ids], [int(i) for i in summary_ids]
 
         def run(c: Any) -> dict[str, dict[int, int]]:
-            return {table: {int(r[0]): int(r[1] or 0) for r in c.execute(
-                        f"SELECT id, tokens FROM {table} WHERE id = ANY(%s)", (ids,)).fetchall()}
-                    for table, ids in (("messages", m), ("summaries", s))}
+            return {"messages": {int(r[0]): int(r[1] or 0) for r in c.execute(
+                        "SELECT id, tokens FROM messages WHERE id = ANY(%s)", (m,)).fetchall()},
+                    "summaries": {int(r[0]): int(r[1] or 0) for r in c.execute(
+                        "SELECT id, tokens FROM summaries WHERE id = ANY(%s)", (s,)).fetchall()}}
 
         return dict(self._read(run))
 

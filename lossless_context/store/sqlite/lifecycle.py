@@ -83,10 +83,12 @@ class SQLiteLifecycle:
     def removal_tokens(self, message_ids: Sequence[int], summary_ids: Sequence[int]) -> dict[str, dict[int, int]]:
         c = self.conn()
         out: dict[str, dict[int, int]] = {"messages": {}, "summaries": {}}
-        for table, ids in (("messages", message_ids), ("summaries", summary_ids)):
-            for part in _chunks([int(i) for i in ids]):
-                out[table].update((int(r[0]), int(r[1] or 0)) for r in c.execute(
-                    f"SELECT id, tokens FROM {table} WHERE id IN ({_marks(len(part))})", part))
+        for part in _chunks([int(i) for i in message_ids]):
+            out["messages"].update((int(r[0]), int(r[1] or 0)) for r in c.execute(
+                f"SELECT id, tokens FROM messages WHERE id IN ({_marks(len(part))})", part))
+        for part in _chunks([int(i) for i in summary_ids]):
+            out["summaries"].update((int(r[0]), int(r[1] or 0)) for r in c.execute(
+                f"SELECT id, tokens FROM summaries WHERE id IN ({_marks(len(part))})", part))
         return out
 
     def record_pruned(self, message_ids: Sequence[int], pruned_at: float, reason: str = "retention") -> int:
