@@ -110,6 +110,21 @@ def test_a_pattern_too_slow_for_any_text_is_rejected_and_a_polynomial_one_is_bou
     assert rx.search_many(["q = 2", "none"], 5.0) == ([(0, 3), None], True)  # the process goes on
 
 
+def test_the_matcher_works_in_a_process_with_many_descriptors_open() -> None:
+    """A busy host holds more than 1,024 descriptors (connections, files): the matcher's pipes
+    then get numbers select() cannot watch. Its waits use poll()."""
+    rx_mod.shutdown()  # (the next search starts a matcher whose pipes get high numbers)
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        rx, err = compile_regex(r"retry\s+\d+")
+        assert rx is not None, err
+        assert rx.search_many(["a retry 3", "none"], 5.0) == ([(2, 9), None], True)
+    finally:
+        rx_mod.shutdown()
+        for fd in held:
+            os.close(fd)
+
+
 def _state(pid: int) -> str | None:
     """The process's state letter, None once it is gone (a zombie is reported as "Z")."""
     try:

@@ -28,7 +28,7 @@ import logging
 import os
 import pickle
 import re
-import select
+import select  # poll(): select() cannot watch a descriptor past 1023 (a busy process has them)
 import struct
 import subprocess
 import sys
@@ -281,13 +281,20 @@ class _Matcher:
                 self._lock.release()
 
 
+def _ready(fd: int, event: int, seconds: float) -> bool:
+    """Whether `fd` is ready for `event` (or closed: the read or write then says so) within `seconds`."""
+    p = select.poll()
+    p.register(fd, event)
+    return bool(p.poll(max(1, int(seconds * 1000))))
+
+
 def _write(proc: subprocess.Popen[bytes], data: bytes, deadline: float) -> None:
     assert proc.stdin is not None
     fd = proc.stdin.fileno()
     view = memoryview(data)
     while view:
         left = deadline - time.monotonic()
-        if left <= 0 or not select.select([], [fd], [], left)[1]:
+        if left <= 0 or not _ready(fd, select.POLLOUT, left):
             raise TimeoutError
         try:  # (the pipe is non-blocking: a write takes what fits)
             view = view[os.write(fd, view):]
@@ -301,7 +308,7 @@ def _read(proc: subprocess.Popen[bytes], n: int, deadline: float) -> bytes:
     buf = bytearray()
     while len(buf) < n:
         left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
+        if left <= 0 or not _ready(fd, select.POLLIN, left):
             raise TimeoutError
         got = os.read(fd, n - len(buf))
         if not got:
