@@ -9,6 +9,7 @@ import stat
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -370,30 +371,51 @@ def test_threads_share_one_store(store):
     assert store.get_context("s")[0] == 80
 
 
-def _fork_child(store) -> None:  # pragma: no cover - runs in the child
-    os._exit(0 if store.get_session("s") is not None else 3)
+_FORK_SCRIPT = r"""
+import os, sys, uuid, warnings
+from lossless_context.records import NewMessage
+from lossless_context.store import open_store
+
+def nm(text):
+    return NewMessage(raw={"role": "user", "content": text}, role="user", ident=uuid.uuid4().hex, uid=None,
+                      text=text, tokens=3, created_at=1_700_000_000.0, absorbed=[], large=False, exploration=None)
+
+store = open_store(sys.argv[1])
+store.ensure_session("s")
+store.append_messages("s", [nm("before fork")])
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads running
+    pid = os.fork()
+if pid == 0:
+    try:
+        os._exit(0 if store.get_session("s") is not None else 3)
+    finally:
+        os._exit(4)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+store.append_messages("s", [nm("after fork")])
+assert [m.text for m in store.session_messages("s")] == ["before fork", "after fork"]
+store.close()
+print("ok")
+"""
 
 
-def test_fork_after_use(store):
-    """A forked child opens its own connections; the parent's keep working."""
+def test_fork_after_use(location):
+    """A forked child opens its own connections; the parent's keep working. In a process of
+    its own: forking this test run, whose other tests leave threads of their own stores inside
+    SQLite at any moment, would hand the child a library lock held by a thread it does not
+    have (that is what fork does to any threaded process; our store's own threads are held
+    at the fork by their at-fork hooks: index.py, merge.py)."""
     if not hasattr(os, "fork"):
         pytest.skip("no fork")
-    store.ensure_session("s")
-    store.append_messages("s", [nm("before fork")])
-    import warnings
+    import subprocess
+    import sys
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads running
-        pid = os.fork()
-    if pid == 0:
-        try:
-            _fork_child(store)
-        finally:
-            os._exit(4)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-    store.append_messages("s", [nm("after fork")])
-    assert [m.text for m in store.session_messages("s")] == ["before fork", "after fork"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
+                                                                   os.environ.get("PYTHONPATH", "")]))}
+    r = subprocess.run([sys.executable, "-c", _FORK_SCRIPT, location], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr[-2000:])
 
 
 # -- context -----------------------------------------------------------------------------------------
