@@ -662,7 +662,8 @@ def test_tool_arguments_nested_past_the_parser_do_not_break_a_pass(tmp_path):
     check_stored(e, msgs[1:])
     # the same text as a tool's own arguments is refused as bad JSON, not a broken tool
     data = tool_answer(e.handle_tool_call("lcm_grep", nested))
-    assert "not valid JSON" in data["error"]
+    # (3.11's parser gives up at this depth: bad JSON; 3.13's reads it: an object with no query)
+    assert "not valid JSON" in data["error"] or "query is required" in data["error"], data
 
 
 def test_ids_past_any_row_are_unknown_ids(populated):

@@ -22,13 +22,16 @@ from lossless_context import LCMEngine
 from lossless_context.config import LCMConfig
 from lossless_context.store import open_store
 from lossless_context.store.sqlite.readonly import ReadOnlySQLiteStore
+from tests.support.nobody import why_not_as_nobody
 
 ROOT = Path(__file__).resolve().parents[1]
 CANARY = "READONLY-CANARY-5150"
 SETPRIV = shutil.which("setpriv")
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or SETPRIV is None,
-                                reason="needs root to make a store another user can only read (setpriv)")
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0 or SETPRIV is None,
+                                 reason="needs root to make a store another user can only read (setpriv)"),
+              pytest.mark.skipif(os.geteuid() == 0 and SETPRIV is not None and why_not_as_nobody() is not None,
+                                 reason=str(why_not_as_nobody() if os.geteuid() == 0 and SETPRIV else ""))]
 
 
 @pytest.fixture()
