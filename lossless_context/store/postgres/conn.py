@@ -101,7 +101,7 @@ def _check_if_idle(conn: Any, seconds: float = CHECK_TIMEOUT) -> None:
     The round trip itself is bounded (a frozen server never answers it): past `seconds`
     the connection is cut, the check fails, and the pool tries another until its timeout."""
     last = _returned.get(conn)
-    if last is None or time.monotonic() - last > IDLE_CHECK_SECONDS:
+    if last is None or time.monotonic() - last >= IDLE_CHECK_SECONDS:  # (>=: 0 checks every checkout)
         with watch(conn, seconds):
             ConnectionPool.check_connection(conn)
 
