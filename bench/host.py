@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from lossless_context.contract.host import rough_estimator
+from lossless_context.hostapi import rough_estimator
 from lossless_context.demo.host_driver import PassRecord, R19Host
 
 __all__ = ["HostDriver", "PassRecord", "estimate"]

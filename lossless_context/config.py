@@ -21,7 +21,7 @@ SUMMARIZERS = ("auto", "host", "openai", "extractive")
 
 def hermes_home() -> Path:
     """The host's HERMES_HOME, resolved lazily (profiles included when the host is installed)."""
-    from .contract.host import hermes_home as hosts_home
+    from .hostapi import hermes_home as hosts_home
 
     home = hosts_home()
     if home is not None:

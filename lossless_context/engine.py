@@ -21,7 +21,7 @@ from .pipeline import forget
 from .ops import retention
 from .store import owners
 from .contract.base import base_class
-from .contract.host import has_llm
+from .hostapi import has_llm
 from .pipeline.assemble import Slot
 from .pipeline.background import (BackgroundWorker, SessionGrowth, UpgradeQueue, counting, leftover_outlines,
                                   presummarize, upgrade_nodes)

@@ -484,7 +484,7 @@ def test_a_review_forks_passes_leave_no_staged_work(tmp_path, ending):
 
 def _rough(messages) -> int:
     """The host's own rough estimate when it is installed (it measures a pass's cut with it)."""
-    from lossless_context.contract.host import rough_estimator
+    from lossless_context.hostapi import rough_estimator
 
     est = rough_estimator()
     return est[0](messages) if est is not None else estimate_messages_tokens(messages)

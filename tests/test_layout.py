@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "lossless_context"
-HOST_MODULE = "lossless_context.contract.host"  # the one module that imports Hermes
+HOST_MODULE = "lossless_context.hostapi"  # the one module that imports Hermes (the lowest layer)
 # (module, name, attribute): private names used on something other than self/cls, and why that is fine
 PRIVATE_OK = {
     ("lossless_context.engine", "engine", "_config"): "another LCMEngine, inside LCMEngine's own module",
@@ -155,25 +155,21 @@ def test_the_contracts_cover_the_package():
     mods = {module_name(PKG, p) for p in PKG.rglob("*.py")}
     top = {".".join(m.split(".")[:2]) for m in mods} - {"lossless_context"}
     c = contracts()
-    # every module but host.py is a source of the host rule (a new module must be listed there)
+    # every module but hostapi.py is a source of the host rule (a new module must be listed there)
     host_sources = c["host-imports"]["source_modules"]
-    assert sorted(m for m in mods - {"lossless_context", "lossless_context.contract", HOST_MODULE}
+    assert sorted(m for m in mods - {"lossless_context", HOST_MODULE}
                   if not any(_within(m, s) for s in host_sources)) == []
-    # the two packages no contract can list without their children (the root, contract/) keep
-    # to relative imports of their own modules
-    for init in (PKG / "__init__.py", PKG / "contract" / "__init__.py"):
-        tree = ast.parse(init.read_text(encoding="utf-8"))
-        assert [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Import)
-                or (isinstance(n, ast.ImportFrom) and not n.level and n.module != "__future__")] == [], init
+    # the package root, which no contract can list without its children, keeps to relative
+    # imports of its own modules
+    tree = ast.parse((PKG / "__init__.py").read_text(encoding="utf-8"))
+    assert [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Import)
+            or (isinstance(n, ast.ImportFrom) and not n.level and n.module != "__future__")] == []
     assert not any(_within(HOST_MODULE, s) for s in host_sources)
     # the core (the sources) and the outer parts (the forbidden) together are the whole package
     outer = c["core-never-imports-outer"]
     assert set(outer["source_modules"]) | set(outer["forbidden_modules"]) == top
     assert not set(outer["source_modules"]) & set(outer["forbidden_modules"])
-    # the contract package is laid out module by module in the main layers (host.py at the bottom)
-    listed = {m for g in layer_groups(c["layers"], "lossless_context") for m in g}
-    contract_mods = {m for m in mods if m.startswith("lossless_context.contract.")}
-    assert contract_mods == {m for m in listed if m.startswith("lossless_context.contract.")}
+    # the host adapter is the lowest layer, alone
     assert layer_groups(c["layers"], "lossless_context")[-1] == [HOST_MODULE]
 
 
@@ -204,8 +200,8 @@ def test_the_readme_layout_table_matches_the_package():
     def group(path: str) -> int:
         mod = "lossless_context." + path.removesuffix(".py")
         found = {i for i, g in enumerate(groups) for m in g if _within(m, mod) or _within(mod, m)}
-        assert len(found) == 1 or path == "contract", (path, found)
-        return min(found)  # contract/: the group of its modules above host.py
+        assert len(found) == 1, (path, found)
+        return found.pop()
 
     by_layer: dict[str, set[int]] = {}
     for path, layer in listed.items():
@@ -225,9 +221,9 @@ def test_the_contracts_catch_violations(tmp_path):
             f.write(textwrap.dedent(src))
 
     append("store/guard.py", "\n\ndef _up():\n    from ..engine import LCMEngine  # a store reaching up to the engine\n    return LCMEngine\n")
-    append("pipeline/forks.py", "\n\ndef _host():\n    import run_agent  # the host, outside host.py\n    return run_agent\n")
+    append("pipeline/forks.py", "\n\ndef _host():\n    import run_agent  # the host, outside hostapi.py\n    return run_agent\n")
     append("ops/retention.py", "\n\ndef _outer():\n    from .. import cli  # the core importing the CLI\n    return cli\n")
-    append("contract/host.py", "\n\ndef _spec():\n    from . import spec  # host.py reaching up its own package\n    return spec\n")
+    append("hostapi.py", "\n\ndef _spec():\n    from .contract import spec  # the host adapter reaching up\n    return spec\n")
     (pkg / "pipeline" / "loop_a.py").write_text("from . import loop_b\n", encoding="utf-8")
     (pkg / "pipeline" / "loop_b.py").write_text("def f():\n    from . import loop_a  # lazy: still a cycle\n", encoding="utf-8")
     (pkg / "newpart.py").write_text('"""A module given no layer."""\n', encoding="utf-8")
@@ -239,7 +235,7 @@ def test_the_contracts_catch_violations(tmp_path):
     for breach in ("lossless_context.store.guard -> lossless_context.engine",
                    "lossless_context.pipeline.forks -> run_agent",
                    "lossless_context.ops.retention -> lossless_context.cli",
-                   "lossless_context.contract.host -> lossless_context.contract.spec",
+                   "lossless_context.hostapi -> lossless_context.contract.spec",
                    ".loop_b -> .loop_a", "newpart"):
         assert breach in out, (breach, out)
 

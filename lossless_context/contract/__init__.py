@@ -10,8 +10,10 @@
                  `pipeline/forks.py`), start/end/reset, the commit signal;
 * `passbudget` — how much of the host's figure a pass may spend (its overhead, its silence budget);
 * `units`      — the host's token figures in the provider's units (a mixin of LCMEngine);
-* `notices`    — one line in the chat when storing stops, and one when it resumes (a mixin);
-* `host`       — every Hermes symbol the core uses, imported here and only here.
+* `notices`    — one line in the chat when storing stops, and one when it resumes (a mixin).
+
+What the engine uses *of* the host is not here: `lossless_context/hostapi.py`, the lowest layer,
+imports every Hermes symbol the core uses.
 
 Nothing here is imported by the pipeline, the stores or the summarisers: the contract sits on
 top of them (LCMEngine in `engine.py` mixes these in).

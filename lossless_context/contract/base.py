@@ -81,6 +81,6 @@ class ContextEngine(ABC):
 def base_class() -> type:
     """The host's ContextEngine when Hermes is installed (so the host's isinstance checks hold),
     else the stand-in above with the same contract."""
-    from .host import context_engine_class
+    from ..hostapi import context_engine_class
 
     return context_engine_class() or ContextEngine

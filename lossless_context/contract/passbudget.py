@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import HostCompression
-from .host import compression_timeouts
+from ..hostapi import compression_timeouts
 
 SAFETY = 0.5  # share of a host budget a pass plans to use
 # A hygiene pass is huge (5,000 messages): its deterministic rest can itself take seconds.

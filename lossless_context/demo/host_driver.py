@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ..contract.host import rough_estimator
+from ..hostapi import rough_estimator
 from ..pipeline.validate import pairing_problems, pending_calls
 from ..tokens import estimate_message_tokens, estimate_text_tokens
 

@@ -60,7 +60,7 @@ class HermesImportError(RuntimeError):
 
 
 def _sanitize_context(text: str) -> str:
-    from ..contract.host import memory_sanitizer
+    from ..hostapi import memory_sanitizer
 
     sanitize = memory_sanitizer()
     try:

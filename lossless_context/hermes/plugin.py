@@ -210,7 +210,7 @@ def _install_pricer() -> None:
     """Prices from Hermes' own pricing metadata (agent/usage_pricing.py), when it has them.
     No endpoint is asked: only the host's built-in price tables are used."""
     from ..summarizers.costs import set_pricer
-    from ..contract.host import usage_pricer
+    from ..hostapi import usage_pricer
 
     price = usage_pricer()
     if price is not None:

@@ -548,7 +548,7 @@ def redact_builtin(text: str) -> str:
 @functools.lru_cache(maxsize=1)
 def _host_redactor() -> Callable[[str], str] | None:
     """Import the host redactor once; None if it is absent or unusable."""
-    from ..contract.host import secret_redactor
+    from ..hostapi import secret_redactor
 
     redact_sensitive_text = secret_redactor()
     if redact_sensitive_text is None:

@@ -304,7 +304,7 @@ class HostSummarizer(ModelSummarizer):
                   timeout: float | None = None) -> str | None:
         # Called on the pass's own thread: a newer host's progress hook (thread-local)
         # sees the streamed reply, so a slow but talking model is not cut off.
-        from ..contract.host import llm_call
+        from ..hostapi import llm_call
 
         try:
             call_llm = llm_call()

@@ -1,10 +1,11 @@
-"""The host side of the contract: every Hermes symbol the core uses, imported here and only here.
+"""The host adapter: every Hermes symbol the core uses, imported here and only here.
 
 The engine runs inside Hermes Agent but must import without it (tests of the core, the `lcm`
 command, other hosts). So no core module imports `agent.*` or `hermes_*` itself; each asks this
 module, which imports the host lazily and answers None when the host (or that part of it) is
 not installed. No other module imports the host: an import-linter contract in pyproject.toml
-(`lint-imports`) checks it.
+(`lint-imports`) checks it. It imports nothing of the package, so it is the lowest layer: the
+kernel (config.py), the summarisers and the contract all may use it.
 
 What the engine *offers* the host — every method the host calls and every attribute it reads —
 is declared in `contract/spec.py` and implemented in `contract/base.py` (the 0.19.0 base class),
