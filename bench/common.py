@@ -238,9 +238,15 @@ def make_engine(store: str, *, context_length: int, summarizer: str = "extractiv
 
 def settle_indexes(store: Any) -> None:
     """Wait for a store's index upkeep: its deferred full-text indexing and SQLite's merging of
-    index segments (store/sqlite/merge.py, after a quiet moment), so that timed searches
-    neither share the cores with it nor read segments it is about to merge."""
+    index segments (store/sqlite/merge.py, after a quiet moment), and PostgreSQL's identifier
+    lexemes for rows stored before migration 033 (until every row has them a search keeps an
+    identifier a phrase and rechecks each candidate: a store upgraded in place would time the
+    upgrade's transition, not the search), so that timed searches neither share the cores with
+    it nor read segments it is about to merge."""
     store.wait_indexed()
+    backfill = getattr(getattr(store, "inner", store), "backfill_identifiers", None)
+    if backfill is not None:
+        backfill()
     merger = getattr(getattr(store, "inner", store), "merger", None)
     if merger is not None:
         merger.settle()
