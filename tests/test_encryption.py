@@ -350,3 +350,76 @@ def test_a_copy_that_differs_is_never_swapped_in(env, tmp_path, monkeypatch):
         convert.convert(loc, None, KEY.encode())
     assert Path(loc).read_bytes()[:16] == before[:16] == cipher.SQLITE_MAGIC
     assert not [p for p in tmp_path.iterdir() if ".lcm-convert" in p.name]
+
+
+def _opens_with(location: str, passphrase: str) -> list[str]:
+    """Which page HMACs open the file, tried with the binding itself (not through the store)."""
+    key = cipher.StoreKey.for_file(location, passphrase.encode())
+    found = []
+    for algorithm in ("HMAC_SHA1", "HMAC_SHA256", "HMAC_SHA512"):
+        c = cipher.driver().connect(location)
+        try:
+            c.execute("PRAGMA cipher_log_level = NONE")
+            c.execute(f"PRAGMA key = {key.pragma()}")
+            c.execute(f"PRAGMA cipher_page_size = {cipher.CIPHER_PAGE_SIZE}")
+            c.execute(f"PRAGMA cipher_hmac_algorithm = {algorithm}")
+            c.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+            found.append(algorithm)
+        except Exception:
+            pass
+        finally:
+            c.close()
+    return found
+
+
+def _as_sha512(location: str, passphrase: str) -> None:
+    """Rewrite an encrypted store as SQLCipher 4's default page format (HMAC-SHA512), the form
+    stores encrypted before HMAC-SHA256 have: same key, same salt, same rows."""
+    key = cipher.StoreKey.for_file(location, passphrase.encode())
+    old = location + ".sha512"
+    src = cipher.connect(location, key)
+    try:
+        src.execute(f"ATTACH DATABASE ? AS old KEY {key.pragma()}", (old,))
+        src.execute(f"PRAGMA old.cipher_page_size = {cipher.CIPHER_PAGE_SIZE}")
+        src.execute("PRAGMA old.cipher_hmac_algorithm = HMAC_SHA512")
+        src.execute("SELECT sqlcipher_export('old')").fetchall()
+        src.execute(f"PRAGMA old.user_version = {int(src.execute('PRAGMA main.user_version').fetchone()[0])}")
+        src.execute("DETACH DATABASE old")
+    finally:
+        src.close()
+    for suffix in ("-wal", "-shm"):
+        Path(location + suffix).unlink(missing_ok=True)
+    os.replace(old, location)
+
+
+def test_new_files_check_pages_with_sha256_and_older_sha512_files_still_open(env, tmp_path):
+    """Files are made with HMAC-SHA256 pages (half the per-page cost of SQLCipher's default
+    HMAC-SHA512); a file made before opens, searches and takes writes as it is, a wrong key
+    still fails after both formats were tried, and `lcm rekey` rewrites it in the new form."""
+    env.setenv("LCM_ENCRYPTION_KEY", KEY)
+    loc = str(tmp_path / "lcm.db")
+    e = _fill(loc)
+    e.store.wait_indexed()
+    e.store.close()
+    assert _opens_with(loc, KEY) == ["HMAC_SHA256"]
+
+    _as_sha512(loc, KEY)
+    assert _opens_with(loc, KEY) == ["HMAC_SHA512"]
+    e2 = _engine(loc)
+    e2.bind_session_state(None, "s1")
+    assert CANARY in json.dumps(json.loads(e2.handle_tool_call("lcm_expand", {"id": _grep(e2, CANARY)[0]})))
+    e2.on_session_end("s1", [{"role": "user", "content": "a new turn NEWWORD-8812 after the upgrade"}])
+    e2.store.wait_indexed()
+    assert _grep(e2, "NEWWORD-8812")
+    e2.store.close()
+    assert _opens_with(loc, KEY) == ["HMAC_SHA512"]  # (kept in its format: no silent rewrite)
+
+    home = tmp_path / "h"
+    home.mkdir()
+    assert "does not open it" in one_line_failure(run_lcm("--store", loc, "status", home=home,
+                                                          env_extra={"LCM_ENCRYPTION_KEY": "a wrong key"}))
+    ok(run_lcm("--store", loc, "rekey", "--yes", home=home,
+               env_extra={"LCM_ENCRYPTION_KEY": KEY, "LCM_NEW_ENCRYPTION_KEY": "k2"}))
+    assert _opens_with(loc, "k2") == ["HMAC_SHA256"]
+    out = ok(run_lcm("--store", loc, "grep", "NEWWORD-8812", home=home, env_extra={"LCM_ENCRYPTION_KEY": "k2"}))
+    assert "NEWWORD-8812" in out.stdout
