@@ -268,7 +268,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
 def _semantic(store: str, chats: Sequence[Chat], context_length: int) -> dict[str, Any]:
     """The same store with the optional semantic arm on (the `semantic` extra): its vectors
     embedded first (timed: what the background thread costs per message), then asked."""
-    from lossless_context.search.semantic import SemanticUnavailable
+    from lossless_context.retrieval.semantic import SemanticUnavailable
 
     eng = common.make_engine(store, context_length=context_length, semantic=True)
     try:

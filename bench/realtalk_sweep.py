@@ -28,7 +28,7 @@ def sweep(data: str, store: str, half: str, context: int, variants: list[dict[st
     """R@k tables (for ``half``) of each variant, in order; constants are restored afterwards.
     With ``semantic`` the engine's semantic arm is on (its vectors are embedded into the store
     first) and ``semantic``'s constants (WEIGHT, POOL, RRF_K0) can be varied too."""
-    from lossless_context.search import ranking, semantic as sem, textsearch
+    from lossless_context.retrieval import ranking, semantic as sem, textsearch
 
     chats = realtalk.load(data)
     if not os.path.exists(store):

@@ -31,7 +31,7 @@ from . import common
 @contextlib.contextmanager
 def previous_ranking() -> Iterator[None]:
     """The lcm_grep ranking before context ranking and originals-first (for the same-run baseline)."""
-    from lossless_context.search import originals, ranking
+    from lossless_context.retrieval import originals, ranking
 
     saved = ranking.wants_context, originals.fold
     ranking.wants_context = lambda plan: False  # type: ignore[assignment]

@@ -50,7 +50,7 @@ CJK_UNIQUE = "青龙七号暗号"
 CJK_COMMON = "数据库迁移计划"
 TEXT_QUERY = "what did we decide about the retry limit for flaky webhook retries"
 # An identifier most histories here hold many times (a column of the generated tool outputs, in
-# ~2.7% of messages): its summary hits are folded into their originals (search/originals.py)
+# ~2.7% of messages): its summary hits are folded into their originals (retrieval/originals.py)
 COMMON_IDENT = "reconcile_day"
 SYSTEM = "You are Hermes, an AI agent that helps with software work and everyday questions."
 

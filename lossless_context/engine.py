@@ -45,7 +45,7 @@ from .store import Store, open_store
 from .summarizers.costs import SpendLedger
 from .pipeline.stubs import stub_policy
 from .pipeline.stub_prep import pass_running, prepare_new
-from .search.semantic import SemanticArm, SemanticUnavailable, load_embedder
+from .retrieval.semantic import SemanticArm, SemanticUnavailable, load_embedder
 from .store.guard import GuardedStore, StoreUnavailable, trim_without_store
 from .summarizers.summarize import Escalator, HostSummarizer, ModelSummarizer, OpenAISummarizer, guard_for, safe_call
 from .tokens import estimate_messages_tokens
@@ -167,7 +167,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
         return float(fn(thread_id)) if callable(fn) else 0.0
 
     def semantic_arm(self) -> SemanticArm | None:
-        """The semantic arm of lcm_grep (search/semantic.py) when ``semantic`` is on and its
+        """The semantic arm of lcm_grep (retrieval/semantic.py) when ``semantic`` is on and its
         model loads, else None. One per store location and process, shared by every copy of
         the engine; it embeds new messages in its own thread, and stops when the store closes."""
         if not self.config.semantic:

@@ -25,7 +25,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 from .messages import flatten_content, media_shown, safe_json
 from .pipeline import forks
 from .ops.retention import removed_note
-from .search import textsearch
+from .retrieval import grep as retrieval
 from .search.query import plan_query, score_hit, snippet
 from .search.regex import SCAN_SECONDS, compile_regex
 from .tokens import estimate_text_tokens
@@ -435,21 +435,8 @@ class _Ctx:
         if role:
             targets = [t for t in targets if t == "messages"]
         filters: dict[str, Any] = dict(role=role, since=since, until=until, under_summary=under)
-        if mode == "text":
-            page, more = textsearch.ranked_page(self.store, self.scope, plan, targets, offset=offset,
-                                                limit=limit, semantic=self.source.semantic, **filters)
-        else:
-            cands: list[dict[str, Any]] = []
-            want = min(500, offset + limit + 1)
-            for t in targets:
-                rows = self.store.search(t, self.scope, plan, mode="regex", regex=regex, limit=want,
-                                         offset=0, **filters)
-                for r in rows:
-                    r["kind"] = "m" if t == "messages" else "s"
-                cands.extend(rows)
-            cands.sort(key=lambda r: (-(r.get("created_at") or 0), r["kind"], -r["id"]))
-            page = cands[offset: offset + limit]
-            more = len(cands) > offset + limit
+        page, more = retrieval.page(self.store, self.scope, plan, targets, offset=offset, limit=limit,
+                                    regex=regex, semantic=self.source.semantic, **filters)
         # the page's retractions, messages and chains in one store call (one round trip on
         # PostgreSQL); a retracted message's details are read and dropped with it
         hidden, msgs, covering, parents = self.store.hit_details(

@@ -12,7 +12,7 @@ import pytest
 
 from lossless_context import LCMEngine
 from lossless_context.config import LCMConfig
-from lossless_context.search.ranking import named_days
+from lossless_context.retrieval.ranking import named_days
 from lossless_context.records import NewMessage, NewSummary
 
 T0 = 1_704_585_600.0  # 2024-01-07 00:00 UTC

@@ -20,7 +20,7 @@ import pytest
 
 from lossless_context import LCMEngine
 from lossless_context.config import LCMConfig
-from lossless_context.search import semantic
+from lossless_context.retrieval import semantic
 
 ANSWER = "Honestly I'm majoring in economics at Stanford, second year now."
 QUESTION = "Which university does Kevin attend?"

@@ -1,4 +1,4 @@
-"""lcm_grep's text search strategy (lossless_context/search/textsearch.py) on both backends.
+"""lcm_grep's text search strategy (lossless_context/retrieval/textsearch.py) on both backends.
 
 The strategy only changes behaviour once terms are common, which at full scale means
 hundreds of thousands of matches. Here the rarity budget is lowered so a few dozen matches
@@ -11,7 +11,7 @@ import json
 import pytest
 
 from lossless_context import LCMEngine
-from lossless_context.search import textsearch
+from lossless_context.retrieval import textsearch
 from lossless_context.config import LCMConfig
 from tests.support.pg import module_store_location
 

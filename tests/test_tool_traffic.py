@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from lossless_context.search.traffic import is_answer, is_call
+from lossless_context.retrieval.traffic import is_answer, is_call
 from lossless_context.tokens import estimate_messages_tokens
 from tests import test_branch_undo_forget as undo
 from tests.test_branch_undo_forget import _engine, _turns

@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from .. import __version__
 from ..config import LCMConfig
-from ..search.semantic import SemanticArm, SemanticUnavailable, load_embedder
+from ..retrieval.semantic import SemanticArm, SemanticUnavailable, load_embedder
 from ..store import open_store
 from ..store.guard import GuardedStore, StoreUnavailable, mask_location
 from ..tools import READ_ONLY_SCHEMAS, ToolSource, dispatch_scoped

@@ -23,7 +23,7 @@
                      being stored again when a live host hands it over), `resummarize`.
 
 (Which engine staged a pass is `store/owners.py`; the exact originals behind a hit,
-`search/originals.py`.)
+`retrieval/originals.py`.)
 
 Modules here use the stores through `store.base.Store` and summarisers through
 `summarizers.summarize`; they never import the contract, the CLI, the adapter or the demo.

@@ -1,6 +1,7 @@
 """Durable stores for the lossless history: SQLite (embedded default) and PostgreSQL.
 
 * `base`      — the `Store` interface both backends implement, and its shared helpers;
+* `search_api` — the part of that interface a grep reads (`retrieval/` above the store);
 * `sqlite/`, `postgres/` — the two backends (each folder's docstring lists its modules);
 * `rows`      — message and summary rows as both stores read them (columns, records);
 * `guard`     — the store circuit breaker, and the session's way on without its store;

@@ -13,6 +13,8 @@ import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ..records import ContextEntry, MessageRecord, NewMessage, NewSummary, StagedPass, SummaryRecord
+from ..search.query import QueryPlan
+from ..search.regex import BoundedRegex
 
 
 class StoreError(RuntimeError):
@@ -312,7 +314,7 @@ class Store(abc.ABC):
         covering, parents = self.summary_chains(mids, summary_ids)
         return hidden, msgs, covering, parents
 
-    # -- message vectors (the optional semantic arm: search/semantic.py) ----------------------
+    # -- message vectors (the optional semantic arm: retrieval/semantic.py) -------------------
     @abc.abstractmethod
     def put_vectors(self, model: str, rows: Sequence[tuple[int, bytes]]) -> int:
         """Keep each message's vector from ``model`` (raw bytes; the arm decides the format).
@@ -356,16 +358,16 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def count_presummaries(self, session_id: str | None = None) -> int: ...
 
-    # -- search ---------------------------------------------------------------
+    # -- search (what a grep reads: store/search_api.py) --------------------------
     @abc.abstractmethod
     def search(
         self,
         target: str,
         session_ids: Sequence[str] | None,
-        plan: Any,
+        plan: QueryPlan,
         *,
         mode: str = "fts",  # fts | substring | regex
-        regex: Any = None,
+        regex: BoundedRegex | None = None,
         role: str | None = None,
         since: float | None = None,
         until: float | None = None,
@@ -377,7 +379,7 @@ class Store(abc.ABC):
         """Rows with id, session_id, role (messages), created_at, text, rank."""
 
     @abc.abstractmethod
-    def term_counts(self, target: str, plans: Sequence[Any], cap: int, newest: int | None = None) -> list[int]:
+    def term_counts(self, target: str, plans: Sequence[QueryPlan], cap: int, newest: int | None = None) -> list[int]:
         """How many rows of ``target`` (whole store, any session; only the ``newest`` rows by id
         when given) match each plan's full-text query (as :meth:`search` reads it), counted up
         to ``cap + 1``: the cost and rarity estimates of a ranked search."""
@@ -393,7 +395,7 @@ class Store(abc.ABC):
             out.append(self.search(target, kw.pop("session_ids", None), kw.pop("plan"), mode="substring", **kw))
         return out
 
-    def search_under_summaries(self, session_ids: Sequence[str] | None, asks: Sequence[tuple[int, Any]], *,
+    def search_under_summaries(self, session_ids: Sequence[str] | None, asks: Sequence[tuple[int, QueryPlan]], *,
                                role: str | None = None, since: float | None = None, until: float | None = None,
                                limit: int = 10) -> list[list[dict[str, Any]]]:
         """The newest messages under each summary that match its plan (a :meth:`search` of
@@ -403,12 +405,12 @@ class Store(abc.ABC):
         return [self.search("messages", session_ids, plan, mode="fts", order="recent", role=role, since=since,
                             until=until, under_summary=sid, limit=limit, offset=0) for sid, plan in asks]
 
-    def term_counts_many(self, asks: Sequence[tuple[str, Sequence[Any]]], cap: int) -> list[list[int]]:
+    def term_counts_many(self, asks: Sequence[tuple[str, Sequence[QueryPlan]]], cap: int) -> list[list[int]]:
         """:meth:`term_counts` of several (target, plans) at once, in order. This default asks
         one target at a time; a store with costly round trips asks them together."""
         return [self.term_counts(target, plans, cap) for target, plans in asks]
 
-    def any_match(self, target: str, plans: Sequence[Any], seconds: float) -> list[bool | None]:
+    def any_match(self, target: str, plans: Sequence[QueryPlan], seconds: float) -> list[bool | None]:
         """Whether each plan's full-text query matches at least one row of ``target`` (whole
         store), tested in the given order until ``seconds`` have passed; None for the plans
         left untested. By default one capped count per plan; a store may answer all at once."""

@@ -617,7 +617,7 @@ MIGRATIONS: list[tuple[str, str]] = [
         """,
     ),
     (
-        # Message vectors of the optional semantic arm (search/semantic.py), as in SQLite's
+        # Message vectors of the optional semantic arm (retrieval/semantic.py), as in SQLite's
         # 014: derived data, one row per message and model, `seq` the order they were kept in.
         "019_message_vectors",
         """

@@ -1,4 +1,4 @@
-"""PostgreSQL: message vectors of the optional semantic arm (migration 019; search/semantic.py).
+"""PostgreSQL: message vectors of the optional semantic arm (migration 019; retrieval/semantic.py).
 Mixed into PostgresStore (its `_read` and `_write`)."""
 
 from __future__ import annotations

@@ -311,7 +311,7 @@ MIGRATIONS: list[tuple[str, str]] = [
         """,
     ),
     (
-        # Message vectors of the optional semantic arm (search/semantic.py): derived data,
+        # Message vectors of the optional semantic arm (retrieval/semantic.py): derived data,
         # one row per message and model; `seq` is the order they were kept in (a search's
         # in-memory copy reads only what is newer), `session_id` lets a lineage read its own.
         "014_message_vectors",

@@ -1,4 +1,4 @@
-"""SQLite: message vectors of the optional semantic arm (migration 014; search/semantic.py).
+"""SQLite: message vectors of the optional semantic arm (migration 014; retrieval/semantic.py).
 Mixed into SQLiteStore (its `tx()` and `conn()`)."""
 
 from __future__ import annotations

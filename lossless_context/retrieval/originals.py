@@ -16,10 +16,11 @@ Backend-neutral: one ``Store.search_under_summaries`` for the summary hits looke
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from . import traffic
-from .query import QueryPlan
+from ..search.query import QueryPlan
+from ..store.search_api import SearchAPI
 
 MAX_FOLDS = 30  # summary hits a search checks for originals (bounds the extra queries)
 PER_SUMMARY = 3  # originals that take a folded summary's slot
@@ -29,7 +30,7 @@ def _flat(s: str) -> str:
     return " ".join(s.split()).casefold()
 
 
-def fold(store: Any, scope: Any, plan: QueryPlan, ordered: list[dict[str, Any]], *,
+def fold(store: SearchAPI, scope: Sequence[str] | None, plan: QueryPlan, ordered: list[dict[str, Any]], *,
          role: str | None = None, since: float | None = None, until: float | None = None,
          under_summary: int | None = None) -> list[dict[str, Any]]:
     """``ordered`` (ranked rows of kind "m"/"s") with summaries folded into their originals."""

@@ -27,6 +27,8 @@ import json
 import re
 from typing import Any, Sequence
 
+from ..store.search_api import SearchAPI
+
 TOOLS = ("lcm_grep", "lcm_describe", "lcm_expand", "lcm_expand_query")
 _CALL = re.compile(r"^→ ([A-Za-z0-9_.-]+)\(", re.M)
 _NODE_ID = re.compile(r"[ms]\d+")
@@ -74,7 +76,7 @@ def _holds_all(text: str, items: Sequence[str], source: str) -> bool:
     return bool(found) and all(i in src for i in found)
 
 
-def mark(store: Any, rows: list[dict[str, Any]], items: Sequence[str], top: int | None = None) -> None:
+def mark(store: SearchAPI, rows: list[dict[str, Any]], items: Sequence[str], top: int | None = None) -> None:
     """Flag the message rows among ``rows`` that are the engine's own traffic (see the module
     doc); ``items``: the query's items (what a hit matched). The neighbours (one store read)
     are looked at for the ``top`` best-scored questions and replies only: what can reach the

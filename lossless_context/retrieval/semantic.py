@@ -34,6 +34,7 @@ from collections import OrderedDict
 from typing import Any, Callable, Protocol, Sequence
 
 from . import ranking
+from ..store.search_api import SearchAPI
 
 log = logging.getLogger("lossless_context.semantic")
 
@@ -99,7 +100,7 @@ class SemanticArm:
     """The vectors of one store location: embedding what is new, and the nearest messages to
     a question within a lineage. Thread-safe; one per store location and process."""
 
-    def __init__(self, store: Any, embedder: Embedder) -> None:
+    def __init__(self, store: SearchAPI, embedder: Embedder) -> None:
         import numpy  # noqa: F401  (the model's own dependency: fail here, not mid-search)
 
         self.store = store
@@ -202,7 +203,7 @@ class SemanticArm:
                 self._copies.popitem(last=False)
             return copy
 
-    def fuse(self, store: Any, session_ids: Sequence[str] | None, question: str, rows: list[dict[str, Any]], *,
+    def fuse(self, store: SearchAPI, session_ids: Sequence[str] | None, question: str, rows: list[dict[str, Any]], *,
              role: str | None = None, since: float | None = None, until: float | None = None,
              under_summary: int | None = None) -> list[dict[str, Any]]:
         """``rows`` (message hits ranked by the lexical arm, best first) fused with the nearest
@@ -245,7 +246,7 @@ class _Copy:
         self.mat = np.zeros((0, dim), dtype=np.float32)
         self.lock = threading.Lock()
 
-    def read(self, store: Any, model: str, session_ids: Sequence[str] | None) -> tuple[Any, Any]:
+    def read(self, store: SearchAPI, model: str, session_ids: Sequence[str] | None) -> tuple[Any, Any]:
         import numpy as np
 
         with self.lock:

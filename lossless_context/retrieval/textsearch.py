@@ -24,10 +24,11 @@ which rows are looked at, not how they rank within a block.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 from . import originals, ranking, traffic
-from .query import QueryPlan, score_hit
+from ..search.query import QueryPlan, score_hit
+from ..store.search_api import SearchAPI
 
 BLOCK = 50  # candidates ranked together (see ranked_page)
 MAX_POOL = 500  # candidates a search looks at, per target: the deepest page reachable
@@ -44,7 +45,7 @@ SUMMARY_SAMPLE_ROWS = 2_000
 PAIR_SECONDS = 0.02  # and at most this long: a safety net for terms that never meet
 
 
-def ranked_page(store: Any, scope: Any, plan: QueryPlan, targets: list[str], *, offset: int, limit: int,
+def ranked_page(store: SearchAPI, scope: Sequence[str] | None, plan: QueryPlan, targets: list[str], *, offset: int, limit: int,
                 semantic: Any = None, **filters: Any) -> tuple[list[dict[str, Any]], bool]:
     """One page of ranked hits over ``targets`` ("messages", "summaries"), and whether more follow.
     ``semantic``: the optional semantic arm (``semantic.SemanticArm``), fused into the ranking of
@@ -110,7 +111,7 @@ def ranked_page(store: Any, scope: Any, plan: QueryPlan, targets: list[str], *, 
     return ordered[offset:offset + limit], more
 
 
-def candidates(store: Any, target: str, scope: Any, plan: QueryPlan, *, need: int, want: int,
+def candidates(store: SearchAPI, target: str, scope: Sequence[str] | None, plan: QueryPlan, *, need: int, want: int,
                counts: list[int] | None = None, **filters: Any) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Up to about ``want`` rows of ``target`` per step for ``plan`` (steps stop once ``need``
     rows are found), and the BM25 weight (idf) of each item, for ranking them. ``counts``: the
@@ -161,7 +162,7 @@ def candidates(store: Any, target: str, scope: Any, plan: QueryPlan, *, need: in
     return rows, idf
 
 
-def _idf(store: Any, target: str, plan: QueryPlan, cost: dict[int, int]) -> dict[str, float]:
+def _idf(store: SearchAPI, target: str, plan: QueryPlan, cost: dict[int, int]) -> dict[str, float]:
     """BM25's idf per item. Exact counts for rare items; a common item's count is scaled up
     from its matches among the newest ``SAMPLE_ROWS`` rows (``SUMMARY_SAMPLE_ROWS`` of
     summaries; an index walk of bounded length)."""
@@ -180,7 +181,7 @@ def _idf(store: Any, target: str, plan: QueryPlan, cost: dict[int, int]) -> dict
     return out
 
 
-def _groups(store: Any, target: str, plan: QueryPlan, live: list[int], cost: dict[int, int],
+def _groups(store: SearchAPI, target: str, plan: QueryPlan, live: list[int], cost: dict[int, int],
             idf: dict[str, float]) -> list[list[int]]:
     """The largest groups of terms that pairwise occur together (maximal cliques of the
     co-occurrence graph), most specific first. Pairs are tested rarest first — a capped AND

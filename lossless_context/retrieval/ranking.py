@@ -38,7 +38,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Sequence
 
 from ..messages import speaker_of
-from .query import QueryPlan, plan_query, score_hit
+from ..search.query import QueryPlan, plan_query, score_hit
+from ..store.search_api import SearchAPI
 
 SEEDS = 40  # best candidates whose neighbours are fetched (and whose leaf summary is scored)
 WINDOW = 1  # neighbouring turns on each side that lend a message their score
@@ -92,7 +93,7 @@ def named_days(query: str) -> list[tuple[float, float]]:
     return out[:4]
 
 
-def named_speakers(store: Any, plan: QueryPlan, rows: Sequence[dict[str, Any]]) -> tuple[list[str], QueryPlan | None]:
+def named_speakers(store: SearchAPI, plan: QueryPlan, rows: Sequence[dict[str, Any]]) -> tuple[list[str], QueryPlan | None]:
     """The speakers of ``rows`` (the first ``SPEAKER_POOL``) that the question names by a word
     of their name, and the question's plan without those words (``None`` when nothing is
     named, or when the name is all the question holds). Only words written with a capital
@@ -118,7 +119,7 @@ def named_speakers(store: Any, plan: QueryPlan, rows: Sequence[dict[str, Any]]) 
     return named, (narrowed if narrowed.terms and wants_context(narrowed) else None)
 
 
-def rerank(store: Any, plan: QueryPlan, rows: list[dict[str, Any]], idf: dict[str, float], *,
+def rerank(store: SearchAPI, plan: QueryPlan, rows: list[dict[str, Any]], idf: dict[str, float], *,
            role: str | None = None, since: float | None = None, until: float | None = None,
            under_summary: int | None = None, speakers: Sequence[str] = (),
            more: Callable[[float, float], list[dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
@@ -212,7 +213,7 @@ def message_row(rec: Any, score: float) -> dict[str, Any]:
             "text": rec.text, "rank": 0.0, "score": score, "kind": "m"}
 
 
-def _leaf_scores(store: Any, plan: QueryPlan, idf: dict[str, float], ids: Sequence[int]) -> dict[int, float]:
+def _leaf_scores(store: SearchAPI, plan: QueryPlan, idf: dict[str, float], ids: Sequence[int]) -> dict[int, float]:
     """Message id → the score of the leaf summary covering it (0 when not yet summarised),
     normalised so a summary's length does not outweigh the message's own score."""
     covering = {mid: leaves[0] for mid, leaves in store.message_summaries_many(ids).items() if leaves}
