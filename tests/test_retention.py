@@ -265,17 +265,17 @@ def test_an_interrupted_prune_is_reported_and_finished_by_doctor_repair(tmp_path
     store = open_store(location)
     try:
         plan = retention.plan_prune(store, older_than_days=90)
-        real = store.forget_records
+        real = store.remove_rows
 
-        def crash(sessions, mids, sids, contexts):  # killed once the messages are gone, before the summaries
-            if sids and not mids:
+        def crash(kind, groups, **kw):  # killed once the messages are gone, before the summaries
+            if kind == "summaries":
                 raise KeyboardInterrupt("killed mid-prune")
-            return real(sessions, mids, sids, contexts)
+            return real(kind, groups, **kw)
 
-        monkeypatch.setattr(store, "forget_records", crash)
+        monkeypatch.setattr(store, "remove_rows", crash)
         with pytest.raises(KeyboardInterrupt):
             retention.prune(store, plan, pause=0)
-        monkeypatch.setattr(store, "forget_records", real)
+        monkeypatch.setattr(store, "remove_rows", real)
         assert retention.interrupted(store)
         doc = run_doctor(store)
         assert not doc.ok and "no interrupted prune" in doc.render_text()
@@ -283,6 +283,77 @@ def test_an_interrupted_prune_is_reported_and_finished_by_doctor_repair(tmp_path
         assert fixed.ok, fixed.render_text()
         assert not _interrupted(store) and _sessions(store) == {"mid", "fresh"}
         assert run_doctor(store).ok
+    finally:
+        store.close()
+
+
+class StallingClock:
+    """What a prune's transactions are timed by in the tests below: 0.1 ms a read, and every
+    fifth read 60 ms more — a stall past the deadline (ops/batches.py DEADLINE_SECONDS)
+    wherever it lands: between two groups a transaction stops partway, at its end the next
+    one is smaller. Deterministic; nothing waits."""
+
+    def __init__(self, every: int = 5) -> None:
+        self.now, self.reads, self.every = 0.0, 0, every
+
+    def __call__(self) -> float:
+        self.reads += 1
+        self.now += 0.0001 + (0.06 if self.reads % self.every == 0 else 0.0)
+        return self.now
+
+
+def test_transactions_that_stop_partway_remove_every_lineage_row_once(location, tmp_path, monkeypatch):
+    build_store(location, tmp_path, SPECS)
+    store = open_store(location)
+    try:
+        plan = retention.plan_prune(store, older_than_days=90)
+        gone_m = sorted(m for s in plan.sessions for m in store.session_message_ids(s))
+        gone_s = sorted(x for s in plan.sessions for x in store.session_summary_ids(s))
+        kept = {s: (store.session_message_ids(s), store.session_summary_ids(s)) for s in ("mid", "fresh")}
+        swept: list[tuple[int, int]] = []  # what the last, untimed transaction found left
+        real = store.forget_records
+
+        def forget(sessions, mids, sids, contexts):
+            if sessions:
+                swept.append((len(mids), len(sids)))
+            return real(sessions, mids, sids, contexts)
+
+        monkeypatch.setattr(store, "forget_records", forget)
+        rep = retention.prune(store, plan, pause=0, clock=StallingClock())
+        assert rep.batch_log.stopped >= 3, rep.batch_log.batches  # (the rest led the next transaction)
+        assert swept and set(swept) == {(0, 0)}  # every row went in the timed transactions (one per lineage)
+        assert rep.sessions == 3 and rep.messages == len(gone_m) and rep.summaries == len(gone_s)
+        assert sum(n for n, _u, _s in rep.batch_log.batches) == len(gone_m) + len(gone_s)
+        assert store.get_messages(gone_m) == {} and store.get_summaries(gone_s) == {}
+        assert {s: (store.session_message_ids(s), store.session_summary_ids(s)) for s in kept} == kept
+        assert _grep_all(store, "CANARY-old-a-3") == [] and _grep_all(store, "CANARY-mid-3")
+        doc = run_doctor(store)
+        assert doc.ok, doc.render_text()
+    finally:
+        store.close()
+
+
+def test_originals_removed_by_transactions_that_stop_partway_are_recorded_once(location, tmp_path):
+    build_store(location, tmp_path, SPECS)
+    store = open_store(location)
+    try:
+        plan = retention.plan_prune(store, older_than_days=90, keep_summaries=True)
+        ids = set(store.originals_under_summaries(plan.sessions))
+        expect: dict[int, list[int]] = {}  # summary -> its originals that go
+        for s in plan.sessions:
+            for sid in store.session_summary_ids(s):
+                mine = sorted(ids & set(store.summary_children(sid)[1]))
+                if mine:
+                    expect[sid] = mine
+        rep = retention.prune(store, plan, pause=0, clock=StallingClock())
+        assert rep.batch_log.stopped >= 3, rep.batch_log.batches
+        assert expect and rep.messages == len(ids) and store.get_messages(sorted(ids)) == {}
+        assert store.originals_under_summaries(plan.sessions) == []
+        spans = store.pruned_spans(sorted(expect))
+        got = {k: (v["messages"], v["first_id"], v["last_id"]) for k, v in spans.items()}
+        assert got == {k: (len(v), v[0], v[-1]) for k, v in expect.items()}  # each original counted once
+        doc = run_doctor(store)
+        assert doc.ok, doc.render_text()
     finally:
         store.close()
 

@@ -11,7 +11,15 @@ stays within the budget, at least one (a single huge row goes alone), at most ``
 After a slow transaction the measured rate replaces the estimate at once (the next batch is
 smaller by as much as this one overran); after a fast one the estimate moves half-way down
 (one lucky batch does not double the next). Between two transactions a pause lets other
-writers in. The clock and the pause are injectable (tests drive them without waiting).
+writers in.
+
+A prediction can still be wrong: on shared cores, or when the pages are not in memory, an
+ordinary batch runs three to five times long. So a transaction can stop partway: its rows
+are split into groups of about ``1/GROUPS`` of the budget each, and the store (``fn``, e.g.
+``Store.remove_rows``) reads the clock between two groups and commits as soon as
+``deadline`` seconds have passed since the transaction began; the groups not done lead the
+next transaction. A transaction then holds the lock for about the deadline plus one group.
+The clock and the pause are injectable (tests drive them without waiting).
 """
 
 from __future__ import annotations
@@ -24,14 +32,18 @@ BUDGET_SECONDS = 0.04  # the target length of one removal transaction
 ROW_TOKENS = 400  # a row's fixed deletion work is about what this many tokens of its text cost
 FIRST_UNIT_SECONDS = 0.0005  # the first transaction's guess (measured from then on)
 MAX_ROWS = 2_000  # a transaction's ceiling whatever the measurements say (statement sizes)
+DEADLINE_SECONDS = 0.05  # a transaction commits once this has passed, whatever is left of it
+GROUPS = 8  # a transaction's rows go in groups of about budget / GROUPS each (the stop points)
 
 
 @dataclass
 class BatchLog:
-    """What the transactions did: count, longest, and (rows, units, seconds) of each."""
+    """What the transactions did: count, longest, how many stopped at the deadline, and
+    (rows, units, seconds) of each."""
 
     transactions: int = 0
     longest_s: float = 0.0
+    stopped: int = 0
     batches: list[tuple[int, float, float]] = field(default_factory=list)
 
     def add(self, rows: int, units: float, seconds: float) -> None:
@@ -46,8 +58,9 @@ class TimedBatches:
 
     def __init__(self, *, budget: float = BUDGET_SECONDS, pause: float = 0.05,
                  clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep,
-                 max_rows: int = MAX_ROWS) -> None:
+                 max_rows: int = MAX_ROWS, deadline: float = DEADLINE_SECONDS) -> None:
         self.budget, self.pause, self.clock, self.sleep, self.max_rows = budget, pause, clock, sleep, max_rows
+        self.deadline = deadline
         self.unit_seconds = FIRST_UNIT_SECONDS  # the estimate: seconds one unit of work takes
         self.log = BatchLog()
 
@@ -73,20 +86,49 @@ class TimedBatches:
         else:
             self.unit_seconds = (self.unit_seconds + rate) / 2
 
-    def run(self, ids: Sequence[int], fn: Callable[[list[int]], int], tokens: Mapping[int, int] | None = None) -> int:
-        """``fn(part)`` removes ``part`` in one transaction and returns how many it removed;
-        ``tokens`` weighs each id (missing: the fixed part only). Returns the total removed."""
+    def groups(self, weights: Sequence[float]) -> list[int]:
+        """The sizes of the groups one transaction's rows (their units, in order) go in: each
+        about ``budget / GROUPS`` predicted, at least one row."""
+        allowed = self.budget / GROUPS / max(self.unit_seconds, 1e-9)
+        sizes: list[int] = []
+        n, spent = 0, 0.0
+        for w in weights:
+            if n and spent + w > allowed:
+                sizes.append(n)
+                n, spent = 0, 0.0
+            n, spent = n + 1, spent + w
+        if n:
+            sizes.append(n)
+        return sizes
+
+    def run(self, ids: Sequence[int], fn: Callable[[list[list[int]], float], tuple[int, int]],
+            tokens: Mapping[int, int] | None = None) -> int:
+        """``fn(groups, deadline)`` removes ``groups`` (lists of ids, in order) in one
+        transaction, stopping between two groups once ``deadline`` seconds have passed (the
+        first group always goes), and returns (groups done, rows removed); the rest leads the
+        next transaction. ``tokens`` weighs each id (missing: the fixed part only). Returns
+        the total removed."""
         ids = list(ids)
         weights = [self.units((tokens or {}).get(i, 0)) for i in ids]
         done, i = 0, 0
         while i < len(ids):
             n = self.next_batch(weights[i:i + self.max_rows])
-            part, units = ids[i:i + n], sum(weights[i:i + n])
+            sizes = self.groups(weights[i:i + n])
+            parts, at = [], i
+            for k in sizes:
+                parts.append(ids[at:at + k])
+                at += k
             t0 = self.clock()
-            done += fn(part)
+            taken, removed = fn(parts, self.deadline)
             dt = self.clock() - t0
-            i += n
-            self.log.add(n, units, dt)
+            if not 1 <= taken <= len(parts):  # (the store's contract: the first group always goes)
+                raise RuntimeError(f"a removal transaction did {taken} of {len(parts)} groups")
+            rows = sum(sizes[:taken])
+            units = sum(weights[i:i + rows])
+            done += removed
+            i += rows
+            self.log.add(rows, units, dt)
+            self.log.stopped += taken < len(parts)
             self.observe(units, dt)
             if self.pause and i < len(ids):
                 self.sleep(self.pause)

@@ -16,8 +16,9 @@ context still holds); each summary records how many originals went and when, whi
 
 Plans first (``plan_prune``, also what ``--dry-run`` prints), then removes in small
 transactions (``prune``): each takes rows while their predicted cost fits a time budget
-(ops/batches.py: weighed by their text, the rate measured as it goes), with a pause between,
-so a host's write never waits long behind a prune; then the freed pages go back to
+(ops/batches.py: weighed by their text, the rate measured as it goes) and commits partway
+once a deadline passes (``Store.remove_rows``: the rest leads the next), with a pause
+between, so a host's write never waits long behind a prune; then the freed pages go back to
 the file system (SQLite with incremental auto-vacuum; PostgreSQL leaves it to VACUUM). Every
 prune is logged in the store (an interrupted one is finished by ``lcm doctor --repair``).
 
@@ -252,14 +253,15 @@ class PruneReport:
     def as_dict(self) -> dict[str, Any]:
         return {"plan": self.plan.as_dict(), "sessions": self.sessions, "messages": self.messages,
                 "summaries": self.summaries, "skipped_now_active": self.skipped, "transactions": self.transactions,
-                "longest_transaction_ms": round(self.longest_tx_ms, 1), "bytes_returned": self.bytes_returned,
+                "longest_transaction_ms": round(self.longest_tx_ms, 1),
+                "stopped_at_deadline": self.batch_log.stopped, "bytes_returned": self.bytes_returned,
                 "used_bytes_after": self.used_after, "file_bytes_after": self.file_after,
                 "seconds": round(self.seconds, 2), "run_id": self.run_id}
 
 
-def _batches(rep: PruneReport, pause: float) -> TimedBatches:
+def _batches(rep: PruneReport, pause: float, clock: Callable[[], float] | None = None) -> TimedBatches:
     """The prune's transactions (ops/batches.py), counted in its report as they run."""
-    b = TimedBatches(pause=pause)
+    b = TimedBatches(pause=pause) if clock is None else TimedBatches(pause=pause, clock=clock)
     b.log = rep.batch_log
     return b
 
@@ -278,8 +280,10 @@ def _still_idle(store: Store, g: Lineage, floor: float, live: Callable[[], set[s
 
 
 def prune(store: Store, plan: PrunePlan, *, trigger: str = "cli", pause: float = PAUSE_SECONDS,
-          live: Callable[[], set[str]] | None = None, reclaim_seconds: float = 120.0) -> PruneReport:
-    """Carry out ``plan`` (see the module doc). Runs beside live sessions."""
+          live: Callable[[], set[str]] | None = None, reclaim_seconds: float = 120.0,
+          clock: Callable[[], float] | None = None) -> PruneReport:
+    """Carry out ``plan`` (see the module doc). Runs beside live sessions. ``clock``: what
+    the transactions are timed by (tests inject one)."""
     t0 = time.monotonic()
     rep = PruneReport(plan)
     live_fn = live or (lambda: set())
@@ -290,7 +294,7 @@ def prune(store: Store, plan: PrunePlan, *, trigger: str = "cli", pause: float =
                                                                 "host": socket.gethostname()}, plan.used_bytes)
     _RUNNING.add((store.location, rep.run_id))
     try:
-        _carry_out(store, plan, rep, pause, live_fn, floor)
+        _carry_out(store, plan, rep, _batches(rep, pause, clock), live_fn, floor)
         rep.bytes_returned = store.reclaim_space(reclaim_seconds, pause)
         space = store.space()
         rep.used_after, rep.file_after = int(space["used_bytes"]), int(space["file_bytes"])
@@ -304,9 +308,8 @@ def prune(store: Store, plan: PrunePlan, *, trigger: str = "cli", pause: float =
     return rep
 
 
-def _carry_out(store: Store, plan: PrunePlan, rep: PruneReport, pause: float, live_fn: Callable[[], set[str]],
-               floor: float) -> None:
-    batches = _batches(rep, pause)
+def _carry_out(store: Store, plan: PrunePlan, rep: PruneReport, batches: TimedBatches,
+               live_fn: Callable[[], set[str]], floor: float) -> None:
     todo = list(plan.lineages)
     done: set[str] = set()
     while todo:
@@ -329,8 +332,12 @@ def _carry_out(store: Store, plan: PrunePlan, rep: PruneReport, pause: float, li
 
 
 def _run_originals(store: Store, sessions: Sequence[str], batches: TimedBatches, at: float) -> int:
+    """The originals under summaries that stay: each summary records what went (in the
+    transaction that removes them), then the messages go as `lcm forget` removes them."""
     ids = store.originals_under_summaries(sessions)
-    return batches.run(ids, lambda part: _drop_originals(store, part, at), store.removal_tokens(ids, [])["messages"])
+    return batches.run(ids, lambda groups, seconds: store.remove_rows(
+        "messages", groups, seconds=seconds, clock=batches.clock, pruned_at=at),
+        store.removal_tokens(ids, [])["messages"])
 
 
 def _remove_sessions(store: Store, sessions: Sequence[str], batches: TimedBatches, rep: PruneReport) -> None:
@@ -343,10 +350,12 @@ def _remove_sessions(store: Store, sessions: Sequence[str], batches: TimedBatche
     if fp.contexts:
         store.forget_records([], [], [], fp.contexts)
     tokens = store.removal_tokens(fp.message_ids, fp.summary_ids)
-    rep.messages += batches.run(fp.message_ids, lambda part: store.forget_records([], part, [], {})["messages"],
-                                tokens["messages"])
-    rep.summaries += batches.run(fp.summary_ids, lambda part: store.forget_records([], [], part, {})["summaries"],
-                                 tokens["summaries"])
+
+    def remove(kind: str) -> Callable[[list[list[int]], float], tuple[int, int]]:
+        return lambda groups, seconds: store.remove_rows(kind, groups, seconds=seconds, clock=batches.clock)
+
+    rep.messages += batches.run(fp.message_ids, remove("messages"), tokens["messages"])
+    rep.summaries += batches.run(fp.summary_ids, remove("summaries"), tokens["summaries"])
     # what arrived meanwhile (nothing, unless a session came alive after the last check)
     late_m = [m for t in fp.targets for m in store.session_message_ids(t)]
     late_s = [s for t in fp.targets for s in store.session_summary_ids(t)]
@@ -354,14 +363,6 @@ def _remove_sessions(store: Store, sessions: Sequence[str], batches: TimedBatche
     rep.messages += counts.get("messages", 0)
     rep.summaries += counts.get("summaries", 0)
     rep.sessions += counts.get("sessions", 0)
-
-
-def _drop_originals(store: Store, message_ids: list[int], at: float) -> int:
-    """Originals under summaries that stay: each summary records what went (first: a crash
-    in between leaves a record of originals still there, never a summary without sources),
-    then the messages go as `lcm forget` removes them."""
-    store.record_pruned(message_ids, at)
-    return int(store.forget_records([], message_ids, [], {}).get("messages", 0))
 
 
 def run_policy(store: Store, policy: RetentionPolicy, *, trigger: str = "auto",

@@ -552,6 +552,20 @@ class Store(abc.ABC):
         when and why (:meth:`pruned_spans`). Returns the summaries recorded."""
         raise NotImplementedError
 
+    def remove_rows(self, kind: str, groups: Sequence[Sequence[int]], *, seconds: float,
+                    clock: Callable[[], float] = time.perf_counter, pruned_at: float | None = None,
+                    reason: str = "retention") -> tuple[int, int]:
+        """A prune's transaction that can stop partway (ops/batches.py): in ONE transaction,
+        remove these ``kind`` rows (``"messages"`` or ``"summaries"``) group after group, each
+        as :meth:`forget_records` removes them, and commit as soon as ``seconds`` have passed
+        since the transaction began — the clock is read between two groups, the first group
+        always goes — so a batch that runs long on a busy machine holds the write lock for
+        about ``seconds`` plus one group. With ``pruned_at`` (messages only), each group's
+        messages are first recorded under the summaries that keep them (:meth:`record_pruned`)
+        in the same transaction. Returns (groups done, rows removed): the groups not done are
+        the caller's to remove in its next transaction."""
+        raise NotImplementedError
+
     def pruned_spans(self, summary_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
         """summary id → {messages, tokens, first_id, last_id, pruned_at, reason} for those whose
         originals a prune removed."""

@@ -27,6 +27,7 @@ class PostgresLifecycle:
     location: str
     _read: Callable[..., Any]
     _write: Callable[..., Any]
+    _forget_in: Callable[..., dict[str, int]]  # (store/postgres/records.py)
 
     def session_activity(self) -> list[dict[str, Any]]:
         def run(c: Any) -> list[dict[str, Any]]:
@@ -73,7 +74,11 @@ class PostgresLifecycle:
         m = sorted({int(i) for i in message_ids})
         if not m:
             return 0
-        return int(self._write(lambda c: c.execute(
+        return int(self._write(lambda c: self._record_pruned_in(c, m, pruned_at, reason)))
+
+    @staticmethod
+    def _record_pruned_in(c: Any, m: Sequence[int], pruned_at: float, reason: str) -> int:
+        return int(c.execute(
             "INSERT INTO pruned_spans(summary_id, session_id, messages, tokens, first_id, last_id, pruned_at,"
             " reason) SELECT sm.summary_id, MIN(s.session_id), COUNT(*), COALESCE(SUM(x.tokens), 0),"
             " MIN(x.id), MAX(x.id), %s, %s FROM summary_messages sm JOIN summaries s ON s.id = sm.summary_id"
@@ -82,7 +87,31 @@ class PostgresLifecycle:
             " tokens = pruned_spans.tokens + excluded.tokens,"
             " first_id = LEAST(pruned_spans.first_id, excluded.first_id),"
             " last_id = GREATEST(pruned_spans.last_id, excluded.last_id), pruned_at = excluded.pruned_at",
-            (float(pruned_at), reason, m)).rowcount))
+            (float(pruned_at), reason, list(m))).rowcount)
+
+    def remove_rows(self, kind: str, groups: Sequence[Sequence[int]], *, seconds: float,
+                    clock: Callable[[], float] = time.perf_counter, pruned_at: float | None = None,
+                    reason: str = "retention") -> tuple[int, int]:
+        if kind not in ("messages", "summaries"):
+            raise ValueError(f"remove_rows: not a kind of row: {kind!r}")
+
+        def tx(c: Any) -> tuple[int, int]:
+            done = removed = 0
+            t0 = clock()  # (in the transaction: a retried one starts counting again)
+            for group in groups:
+                if done and clock() - t0 >= seconds:
+                    break  # commit what is done: the rest goes to the next transaction
+                ids = sorted({int(i) for i in group})
+                if pruned_at is not None and kind == "messages":
+                    self._record_pruned_in(c, ids, pruned_at, reason)
+                counts = self._forget_in(c, [], ids if kind == "messages" else [],
+                                         ids if kind == "summaries" else [], {})
+                removed += counts[kind]
+                done += 1
+            return done, removed
+
+        done, removed = self._write(tx)
+        return int(done), int(removed)
 
     def pruned_spans(self, summary_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
         ids = [int(i) for i in summary_ids]

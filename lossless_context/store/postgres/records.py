@@ -297,41 +297,43 @@ class PostgresRecords:
 
     def forget_records(self, session_ids: Sequence[str], message_ids: Sequence[int], summary_ids: Sequence[int],
                        contexts: dict[str, list[tuple[str, int]]]) -> dict[str, int]:
+        return dict(self._write(lambda c: self._forget_in(c, session_ids, message_ids, summary_ids, contexts)))
+
+    def _forget_in(self, c: Any, session_ids: Sequence[str], message_ids: Sequence[int], summary_ids: Sequence[int],
+                   contexts: dict[str, list[tuple[str, int]]]) -> dict[str, int]:
+        """forget_records' statements inside the caller's transaction (also remove_rows':
+        store/postgres/lifecycle.py)."""
         x = [_t(s) for s in session_ids]
         m, s = [int(i) for i in message_ids], [int(i) for i in summary_ids]
-
-        def tx(c: Any) -> dict[str, int]:
-            touch_scopes()
-            for sid, items in contexts.items():
-                if _t(sid) not in x:
-                    self._write_context(c, _t(sid), items)
-            # (one statement per key, each by its index: an OR of them scanned the table)
-            c.execute("DELETE FROM context_items WHERE session_id = ANY(%s)", (x,))
-            c.execute("DELETE FROM context_items WHERE message_id = ANY(%s)", (m,))
-            c.execute("DELETE FROM context_items WHERE summary_id = ANY(%s)", (s,))
-            c.execute("DELETE FROM staged_passes WHERE session_id = ANY(%s)", (x,))
-            c.execute("DELETE FROM presummaries WHERE session_id = ANY(%s)", (x,))
-            c.execute("DELETE FROM summary_parents WHERE parent_id = ANY(%s) OR child_id = ANY(%s)", (s, s))
-            c.execute("DELETE FROM summary_messages WHERE summary_id = ANY(%s) OR message_id = ANY(%s)", (s, m))
-            # (a node's earlier texts and costs carry its words too; pruned_spans: ON DELETE CASCADE)
-            c.execute("DELETE FROM summary_history WHERE summary_id = ANY(%s)", (s,))
-            c.execute("DELETE FROM summary_costs WHERE summary_id = ANY(%s)", (s,))
-            n_s = c.execute("DELETE FROM summaries WHERE id = ANY(%s)", (s,)).rowcount
-            c.execute("DELETE FROM message_aliases WHERE message_id = ANY(%s)", (m,))
-            c.execute("DELETE FROM message_absorbed WHERE message_id = ANY(%s)", (m,))
-            c.execute("DELETE FROM message_retractions WHERE message_id = ANY(%s)", (m,))
-            c.execute("DELETE FROM message_vectors WHERE message_id = ANY(%s)", (m,))
-            if x:
-                c.execute("DELETE FROM message_vectors WHERE session_id = ANY(%s)", (x,))
-            c.execute("UPDATE messages SET supersedes=NULL WHERE supersedes = ANY(%s)", (m,))
-            n_m = c.execute("DELETE FROM messages WHERE id = ANY(%s)", (m,)).rowcount
-            for _ in range(len(x) + 1):
-                if not c.execute("UPDATE sessions SET parent_id=(SELECT p.parent_id FROM sessions p"
-                                 " WHERE p.id=sessions.parent_id) WHERE parent_id = ANY(%s)"
-                                 " AND NOT (id = ANY(%s))", (x, x)).rowcount:
-                    break
-            c.execute("UPDATE sessions SET parent_id=NULL WHERE parent_id = ANY(%s)", (x,))
-            n_x = c.execute("DELETE FROM sessions WHERE id = ANY(%s)", (x,)).rowcount
-            return {"sessions": n_x, "messages": n_m, "summaries": n_s}
-
-        return self._write(tx)
+        touch_scopes()
+        for sid, items in contexts.items():
+            if _t(sid) not in x:
+                self._write_context(c, _t(sid), items)
+        # (one statement per key, each by its index: an OR of them scanned the table)
+        c.execute("DELETE FROM context_items WHERE session_id = ANY(%s)", (x,))
+        c.execute("DELETE FROM context_items WHERE message_id = ANY(%s)", (m,))
+        c.execute("DELETE FROM context_items WHERE summary_id = ANY(%s)", (s,))
+        c.execute("DELETE FROM staged_passes WHERE session_id = ANY(%s)", (x,))
+        c.execute("DELETE FROM presummaries WHERE session_id = ANY(%s)", (x,))
+        c.execute("DELETE FROM summary_parents WHERE parent_id = ANY(%s) OR child_id = ANY(%s)", (s, s))
+        c.execute("DELETE FROM summary_messages WHERE summary_id = ANY(%s) OR message_id = ANY(%s)", (s, m))
+        # (a node's earlier texts and costs carry its words too; pruned_spans: ON DELETE CASCADE)
+        c.execute("DELETE FROM summary_history WHERE summary_id = ANY(%s)", (s,))
+        c.execute("DELETE FROM summary_costs WHERE summary_id = ANY(%s)", (s,))
+        n_s = c.execute("DELETE FROM summaries WHERE id = ANY(%s)", (s,)).rowcount
+        c.execute("DELETE FROM message_aliases WHERE message_id = ANY(%s)", (m,))
+        c.execute("DELETE FROM message_absorbed WHERE message_id = ANY(%s)", (m,))
+        c.execute("DELETE FROM message_retractions WHERE message_id = ANY(%s)", (m,))
+        c.execute("DELETE FROM message_vectors WHERE message_id = ANY(%s)", (m,))
+        if x:
+            c.execute("DELETE FROM message_vectors WHERE session_id = ANY(%s)", (x,))
+        c.execute("UPDATE messages SET supersedes=NULL WHERE supersedes = ANY(%s)", (m,))
+        n_m = c.execute("DELETE FROM messages WHERE id = ANY(%s)", (m,)).rowcount
+        for _ in range(len(x) + 1):
+            if not c.execute("UPDATE sessions SET parent_id=(SELECT p.parent_id FROM sessions p"
+                             " WHERE p.id=sessions.parent_id) WHERE parent_id = ANY(%s)"
+                             " AND NOT (id = ANY(%s))", (x, x)).rowcount:
+                break
+        c.execute("UPDATE sessions SET parent_id=NULL WHERE parent_id = ANY(%s)", (x,))
+        n_x = c.execute("DELETE FROM sessions WHERE id = ANY(%s)", (x,)).rowcount
+        return {"sessions": n_x, "messages": n_m, "summaries": n_s}

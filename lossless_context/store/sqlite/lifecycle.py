@@ -33,6 +33,7 @@ class SQLiteLifecycle:
     location: str
     conn: Callable[[], sqlite3.Connection]
     tx: Callable[[], Any]
+    _forget_in: Callable[..., dict[str, int]]  # (store/sqlite/records.py)
 
     # -- what there is ----------------------------------------------------------------------
 
@@ -96,21 +97,45 @@ class SQLiteLifecycle:
         if not ids:
             return 0
         with self.tx() as c:
-            c.execute("CREATE TEMP TABLE IF NOT EXISTS lcm_pruned_m (id INTEGER PRIMARY KEY)")
-            c.execute("DELETE FROM lcm_pruned_m")
-            c.executemany("INSERT OR IGNORE INTO lcm_pruned_m(id) VALUES (?)", [(i,) for i in ids])
-            n = c.execute(
-                "INSERT INTO pruned_spans(summary_id, session_id, messages, tokens, first_id, last_id, pruned_at,"
-                " reason) SELECT sm.summary_id, s.session_id, COUNT(*), COALESCE(SUM(x.tokens), 0), MIN(x.id),"
-                " MAX(x.id), ?, ? FROM summary_messages sm JOIN summaries s ON s.id = sm.summary_id"
-                " JOIN messages x ON x.id = sm.message_id WHERE sm.message_id IN (SELECT id FROM lcm_pruned_m)"
-                " GROUP BY sm.summary_id"
-                " ON CONFLICT(summary_id) DO UPDATE SET messages = messages + excluded.messages,"
-                " tokens = tokens + excluded.tokens, first_id = MIN(first_id, excluded.first_id),"
-                " last_id = MAX(last_id, excluded.last_id), pruned_at = excluded.pruned_at",
-                (float(pruned_at), reason)).rowcount
-            c.execute("DELETE FROM lcm_pruned_m")
+            return self._record_pruned_in(c, ids, pruned_at, reason)
+
+    @staticmethod
+    def _record_pruned_in(c: sqlite3.Connection, ids: Sequence[int], pruned_at: float, reason: str) -> int:
+        c.execute("CREATE TEMP TABLE IF NOT EXISTS lcm_pruned_m (id INTEGER PRIMARY KEY)")
+        c.execute("DELETE FROM lcm_pruned_m")
+        c.executemany("INSERT OR IGNORE INTO lcm_pruned_m(id) VALUES (?)", [(i,) for i in ids])
+        n = c.execute(
+            "INSERT INTO pruned_spans(summary_id, session_id, messages, tokens, first_id, last_id, pruned_at,"
+            " reason) SELECT sm.summary_id, s.session_id, COUNT(*), COALESCE(SUM(x.tokens), 0), MIN(x.id),"
+            " MAX(x.id), ?, ? FROM summary_messages sm JOIN summaries s ON s.id = sm.summary_id"
+            " JOIN messages x ON x.id = sm.message_id WHERE sm.message_id IN (SELECT id FROM lcm_pruned_m)"
+            " GROUP BY sm.summary_id"
+            " ON CONFLICT(summary_id) DO UPDATE SET messages = messages + excluded.messages,"
+            " tokens = tokens + excluded.tokens, first_id = MIN(first_id, excluded.first_id),"
+            " last_id = MAX(last_id, excluded.last_id), pruned_at = excluded.pruned_at",
+            (float(pruned_at), reason)).rowcount
+        c.execute("DELETE FROM lcm_pruned_m")
         return n
+
+    def remove_rows(self, kind: str, groups: Sequence[Sequence[int]], *, seconds: float,
+                    clock: Callable[[], float] = time.perf_counter, pruned_at: float | None = None,
+                    reason: str = "retention") -> tuple[int, int]:
+        if kind not in ("messages", "summaries"):
+            raise ValueError(f"remove_rows: not a kind of row: {kind!r}")
+        done = removed = 0
+        with self.tx() as c:
+            t0 = clock()  # (from the moment the write lock is held)
+            for group in groups:
+                if done and clock() - t0 >= seconds:
+                    break  # commit what is done: the rest goes to the next transaction
+                ids = [int(i) for i in group]
+                if pruned_at is not None and kind == "messages":
+                    self._record_pruned_in(c, ids, pruned_at, reason)
+                counts = self._forget_in(c, [], ids if kind == "messages" else [],
+                                         ids if kind == "summaries" else [], {})
+                removed += counts[kind]
+                done += 1
+        return done, removed
 
     # -- what a prune left -------------------------------------------------------------------------
 
