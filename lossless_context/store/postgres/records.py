@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import secrets
 import time
 from typing import Any, Callable, Sequence
@@ -309,26 +311,44 @@ class PostgresRecords:
         for sid, items in contexts.items():
             if _t(sid) not in x:
                 self._write_context(c, _t(sid), items)
-        # (one statement per key, each by its index: an OR of them scanned the table)
-        c.execute("DELETE FROM context_items WHERE session_id = ANY(%s)", (x,))
-        c.execute("DELETE FROM context_items WHERE message_id = ANY(%s)", (m,))
-        c.execute("DELETE FROM context_items WHERE summary_id = ANY(%s)", (s,))
-        c.execute("DELETE FROM staged_passes WHERE session_id = ANY(%s)", (x,))
-        c.execute("DELETE FROM presummaries WHERE session_id = ANY(%s)", (x,))
-        c.execute("DELETE FROM summary_parents WHERE parent_id = ANY(%s) OR child_id = ANY(%s)", (s, s))
-        c.execute("DELETE FROM summary_messages WHERE summary_id = ANY(%s) OR message_id = ANY(%s)", (s, m))
-        # (a node's earlier texts and costs carry its words too; pruned_spans: ON DELETE CASCADE)
-        c.execute("DELETE FROM summary_history WHERE summary_id = ANY(%s)", (s,))
-        c.execute("DELETE FROM summary_costs WHERE summary_id = ANY(%s)", (s,))
-        n_s = c.execute("DELETE FROM summaries WHERE id = ANY(%s)", (s,)).rowcount
-        c.execute("DELETE FROM message_aliases WHERE message_id = ANY(%s)", (m,))
-        c.execute("DELETE FROM message_absorbed WHERE message_id = ANY(%s)", (m,))
-        c.execute("DELETE FROM message_retractions WHERE message_id = ANY(%s)", (m,))
-        c.execute("DELETE FROM message_vectors WHERE message_id = ANY(%s)", (m,))
-        if x:
-            c.execute("DELETE FROM message_vectors WHERE session_id = ANY(%s)", (x,))
-        c.execute("UPDATE messages SET supersedes=NULL WHERE supersedes = ANY(%s)", (m,))
-        n_m = c.execute("DELETE FROM messages WHERE id = ANY(%s)", (m,)).rowcount
+        # Only the statements with keys to look up, sent together (pipeline mode: one round trip,
+        # which is most of what a prune's small group of rows costs); a session's removal
+        # below reads its counts as it goes, so it runs without.
+        cur_s = cur_m = None
+        with c.pipeline() if not x else contextlib.nullcontext():
+            # (one statement per key, each by its index: an OR of them scanned the table)
+            if x:
+                c.execute("DELETE FROM context_items WHERE session_id = ANY(%s)", (x,))
+                c.execute("DELETE FROM staged_passes WHERE session_id = ANY(%s)", (x,))
+                c.execute("DELETE FROM presummaries WHERE session_id = ANY(%s)", (x,))
+            if m:
+                c.execute("DELETE FROM context_items WHERE message_id = ANY(%s)", (m,))
+            if s:
+                c.execute("DELETE FROM context_items WHERE summary_id = ANY(%s)", (s,))
+                c.execute("DELETE FROM summary_parents WHERE parent_id = ANY(%s)", (s,))
+                c.execute("DELETE FROM summary_parents WHERE child_id = ANY(%s)", (s,))
+                c.execute("DELETE FROM summary_messages WHERE summary_id = ANY(%s)", (s,))
+            if m:
+                c.execute("DELETE FROM summary_messages WHERE message_id = ANY(%s)", (m,))
+            if s:
+                # (a node's earlier texts and costs carry its words too; pruned_spans: ON DELETE CASCADE)
+                c.execute("DELETE FROM summary_history WHERE summary_id = ANY(%s)", (s,))
+                c.execute("DELETE FROM summary_costs WHERE summary_id = ANY(%s)", (s,))
+                cur_s = c.execute("DELETE FROM summaries WHERE id = ANY(%s)", (s,))
+            if m:
+                c.execute("DELETE FROM message_aliases WHERE message_id = ANY(%s)", (m,))
+                c.execute("DELETE FROM message_absorbed WHERE message_id = ANY(%s)", (m,))
+                c.execute("DELETE FROM message_retractions WHERE message_id = ANY(%s)", (m,))
+                c.execute("DELETE FROM message_vectors WHERE message_id = ANY(%s)", (m,))
+            if x:
+                c.execute("DELETE FROM message_vectors WHERE session_id = ANY(%s)", (x,))
+            if m:
+                c.execute("UPDATE messages SET supersedes=NULL WHERE supersedes = ANY(%s)", (m,))
+                cur_m = c.execute("DELETE FROM messages WHERE id = ANY(%s)", (m,))
+        n_s = cur_s.rowcount if cur_s is not None else 0
+        n_m = cur_m.rowcount if cur_m is not None else 0
+        if not x:
+            return {"sessions": 0, "messages": n_m, "summaries": n_s}
         for _ in range(len(x) + 1):
             if not c.execute("UPDATE sessions SET parent_id=(SELECT p.parent_id FROM sessions p"
                              " WHERE p.id=sessions.parent_id) WHERE parent_id = ANY(%s)"

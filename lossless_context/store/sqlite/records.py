@@ -199,34 +199,45 @@ class SQLiteRecords:
         sq = "SELECT id FROM lcm_forget_s"
         x = "SELECT id FROM lcm_forget_x"
         # (any reference left over, e.g. from a session the caller did not repair; one
-        # statement per key, each by its index: an OR of them scanned the table)
-        c.execute(f"DELETE FROM context_items WHERE session_id IN ({x})")
-        c.execute(f"DELETE FROM context_items WHERE message_id IN ({m})")
-        c.execute(f"DELETE FROM context_items WHERE summary_id IN ({sq})")
-        c.execute(f"DELETE FROM staged_passes WHERE session_id IN ({x})")
-        c.execute(f"DELETE FROM presummaries WHERE session_id IN ({x})")
-        c.execute(f"DELETE FROM summary_parents WHERE parent_id IN ({sq}) OR child_id IN ({sq})")
-        c.execute(f"DELETE FROM summary_messages WHERE summary_id IN ({sq}) OR message_id IN ({m})")
-        # (a node's earlier texts and costs carry its words too; pruned_spans: ON DELETE CASCADE)
-        c.execute(f"DELETE FROM summary_history WHERE summary_id IN ({sq})")
-        c.execute(f"DELETE FROM summary_costs WHERE summary_id IN ({sq})")
-        n_s = c.execute(f"DELETE FROM summaries WHERE id IN ({sq})").rowcount
-        c.execute(f"DELETE FROM message_aliases WHERE message_id IN ({m})")
-        c.execute(f"DELETE FROM message_absorbed WHERE message_id IN ({m})")
-        c.execute(f"DELETE FROM message_retractions WHERE message_id IN ({m})")
-        c.execute(f"DELETE FROM message_vectors WHERE message_id IN ({m})")
+        # statement per key, each by its index: an OR of them scanned the table; only the
+        # statements with keys to look up — a prune's small groups run many of them)
+        n_s = n_m = 0
+        if sessions:
+            c.execute(f"DELETE FROM context_items WHERE session_id IN ({x})")
+            c.execute(f"DELETE FROM staged_passes WHERE session_id IN ({x})")
+            c.execute(f"DELETE FROM presummaries WHERE session_id IN ({x})")
+        if message_ids:
+            c.execute(f"DELETE FROM context_items WHERE message_id IN ({m})")
+        if summary_ids:
+            c.execute(f"DELETE FROM context_items WHERE summary_id IN ({sq})")
+            c.execute(f"DELETE FROM summary_parents WHERE parent_id IN ({sq}) OR child_id IN ({sq})")
+        if summary_ids or message_ids:
+            c.execute(f"DELETE FROM summary_messages WHERE summary_id IN ({sq}) OR message_id IN ({m})")
+        if summary_ids:
+            # (a node's earlier texts and costs carry its words too; pruned_spans: ON DELETE CASCADE)
+            c.execute(f"DELETE FROM summary_history WHERE summary_id IN ({sq})")
+            c.execute(f"DELETE FROM summary_costs WHERE summary_id IN ({sq})")
+            n_s = c.execute(f"DELETE FROM summaries WHERE id IN ({sq})").rowcount
+        if message_ids:
+            c.execute(f"DELETE FROM message_aliases WHERE message_id IN ({m})")
+            c.execute(f"DELETE FROM message_absorbed WHERE message_id IN ({m})")
+            c.execute(f"DELETE FROM message_retractions WHERE message_id IN ({m})")
+            c.execute(f"DELETE FROM message_vectors WHERE message_id IN ({m})")
         if sessions:
             c.execute(f"DELETE FROM message_vectors WHERE session_id IN ({x})")
-        c.execute(f"UPDATE messages SET supersedes=NULL WHERE supersedes IN ({m})")
-        n_m = c.execute(f"DELETE FROM messages WHERE id IN ({m})").rowcount
-        # A forgotten session's children keep their own history: they hang from its parent.
-        for _ in range(len(sessions) + 1):
-            if not c.execute(f"UPDATE sessions SET parent_id=(SELECT p.parent_id FROM sessions p"
-                             f" WHERE p.id=sessions.parent_id) WHERE parent_id IN ({x})"
-                             f" AND id NOT IN ({x})").rowcount:
-                break
-        c.execute(f"UPDATE sessions SET parent_id=NULL WHERE parent_id IN ({x})")
-        n_x = c.execute(f"DELETE FROM sessions WHERE id IN ({x})").rowcount
+        if message_ids:
+            c.execute(f"UPDATE messages SET supersedes=NULL WHERE supersedes IN ({m})")
+            n_m = c.execute(f"DELETE FROM messages WHERE id IN ({m})").rowcount
+        n_x = 0
+        if sessions:
+            # A forgotten session's children keep their own history: they hang from its parent.
+            for _ in range(len(sessions) + 1):
+                if not c.execute(f"UPDATE sessions SET parent_id=(SELECT p.parent_id FROM sessions p"
+                                 f" WHERE p.id=sessions.parent_id) WHERE parent_id IN ({x})"
+                                 f" AND id NOT IN ({x})").rowcount:
+                    break
+            c.execute(f"UPDATE sessions SET parent_id=NULL WHERE parent_id IN ({x})")
+            n_x = c.execute(f"DELETE FROM sessions WHERE id IN ({x})").rowcount
         for t in ("lcm_forget_m", "lcm_forget_s", "lcm_forget_x"):
             c.execute(f"DELETE FROM {t}")
         return {"sessions": n_x, "messages": n_m, "summaries": n_s}
