@@ -17,7 +17,7 @@ from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional
 
 from . import tools
-from .pipeline import forget
+from .edits import forget
 from .ops import retention
 from .store import owners
 from .contract.base import base_class
@@ -32,7 +32,7 @@ from .pipeline.ingest import cheap_slots, slots_to_entries, times_from_host
 from .pipeline.ingest_fast import align_fast
 from .pipeline.ingest_replay import fold_replayed
 from .pipeline.ingest_resume import PassEcho
-from .pipeline.forks import as_host_instruction
+from .sessions.forks import as_host_instruction
 from .pipeline.unmerge import stored_raw, unmerge
 from .contract.lifecycle import SessionBusy, SessionLifecycle, held, session_lock
 from .messages import role_of, summary_node_ids
@@ -46,7 +46,8 @@ from .summarizers.costs import SpendLedger
 from .pipeline.stubs import stub_policy
 from .pipeline.stub_prep import pass_running, prepare_new
 from .retrieval.semantic import SemanticArm, SemanticUnavailable, load_embedder
-from .store.guard import GuardedStore, StoreUnavailable, trim_without_store
+from .pipeline.assemble import trim_without_store
+from .store.guard import GuardedStore, StoreUnavailable
 from .summarizers.summarize import Escalator, HostSummarizer, ModelSummarizer, OpenAISummarizer, guard_for, safe_call
 from .tokens import estimate_messages_tokens
 

@@ -20,7 +20,7 @@ agent.context_engine.ContextEngine the engine's base class when the host is inst
 agent.auxiliary_client.call_llm    summarising with the host's own model and credentials
                                    (`llm_call`, summarizers.summarize.HostSummarizer)
 agent.redact.redact_sensitive_text the host's secret patterns, applied before ours
-                                   (`secret_redactor`, summarizers/redact.py)
+                                   (`secret_redactor`, text/redact.py)
 agent.memory_manager               removing the host's injected memory blocks from imported
   .sanitize_context                sessions (`memory_sanitizer`, hermes/importer.py)
 hermes_constants.get_hermes_home   HERMES_HOME with the host's profile rules (`hermes_home`)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Sequence
 
 from .messages import flatten_content, media_shown, safe_json
-from .pipeline import forks
+from .sessions import forks
 from .ops.retention import removed_note
 from .retrieval import grep as retrieval
 from .search.query import plan_query, score_hit, snippet
@@ -751,7 +751,7 @@ class _Ctx:
         return out
 
     def _ask(self, prompt: str, excerpts: list[dict[str, Any]]) -> tuple[str | None, str | None]:
-        from .summarizers.redact import redact
+        from .text.redact import redact
 
         body = "\n\n".join(f"[{e['id']} {e['role']}] {e['text']}" for e in excerpts)
         if self.source.config.redact:

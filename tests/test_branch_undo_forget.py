@@ -13,7 +13,7 @@ import pytest
 from lossless_context import LCMEngine
 from lossless_context.config import LCMConfig
 from lossless_context.ops.doctor import run_doctor
-from lossless_context.pipeline.forget import forget_session, rolled_back
+from lossless_context.edits.forget import forget_session, rolled_back
 from lossless_context.records import ContextEntry
 from lossless_context.tokens import estimate_messages_tokens
 from tests.support.hostdb import add_session, session_db

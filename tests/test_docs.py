@@ -153,7 +153,7 @@ def docstring_problems(pkg: Path, doc: str, elsewhere: set[str] | None = None) -
         first = re.split(r"[./]", tok)[0]
         if first in have:
             named.add(first)
-        elif "." in tok or "/" in tok:  # a path from the package's top: `store.base.Store`, `pipeline/forks.py`
+        elif "." in tok or "/" in tok:  # a path from the package's top: `store.base.Store`, `sessions/forks.py`
             if importlib.util.find_spec(f"lossless_context.{first}") is None and not (PKG / first).exists() \
                     and importlib.util.find_spec(first) is None:
                 problems.append(f"`{span}` is not a module of {pkg.name}/ (or of the package)")

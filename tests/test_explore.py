@@ -1,4 +1,4 @@
-"""Tests for lossless_context.summarizers.explore: detection, per-kind descriptions, bounds, hostile input."""
+"""Tests for lossless_context.text.explore: detection, per-kind descriptions, bounds, hostile input."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lossless_context.summarizers.explore import detect_kind, explore
+from lossless_context.text.explore import detect_kind, explore
 
 
 def est(text: str) -> int:
@@ -471,7 +471,7 @@ def test_deterministic_across_processes() -> None:
     script = (
         "import json\n"
         "from tests.test_explore import USERS_JSON, K8S_YAML, CSV_TEXT, PY_CODE, LOG_TEXT, PROSE\n"
-        "from lossless_context.summarizers.explore import explore\n"
+        "from lossless_context.text.explore import explore\n"
         "print(json.dumps([explore(t, 300) for t in (USERS_JSON, K8S_YAML, CSV_TEXT, PY_CODE, LOG_TEXT, PROSE)]))\n"
     )
     root = Path(__file__).resolve().parents[1]

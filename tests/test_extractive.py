@@ -273,7 +273,7 @@ def test_many_small_messages_are_fast_enough() -> None:
 
 
 def test_markers_are_never_cut_and_redacting_again_keeps_the_budget() -> None:
-    from lossless_context.summarizers.redact import redact
+    from lossless_context.text.redact import redact
 
     secret_lines = {i: f"export API_TOKEN=tok_{i:04d}abcdef and password=hunter{i}" for i in range(5, 95, 7)}
     sources = [Source(s.id, s.role, redact(s.text), s.timestamp) for s in boring_transcript(100, secret_lines)]

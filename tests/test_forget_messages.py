@@ -12,7 +12,7 @@ import pytest
 
 from lossless_context.messages import is_summary_message
 from lossless_context.ops.doctor import run_doctor
-from lossless_context.pipeline.forget import forget_messages, plan_forget_messages
+from lossless_context.edits.forget import forget_messages, plan_forget_messages
 from lossless_context.tokens import estimate_messages_tokens
 from tests import test_branch_undo_forget as undo
 from tests.test_branch_undo_forget import _engine, _grep, _turns
@@ -136,7 +136,7 @@ def test_cli_dry_run_then_forget_leaves_no_trace_in_the_file(tmp_path, monkeypat
 
 
 def test_forgetting_a_session_leaves_no_trace_in_the_file(tmp_path):
-    from lossless_context.pipeline.forget import forget_session
+    from lossless_context.edits.forget import forget_session
 
     store = str(tmp_path / "lcm.db")
     e = _compacted(store)

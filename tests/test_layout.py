@@ -221,7 +221,7 @@ def test_the_contracts_catch_violations(tmp_path):
             f.write(textwrap.dedent(src))
 
     append("store/guard.py", "\n\ndef _up():\n    from ..engine import LCMEngine  # a store reaching up to the engine\n    return LCMEngine\n")
-    append("pipeline/forks.py", "\n\ndef _host():\n    import run_agent  # the host, outside hostapi.py\n    return run_agent\n")
+    append("sessions/forks.py", "\n\ndef _host():\n    import run_agent  # the host, outside hostapi.py\n    return run_agent\n")
     append("ops/retention.py", "\n\ndef _outer():\n    from .. import cli  # the core importing the CLI\n    return cli\n")
     append("hostapi.py", "\n\ndef _spec():\n    from .contract import spec  # the host adapter reaching up\n    return spec\n")
     (pkg / "pipeline" / "loop_a.py").write_text("from . import loop_b\n", encoding="utf-8")
@@ -233,7 +233,7 @@ def test_the_contracts_catch_violations(tmp_path):
     for c in contracts().values():
         assert f"{c['name']} BROKEN" in out, (c["id"], out)
     for breach in ("lossless_context.store.guard -> lossless_context.engine",
-                   "lossless_context.pipeline.forks -> run_agent",
+                   "lossless_context.sessions.forks -> run_agent",
                    "lossless_context.ops.retention -> lossless_context.cli",
                    "lossless_context.hostapi -> lossless_context.contract.spec",
                    ".loop_b -> .loop_a", "newpart"):

@@ -14,7 +14,7 @@ import os
 import pytest
 
 from lossless_context import LCMEngine
-from lossless_context.pipeline.forks import BACKGROUND, is_review_list, latest_real_session
+from lossless_context.sessions.forks import BACKGROUND, is_review_list, latest_real_session
 from lossless_context.hermes.plugin import register
 from lossless_context.tokens import estimate_messages_tokens
 from lossless_context.ops.viewer import latest_session

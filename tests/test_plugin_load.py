@@ -21,7 +21,7 @@ ctx = Ctx(); hermes_plugin.register(ctx)
 print(json.dumps(sorted(m for m in sys.modules if m.startswith("lossless_context"))))
 """
 
-DEFERRED = ("lossless_context.summarizers.explore", "lossless_context.summarizers.redact", "lossless_context.summarizers.extractive",
+DEFERRED = ("lossless_context.text.explore", "lossless_context.text.redact", "lossless_context.summarizers.extractive",
             "lossless_context.cli.commands", "lossless_context.ops.viewer", "lossless_context.demo")
 
 

@@ -1,4 +1,4 @@
-"""Tests for lossless_context.summarizers.redact: every secret kind, false positives, hostile input."""
+"""Tests for lossless_context.text.redact: every secret kind, false positives, hostile input."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import lossless_context.summarizers.redact as R
-from lossless_context.summarizers.redact import MARKER_PREFIX, host_available, redact, redact_builtin
+import lossless_context.text.redact as R
+from lossless_context.text.redact import MARKER_PREFIX, host_available, redact, redact_builtin
 
 # (name, text, the secret that must disappear, the marker kind our patterns use)
 SECRETS = [
@@ -311,7 +311,7 @@ def test_clipped_marker_is_not_expanded_again() -> None:
 def test_issue23_secrets_probe_misses():
     """The two misses of issue #23's secrets probe: an AWS secret key named in prose, and a
     password containing "&" (which must not end the value unless a next URL parameter follows)."""
-    from lossless_context.summarizers.redact import redact
+    from lossless_context.text.redact import redact
 
     aws = redact("the aws_secret credential: wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY")
     assert "wJalr" not in aws and "EXAMPLEKEY" not in aws and "[REDACTED:aws_secret_key]" in aws

@@ -20,7 +20,7 @@ from lossless_context.config import LCMConfig, RetentionPolicy
 from lossless_context.ops import retention
 from lossless_context.ops.doctor import run_doctor
 from lossless_context.ops.export import import_jsonl, iter_export
-from lossless_context.pipeline.forget import forget_session
+from lossless_context.edits.forget import forget_session
 from lossless_context.store import open_store
 
 DAY = 86_400.0

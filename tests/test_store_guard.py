@@ -25,7 +25,8 @@ from lossless_context.pipeline.validate import pairing_problems
 from lossless_context.config import LCMConfig
 from lossless_context.hermes.plugin import make_command_handler
 from lossless_context.store import open_store
-from lossless_context.store.guard import Breaker, GuardedStore, StoreUnavailable, trim_without_store
+from lossless_context.pipeline.assemble import trim_without_store
+from lossless_context.store.guard import Breaker, GuardedStore, StoreUnavailable
 from lossless_context.tokens import estimate_messages_tokens
 from tests.support.nobody import why_not_as_nobody
 

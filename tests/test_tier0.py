@@ -16,7 +16,7 @@ from lossless_context import LCMEngine
 from lossless_context.pipeline.assemble import STUB_MARK
 from lossless_context.pipeline.validate import pairing_problems
 from lossless_context.config import LCMConfig
-from lossless_context.pipeline.resummarize import resummarize
+from lossless_context.edits.resummarize import resummarize
 from lossless_context.store import open_store
 from lossless_context.pipeline.stubs import StubPolicy, make_stub
 from tests.support.fake_openai import FakeOpenAI, Reply, SummariserResponder

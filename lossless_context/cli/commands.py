@@ -382,7 +382,7 @@ def describe(app: App, node_id: str, session: str | None, as_json: bool) -> None
 def resummarize(app: App, node_id: str, session: str | None, as_json: bool) -> None:
     """Re-summarise one summary node (s12) with the current summariser; the id stays valid
     and the previous text is kept in the node's history."""
-    from ..pipeline.resummarize import resummarize as run
+    from ..edits.resummarize import resummarize as run
 
     engine, _ = app.engine(session)
     ref = node_id.strip().lower().lstrip("s")

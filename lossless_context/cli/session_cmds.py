@@ -43,7 +43,7 @@ def add_commands(group: click.Group, pass_app: Callable, UserError: type) -> Non
         summaries built over it are rebuilt without it (ids kept), its text leaves the store,
         its full-text indexes and its summaries."""
         from ..ops.doctor import run_doctor
-        from ..pipeline import forget as fg
+        from ..edits import forget as fg
 
         store = app.open_store()
         is_message = re.fullmatch(r"m\d+", target) is not None and store.get_session(target) is None

@@ -7,7 +7,7 @@
 * `hooks_r19`  — signals the 0.19.0 host sends besides compress() (usage, resets, /compress);
 * `hooks_main` — upstream main's additions (status line, select_context, prune, cooldowns);
 * `lifecycle`  — session binding, the live session and forks (told apart and linked by
-                 `pipeline/forks.py`), start/end/reset, the commit signal;
+                 `sessions/forks.py`), start/end/reset, the commit signal;
 * `passbudget` — how much of the host's figure a pass may spend (its overhead, its silence budget);
 * `units`      — the host's token figures in the provider's units (a mixin of LCMEngine);
 * `notices`    — one line in the chat when storing stops, and one when it resumes (a mixin).

@@ -15,7 +15,7 @@ import threading
 import weakref
 from typing import Any, Dict, Iterator, List
 
-from ..pipeline import forks
+from ..sessions import forks
 from ..store import owners
 from ..store.guard import log_hook_failure
 

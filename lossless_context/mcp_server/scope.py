@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ..pipeline.forks import latest_real_session
+from ..sessions.forks import latest_real_session
 from ..tools import Scope, ToolError, session_scope
 
 KINDS = ("session", "conversation", "all", "latest")

@@ -181,7 +181,7 @@ def _left_out_check(rep: DoctorReport, left: list[tuple]) -> None:
 def _depth_check(store: Any, rep: DoctorReport, repair: bool, fanin: int) -> None:
     """Depth of each active context's summaries against ⌈log_fanin(leaves)⌉ + 1; chains left by
     0.1.x are information (nothing is wrong with their data) and `--repair` rebalances them."""
-    from ..pipeline.dag_rebalance import find_unbalanced, rebalance
+    from ..edits.dag_rebalance import find_unbalanced, rebalance
 
     name = f"summary DAG depth within ⌈log_{fanin}(leaves)⌉ + 1"
     try:

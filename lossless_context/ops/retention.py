@@ -8,7 +8,7 @@ age). A lineage is never touched while one of its sessions is bound to an engine
 process, nor when it was active within the last day (``MIN_AGE_DAYS``), whatever was asked.
 
 Two modes. ``sessions`` (the default) removes whole lineages with the machinery of
-``lcm forget`` (pipeline/forget.py): everything summarised from them goes too, another
+``lcm forget`` (edits/forget.py): everything summarised from them goes too, another
 session whose context referred to it is repaired. ``originals`` (``keep_summaries``) keeps
 the summaries and the DAG and removes only the messages under them (never one an active
 context still holds); each summary records how many originals went and when, which
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..config import RetentionPolicy
-from ..pipeline.forget import plan_forget
+from ..edits.forget import plan_forget
 from ..store.base import Store
 from .batches import BatchLog, TimedBatches
 

@@ -29,7 +29,7 @@ _TITLE_TOKEN = "__LCM_TITLE__"
 
 def latest_session(store: Store) -> str | None:
     """The user's latest real session (never a host background fork; see forks.py)."""
-    from ..pipeline.forks import latest_real_session
+    from ..sessions.forks import latest_real_session
 
     return latest_real_session(store.list_sessions())
 

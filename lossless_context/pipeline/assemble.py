@@ -4,7 +4,9 @@ A *slot* is one element of the host's list as the engine understands it: a store
 message, or our summary block. Groups keep an assistant `tool_calls` message together with
 all its results, so a list cut at group boundaries is valid by construction. The final
 `repair` pass guarantees validity whatever the input was: no orphan results, no call
-without its result, nothing invented.
+without its result, nothing invented. Without a store, `trim_without_store` assembles the
+newest whole turns that fit (system + head + tail, no summary): the engine's way on while the
+store is unavailable (store/guard.py).
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Mapping, Sequence
 
-from ..messages import SUMMARY_OPEN, flatten_content, is_summary_message, provider_view, tool_call_ids
+from ..messages import SUMMARY_OPEN, flatten_content, is_summary_message, provider_view, role_of, tool_call_ids
 from ..records import SummaryRecord
 from .summary_view import fit_block
-from ..tokens import estimate_message_tokens
+from ..tokens import estimate_message_tokens, estimate_messages_tokens
 
 log = logging.getLogger("lossless_context.pipeline.assemble")
 
@@ -240,3 +242,38 @@ def repair(messages: list[Any], changes: list[tuple[dict, dict]] | None = None, 
 
 def total_tokens(messages: Sequence[Any]) -> int:
     return sum(estimate_message_tokens(m) for m in messages)
+
+
+def trim_without_store(messages: Sequence[Any], target_tokens: int, protect_first_n: int = 3) -> list[Any]:
+    """The newest whole turns that fit `target_tokens` (plus the system message and the first
+    `protect_first_n` messages up to the first turn boundary), in order; the input itself when
+    it already fits or no cut keeps a user turn. A cut is made only before a user message, so
+    every tool call keeps its results and no result loses its call."""
+    msgs = list(messages)
+    if estimate_messages_tokens(msgs) <= target_tokens:
+        return msgs
+    system = [msgs[0]] if msgs and role_of(msgs[0]) == "system" else []
+    body = msgs[len(system):]
+    users = [i for i, m in enumerate(body) if role_of(m) == "user"]
+    if len(users) < 2:
+        return msgs
+    # The protected head: the first messages up to (not including) the second user turn.
+    head_end = min(users[1], max(1, protect_first_n)) if protect_first_n > 0 else 0
+    while head_end < len(body) and head_end not in users:
+        head_end += 1  # never split a turn: extend the head to the next turn boundary
+    head = body[:head_end]
+    budget = target_tokens - estimate_messages_tokens(system + head)
+    tokens = [estimate_message_tokens(m) for m in body]
+    cut = None
+    total = 0
+    for i in range(len(body) - 1, head_end - 1, -1):
+        total += tokens[i]
+        if i in users and i >= head_end:
+            if total > budget and cut is not None:
+                break
+            cut = i
+            if total > budget:
+                break
+    if cut is None or cut <= head_end:
+        return msgs
+    return system + head + body[cut:]

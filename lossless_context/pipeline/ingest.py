@@ -39,7 +39,7 @@ from ..messages import (
 from ..records import ContextEntry, NewMessage
 from ..store.base import Store
 from ..tokens import estimate_message_tokens
-from .forks import HOST_INSTRUCTION, HOST_ROLE
+from ..sessions.forks import HOST_INSTRUCTION, HOST_ROLE
 from .forgotten import FORGOTTEN, is_forgotten
 from .ingest_replay import opened
 
@@ -365,7 +365,7 @@ def new_message(msg: Any, large_tokens: int, exploration_tokens: int, supersedes
     if large:
         hint = msg.get("name") if isinstance(msg, dict) else None
         try:
-            from ..summarizers.explore import explore  # (only for large outputs: keeps the plugin's load light)
+            from ..text.explore import explore  # (only for large outputs: keeps the plugin's load light)
 
             exploration = explore(text, max_tokens=exploration_tokens, hint=hint)
         except Exception as exc:  # exploration is a convenience; storing must not fail

@@ -245,7 +245,7 @@ def make_stub(content: str, call: tuple[str, str] | None, policy: StubPolicy, to
     lines = body.split("\n")
     n_lines = len(lines) - (1 if body.endswith("\n") else 0)
     hint = _path_hint(call)
-    from ..summarizers.explore import classify, detect_kind, explore  # (first stub: keeps the plugin's load light)
+    from ..text.explore import classify, detect_kind, explore  # (first stub: keeps the plugin's load light)
 
     # The kind is read from the first 8 KB; a body no longer than that is classified once for
     # the header and the sketch both (the classification parses JSON: half a stub's cost).
@@ -394,7 +394,7 @@ def stub_for(rec: MessageRecord, msg: Mapping[str, Any], call: tuple[str, str] |
         return None  # (the floor's representation is never larger than the stub's)
     stub = make_stub(text, call, policy, rec.tokens)
     if policy.redact:
-        from ..summarizers.redact import redact  # (first stub: keeps the plugin's load light)
+        from ..text.redact import redact  # (first stub: keeps the plugin's load light)
 
         stub = redact(stub)  # its fact lines keep `KEY=value` lines whole: never a secret's value
     if not _pays(estimate_message_tokens(large_representation(msg, rec.id, rec.tokens, stub)), rec.tokens):

@@ -9,9 +9,9 @@ for ``cooldown`` seconds every store call fails at once with :class:`StoreUnavai
 failure or the timeout again on every host hook. After the cool-down one call is let
 through to probe the store; success closes the breaker.
 
-While the store is unavailable, :func:`trim_without_store` keeps the conversation within
-the window deterministically: the newest whole turns that fit the target are kept (the
-head the host protects too), the oldest are dropped from the *context* (the host's own
+While the store is unavailable, the engine keeps the conversation within the window
+deterministically (``trim_without_store``, with the other assembly in pipeline/assemble.py):
+the newest whole turns that fit the target are kept (the head the host protects too), the oldest are dropped from the *context* (the host's own
 session database still has them; nothing is imported later). The user is told once per
 outage: a WARNING in the log and the reason in ``/lcm status`` and every tool answer.
 """
@@ -23,11 +23,9 @@ import re
 import sqlite3
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
-from ..messages import role_of
 from .base import Store, StoreError
-from ..tokens import estimate_message_tokens, estimate_messages_tokens
 
 log = logging.getLogger("lossless_context")
 
@@ -316,38 +314,3 @@ class _GuardedContext:
 
     def __exit__(self, *exc_info: Any) -> Any:
         return self._cm.__exit__(*exc_info)
-
-
-def trim_without_store(messages: Sequence[Any], target_tokens: int, protect_first_n: int = 3) -> list[Any]:
-    """The newest whole turns that fit `target_tokens` (plus the system message and the first
-    `protect_first_n` messages up to the first turn boundary), in order; the input itself when
-    it already fits or no cut keeps a user turn. A cut is made only before a user message, so
-    every tool call keeps its results and no result loses its call."""
-    msgs = list(messages)
-    if estimate_messages_tokens(msgs) <= target_tokens:
-        return msgs
-    system = [msgs[0]] if msgs and role_of(msgs[0]) == "system" else []
-    body = msgs[len(system):]
-    users = [i for i, m in enumerate(body) if role_of(m) == "user"]
-    if len(users) < 2:
-        return msgs
-    # The protected head: the first messages up to (not including) the second user turn.
-    head_end = min(users[1], max(1, protect_first_n)) if protect_first_n > 0 else 0
-    while head_end < len(body) and head_end not in users:
-        head_end += 1  # never split a turn: extend the head to the next turn boundary
-    head = body[:head_end]
-    budget = target_tokens - estimate_messages_tokens(system + head)
-    tokens = [estimate_message_tokens(m) for m in body]
-    cut = None
-    total = 0
-    for i in range(len(body) - 1, head_end - 1, -1):
-        total += tokens[i]
-        if i in users and i >= head_end:
-            if total > budget and cut is not None:
-                break
-            cut = i
-            if total > budget:
-                break
-    if cut is None or cut <= head_end:
-        return msgs
-    return system + head + body[cut:]

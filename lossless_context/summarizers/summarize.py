@@ -26,13 +26,13 @@ from ..tokens import estimate_text_tokens
 def _redact(text: str) -> str:
     """Secrets out before a summariser sees `text` (redact.py; imported on first use, which keeps
     loading the plugin light: its patterns take ~20 ms to compile)."""
-    from .redact import redact as _impl
+    from ..text.redact import redact as _impl
 
     return _impl(text)
 
 
 def _redact_builtin(text: str) -> str:
-    from .redact import redact_builtin as _impl
+    from ..text.redact import redact_builtin as _impl
 
     return _impl(text)
 

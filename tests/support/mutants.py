@@ -47,7 +47,7 @@ def _pass_raises() -> None:
 
 
 def _undo_noop() -> None:
-    from lossless_context.pipeline import forget
+    from lossless_context.edits import forget
 
     forget.retract_rolled_back = lambda *args, **kwargs: []
 
@@ -86,7 +86,7 @@ def _stale_select() -> None:
 
 
 def _no_redaction() -> None:
-    from lossless_context.summarizers import redact
+    from lossless_context.text import redact
 
     redact.redact = lambda text: text
     redact.redact_builtin = lambda text: text

@@ -27,10 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .assemble import Slot
-from .compaction import source_text
-from .forgotten import marks_for
-from .forks import BACKGROUND
+from ..pipeline.assemble import Slot
+from ..pipeline.compaction import source_text
+from ..pipeline.forgotten import marks_for
+from ..sessions.forks import BACKGROUND
 from ..records import ContextEntry, Source
 from ..store.base import Store
 from ..summarizers.summarize import SummaryRequest, deterministic_summary

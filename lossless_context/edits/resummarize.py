@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .assemble import Slot
-from .compaction import source_text
+from ..pipeline.assemble import Slot
+from ..pipeline.compaction import source_text
 from ..records import Source
 from ..summarizers.summarize import Escalator, SummaryRequest
 from ..tokens import estimate_text_tokens

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .dag_balance import depth_bound
+from ..pipeline.dag_balance import depth_bound
 from ..records import Source
 from ..records import NewSummary, SummaryRecord
 from ..store.base import Store
