@@ -279,7 +279,9 @@ def export_to(src: Any, dest: str, key: StoreKey | None) -> None:
     try:
         if key is not None:
             src.execute(f"PRAGMA lcm_copy.cipher_page_size = {CIPHER_PAGE_SIZE}")
-            src.execute(f"PRAGMA lcm_copy.cipher_hmac_algorithm = {key.hmac or HMAC_NEW}")
+            for algorithm in HMAC_ALGORITHMS:  # (the SQL names one of the known formats, never a field's text)
+                if algorithm == (key.hmac or HMAC_NEW):
+                    src.execute(f"PRAGMA lcm_copy.cipher_hmac_algorithm = {algorithm}")
         else:
             src.execute(f"PRAGMA lcm_copy.page_size = {PAGE_SIZE}")
         src.execute("PRAGMA lcm_copy.auto_vacuum = INCREMENTAL")
