@@ -214,3 +214,53 @@ def test_doctor_tells_a_merge_from_a_turn_not_kept_and_repairs_block_copies(tmp_
     assert len({k for k in kinds if k[0] == "s"}) == sum(1 for k in kinds if k[0] == "s")  # no summary twice
     e.store.forget_records([], [unique], [], {})  # (the test's own extra row)
     assert_connected(e.store, sid)
+
+
+def _stored(location: str, n: int = 200) -> LCMEngine:
+    e = LCMEngine(config=LCMConfig.load({"store": location, "summarizer": "extractive"}, read_file=False))
+    host = R19Host(e)
+    host.start(context_length=64_000)
+    msgs = coding_session(n, seed=3).messages
+    for a, b in turn_ranges(msgs):
+        host.add(*msgs[a:b])
+        host.maybe_compress()
+    host.end()
+    return e
+
+
+def test_one_doctor_the_same_checks_on_both_backends(tmp_path, pg_fresh_dsn):
+    """One doctor: after the lines only the backend can tell (`Store.self_checks`), both
+    backends report the same checks in the same order."""
+    names = {}
+    for backend, location in (("sqlite", str(tmp_path / "l.db")), ("postgres", pg_fresh_dsn)):
+        e = _stored(location)
+        own = [c.name for c in e.store.self_checks()]
+        got = [c.name for c in run_doctor(e.store).checks]
+        assert own and got[:len(own)] == own, (backend, got)
+        names[backend] = got[len(own):]
+    assert names["sqlite"] == names["postgres"]
+    assert {"every summary has sources", "summary DAG has no cycles", "no stale staged work",
+            "every message reachable from a context or the DAG", "schema migrations",
+            "no interrupted prune"} <= set(names["sqlite"])
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_one_repair_drops_a_stale_pass_and_reattaches_what_it_held(tmp_path, request, backend):
+    """A stage left by a dead process an hour ago held the only reference to a message: one
+    `--repair` discards the stage and re-attaches the message (the next doctor is healthy)."""
+    location = request.getfixturevalue("pg_fresh_dsn") if backend == "postgres" else str(tmp_path / "l.db")
+    e = _stored(location, 120)
+    sid = e.store.list_sessions()[0]["id"]
+    [orphan] = e.store.append_messages(sid, [new_message({"role": "user", "content": "stray"}, 25_000, 600)])
+    version, ctx = e.store.get_context(sid)
+    e.store.stage_pass(sid, "dead-pass", [NewSummary("k", "leaf", 0, "x", 1, 1, "deterministic", "extractive", None,
+                                                     None, 1, message_ids=[orphan])], [("s", "k")], version, len(ctx))
+    e.store.write_rows(lambda ex: ex("UPDATE staged_passes SET created_at = 0 WHERE pass_id = ?", ("dead-pass",)))
+    rep = run_doctor(e.store)
+    assert [c.name for c in rep.checks if not c.ok] == ["no stale staged work"], rep.render_text()
+    rep = run_doctor(e.store, repair=True)
+    assert rep.ok, rep.render_text()
+    assert {c.name for c in rep.checks if c.repaired} == {"no stale staged work",
+                                                          "every message reachable from a context or the DAG"}
+    assert run_doctor(e.store).ok, run_doctor(e.store).render_text()
+    assert ("m", orphan) in [(x.kind, x.ref) for x in e.store.get_context(sid)[1]]

@@ -17,14 +17,14 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ..store.base import Store
 from . import merge_copies
 
 STALE_STAGE_SECONDS = 3600
 
-# Checks both backends run as they are (no parameters, portable SQL).
+# Checks both backends run as they are (portable SQL: Store.query_rows).
 # (a summary whose originals retention removed keeps a pruned_spans row instead: ops/retention.py)
 SQL_NO_SOURCES = (
     "SELECT s.id FROM summaries s WHERE NOT EXISTS (SELECT 1 FROM summary_messages m WHERE m.summary_id=s.id)"
@@ -120,14 +120,15 @@ def run_doctor(store: Store, repair: bool = False, fanin: int = 4, retention: An
 
     # A prune stopped half-way left summaries without sources: finish it before checking.
     finished = finish_interrupted(store) if repair and interrupted(store) else 0
-    rep = _sqlite(store, repair) if store.kind == "sqlite" else _postgres(store, repair, DoctorReport())
+    rep = DoctorReport()
+    _store_checks(store, rep, repair)
     _migrations_check(store, rep)
     _depth_check(store, rep, repair, fanin)
     lifecycle_checks(store, rep, finished, retention)
     return rep
 
 
-def _migrations_check(store: Any, rep: DoctorReport) -> None:
+def _migrations_check(store: Store, rep: DoctorReport) -> None:
     """One line: the store's schema migrations (store/migrate.py). A required one pending is a
     failure (a writing open applies it; a read-only one, `lcm mcp`, never does); an optional one
     the server could not apply, or names a newer lcm recorded, are information."""
@@ -161,11 +162,11 @@ def _split(unreachable: list[tuple], latest: list[tuple]) -> tuple[list[tuple], 
     return left, other
 
 
-def _merge_check(store: Any, rep: DoctorReport, repair: bool, left: list[tuple], unreachable: list[tuple],
-                 fetch_rows: Callable[[str], list[tuple]]) -> tuple[list[tuple], list[tuple]]:
+def _merge_check(store: Store, rep: DoctorReport, repair: bool, left: list[tuple],
+                 unreachable: list[tuple]) -> tuple[list[tuple], list[tuple]]:
     """Copies of our block and what host merges took out of view (merge_copies.py), told apart
     from a turn the host did not keep; returns (left out, unreachable) without them."""
-    rest = set(merge_copies.check(store, rep, repair, left + unreachable, fetch_rows))
+    rest = set(merge_copies.check(store, rep, repair, left + unreachable))
     return [x for x in left if x in rest], [x for x in unreachable if x in rest]
 
 
@@ -178,18 +179,14 @@ def _left_out_check(rep: DoctorReport, left: list[tuple]) -> None:
                 f"e.g. m{left[0][0]} in {sessions[0]}", info=True)
 
 
-def _depth_check(store: Any, rep: DoctorReport, repair: bool, fanin: int) -> None:
+def _depth_check(store: Store, rep: DoctorReport, repair: bool, fanin: int) -> None:
     """Depth of each active context's summaries against ⌈log_fanin(leaves)⌉ + 1; chains left by
     0.1.x are information (nothing is wrong with their data) and `--repair` rebalances them."""
     from ..edits.dag_rebalance import find_unbalanced, rebalance
 
     name = f"summary DAG depth within ⌈log_{fanin}(leaves)⌉ + 1"
     try:
-        if store.kind == "sqlite":
-            roots = _q(store.conn(), SQL_CONTEXT_ROOTS)
-        else:
-            with store.maintenance_connection() as c:
-                roots = c.execute(SQL_CONTEXT_ROOTS).fetchall()
+        roots = store.query_rows(SQL_CONTEXT_ROOTS)
         deep = find_unbalanced(store, fanin, [(r[0], int(r[1])) for r in roots])
     except Exception as exc:  # a report, not a reason to stop the doctor
         rep.add(name, True, f"not measured: {type(exc).__name__}: {exc}", info=True)
@@ -210,124 +207,26 @@ def _depth_check(store: Any, rep: DoctorReport, repair: bool, fanin: int) -> Non
     chk.repaired = True
 
 
-def _q(c, sql: str, *params: Any) -> list[tuple]:
-    return c.execute(sql, params).fetchall()
-
-
-def _sqlite(store: Any, repair: bool) -> DoctorReport:
-    rep = DoctorReport()
-    c = store.conn()
-    integ = _q(c, "PRAGMA integrity_check")
-    rep.add("sqlite integrity_check", integ == [("ok",)], "; ".join(r[0] for r in integ[:5]) if integ != [("ok",)] else "")
-    fk = _q(c, "PRAGMA foreign_key_check")
-    rep.add("foreign keys", not fk, f"{len(fk)} violations" if fk else "")
-
-    # A large append's rows are full-text indexed after its commit: index any backlog
-    # (left by a crash, or still running) before comparing the index with the rows.
+def _store_checks(store: Store, rep: DoctorReport, repair: bool) -> None:
+    """The checks every backend runs alike, after the lines only the backend can tell
+    (`Store.self_checks`: SQLite's integrity check and full-text indexes, PostgreSQL's index
+    and what its server lacks), over the store's portable SQL reads and its repairs."""
+    # Messages are full-text indexed after their commit: index any backlog (left by a crash or
+    # a dead process, or still running) before the store compares the index with the rows.
     store.wait_indexed()
-    for fts in ("messages_fts", "summaries_fts", "summaries_scoped_fts"):
-        if store.read_only:  # FTS5's integrity check is issued as an INSERT: a write
-            rep.add(f"full-text index {fts} in sync", True, "not checked: the store is open read-only",
-                    info=True)
-            continue
-        bad = False
-        try:
-            c.execute(f"INSERT INTO {fts}({fts}, rank) VALUES ('integrity-check', 1)")
-        except Exception as exc:
-            bad = True
-            detail = str(exc)
-        else:
-            detail = ""
-        chk = rep.add(f"full-text index {fts} in sync", not bad, detail)
-        if bad and repair:
-            with store.tx() as w:
-                w.execute(f"INSERT INTO {fts}({fts}) VALUES ('rebuild')")
-                if fts == "messages_fts":  # the rebuild indexed every row, listed or not
-                    w.execute("DELETE FROM lcm_index_pending")
-            chk.repaired = True
+    for sc in store.self_checks(repair):
+        chk = rep.add(sc.name, sc.ok, sc.detail, info=sc.info)
+        chk.repaired = sc.repaired
+    q = store.query_rows
 
-    empty = _q(c, SQL_NO_SOURCES)
-    rep.add("every summary has sources", not empty, f"{len(empty)} without sources: " + ", ".join(f"s{r[0]}" for r in empty[:10]) if empty else "")
-
-    cyc = _q(c, SQL_CYCLES)
+    empty = q(SQL_NO_SOURCES)
+    rep.add("every summary has sources", not empty,
+            f"{len(empty)} without sources: " + ", ".join(f"s{r[0]}" for r in empty[:10]) if empty else "")
+    cyc = q(SQL_CYCLES)
     rep.add("summary DAG has no cycles", not cyc, ", ".join(f"s{r[0]}" for r in cyc) if cyc else "")
 
-    stale_before = time.time() - STALE_STAGE_SECONDS
-    stale = _q(c, "SELECT pass_id, session_id FROM staged_passes WHERE created_at < ?", stale_before)
-    orphan_staged = _q(c, SQL_ORPHAN_STAGED)[0][0]
-    chk = rep.add("no stale staged work", not stale and not orphan_staged,
-                  f"{len(stale)} stale staged passes, {orphan_staged} orphan staged summaries" if stale or orphan_staged else "")
-    if (stale or orphan_staged) and repair:
-        for pid, _sid in stale:
-            store.discard_pass(pid)
-        with store.tx() as w:
-            w.execute("DELETE FROM summaries WHERE state='staged' AND pass_id NOT IN (SELECT pass_id FROM staged_passes)")
-        chk.repaired = True
-
-    # Reachability: every message is in an active context or under a published summary
-    # (directly, or through a staged summary of a pending pass).
-    left, unreachable = _split(_q(c, SQL_UNREACHABLE), _q(c, SQL_LATEST_HELD))
-    left, unreachable = _merge_check(store, rep, repair, left, unreachable, lambda sql: _q(store.conn(), sql))
-    _left_out_check(rep, left)
-    chk = rep.add("every message reachable from a context or the DAG", not unreachable,
-                  f"{len(unreachable)} unreachable (still stored; searchable)" if unreachable else "")
-    if unreachable and repair:
-        by_session: dict[str, list[int]] = {}
-        for mid, sid in unreachable:
-            by_session.setdefault(sid, []).append(mid)
-        with store.tx() as w:
-            for sid, mids in by_session.items():
-                top = w.execute("SELECT COALESCE(MAX(pos), -1) FROM context_items WHERE session_id=?", (sid,)).fetchone()[0]
-                # Re-attached in front would reorder; append keeps them reachable and ordered.
-                w.executemany("INSERT INTO context_items(session_id, pos, message_id) VALUES (?,?,?)",
-                              [(sid, top + 1 + i, mid) for i, mid in enumerate(sorted(mids))])
-                w.execute("UPDATE sessions SET context_version = context_version + 1 WHERE id=?", (sid,))
-        chk.repaired = True
-
-    _multi_leaf_check(store, rep, repair, lambda sql: _q(store.conn(), sql))
-    _copies_check(store, rep, repair, lambda sql, *p: _q(store.conn(), sql, *p))
-    return rep
-
-
-def _postgres(store: Any, repair: bool, rep: DoctorReport) -> DoctorReport:
-    """`lcm doctor` for PostgreSQL: the checks of the SQLite doctor that apply here."""
-
-    def q(c: Any, sql: str, *params: Any) -> list[tuple]:
-        return c.execute(sql, params).fetchall()
-
-    # Messages are full-text indexed after their commit: index any backlog (left by a dead
-    # process, or still running) before comparing the index with the rows, as on SQLite.
-    store.wait_indexed()
-    missing = store.index_missing()
-    chk = rep.add("full-text index message_index in sync", not missing,
-                  f"{missing} messages neither indexed nor listed for indexing" if missing else "")
-    if missing and repair:
-        store.repair_index()
-        chk.repaired = True
-    unscoped = store.index_unscoped()
-    chk = rep.add("indexed messages carry their session", True,
-                  f"notice: {unscoped} rows indexed before migration 013 have no session yet (the background"
-                  " indexer fills them when idle; scoped searches look them up meanwhile)" if unscoped else "")
-    if unscoped and repair:
-        while store.fill_index_sessions():
-            pass
-        chk.repaired = True
-    rep.add("pg_trgm substring index", True, "" if store.has_trigram_index() else
-            "notice: pg_trgm is not installed (or may not be created by this role); substring search"
-            " over summaries scans instead of using a trigram index")
-    rep.add("lz4 compression of message text", True, "" if "015_lz4_toast" in store.applied_migrations() else
-            "notice: this server has no lz4 (PostgreSQL before 14, or built without it): message text is"
-            " compressed with pglz, and appends cost about a third more")
-    with store.maintenance_connection() as c:
-        empty = q(c, SQL_NO_SOURCES)
-        rep.add("every summary has sources", not empty,
-                f"{len(empty)} without sources: " + ", ".join(f"s{r[0]}" for r in empty[:10]) if empty else "")
-        cyc = q(c, SQL_CYCLES)
-        rep.add("summary DAG has no cycles", not cyc, ", ".join(f"s{r[0]}" for r in cyc) if cyc else "")
-        stale = q(c, "SELECT pass_id, session_id FROM staged_passes WHERE created_at < %s",
-                  time.time() - STALE_STAGE_SECONDS)
-        orphan = q(c, SQL_ORPHAN_STAGED)[0][0]
-        left, unreachable = _split(q(c, SQL_UNREACHABLE), q(c, SQL_LATEST_HELD))
+    stale = q("SELECT pass_id, session_id FROM staged_passes WHERE created_at < ?", (time.time() - STALE_STAGE_SECONDS,))
+    orphan = q(SQL_ORPHAN_STAGED)[0][0]
     chk = rep.add("no stale staged work", not stale and not orphan,
                   f"{len(stale)} stale staged passes, {orphan} orphan staged summaries" if stale or orphan else "")
     if (stale or orphan) and repair:
@@ -336,11 +235,10 @@ def _postgres(store: Any, repair: bool, rep: DoctorReport) -> DoctorReport:
         store.delete_orphan_staged()
         chk.repaired = True
 
-    def fetch_rows(sql: str, *params: Any) -> list[tuple]:
-        with store.maintenance_connection() as c:
-            return q(c, sql.replace("?", "%s"), *params)
-
-    left, unreachable = _merge_check(store, rep, repair, left, unreachable, fetch_rows)
+    # Reachability: every message is in an active context or under a published summary
+    # (directly, or through a staged summary of a pending pass).
+    left, unreachable = _split(q(SQL_UNREACHABLE), q(SQL_LATEST_HELD))
+    left, unreachable = _merge_check(store, rep, repair, left, unreachable)
     _left_out_check(rep, left)
     chk = rep.add("every message reachable from a context or the DAG", not unreachable,
                   f"{len(unreachable)} unreachable (still stored; searchable)" if unreachable else "")
@@ -350,17 +248,16 @@ def _postgres(store: Any, repair: bool, rep: DoctorReport) -> DoctorReport:
             by_session.setdefault(sid, []).append(mid)
         store.reattach_messages(by_session)
         chk.repaired = True
-    _multi_leaf_check(store, rep, repair, fetch_rows)
-    _copies_check(store, rep, repair, fetch_rows)
-    return rep
+    _multi_leaf_check(store, rep, repair)
+    _copies_check(store, rep, repair)
 
 
-def _multi_leaf_check(store: Any, rep: DoctorReport, repair: bool, fetch_rows: Callable[[str], list[tuple]]) -> None:
+def _multi_leaf_check(store: Store, rep: DoctorReport, repair: bool) -> None:
     """Each message under at most one published leaf. An earlier engine summarised again the
     originals a host re-sent (pipeline/ingest_replay.py says when): ``--repair`` deletes the
     copies no context reaches (the summaries, never a message)."""
     name = "each message under at most one leaf"
-    multi = fetch_rows(SQL_MULTI_LEAF)
+    multi = store.query_rows(SQL_MULTI_LEAF)
     if not multi:
         rep.add(name, True)
         return
@@ -368,10 +265,10 @@ def _multi_leaf_check(store: Any, rep: DoctorReport, repair: bool, fetch_rows: C
     if not repair:
         rep.add(name, False, detail + "; `lcm doctor --repair` deletes the copies no context reaches")
         return
-    dropped = _duplicate_summaries(store, fetch_rows)
+    dropped = _duplicate_summaries(store)
     if dropped:
         store.forget_records([], [], sorted(dropped), {})
-    left = fetch_rows(SQL_MULTI_LEAF)
+    left = store.query_rows(SQL_MULTI_LEAF)
     chk = rep.add(name, False, detail + f"; deleted {len(dropped)} copies no context reaches (every message is"
                   " still stored)" + (f"; still under two leaves: {', '.join(f'm{r[0]}' for r in left)}" if left else ""))
     chk.repaired = not left
@@ -388,18 +285,18 @@ COPY_RUN = 3
 COPY_TOKENS = 50
 
 
-def _copies_check(store: Any, rep: DoctorReport, repair: bool, fetch_rows: Callable[..., list[tuple]]) -> None:
+def _copies_check(store: Store, rep: DoctorReport, repair: bool) -> None:
     """Messages an earlier `lcm import hermes` stored again: it read 0.19.0's archived rows and
     the head and tail the host re-persists at each compaction as new turns. A copy repeats an
     earlier run of its session word for word, in order: three messages or more, or two with a
     long one; one under a summary is left alone. ``--repair`` deletes the copies (the originals
     stay) and points the contexts that held them at the originals."""
     name = "no message stored twice by an import"
-    sessions = sorted({str(r[0]) for r in fetch_rows(SQL_TWICE)})
+    sessions = sorted({str(r[0]) for r in store.query_rows(SQL_TWICE)})
     copies: dict[int, int] = {}  # copy -> original
     by_session: dict[str, list[int]] = {}
     for sid in sessions:
-        found = _copies(fetch_rows(SQL_SESSION_ROWS, sid))
+        found = _copies(store.query_rows(SQL_SESSION_ROWS, (sid,)))
         if found:
             copies.update(found)
             by_session[sid] = sorted(found)
@@ -457,7 +354,7 @@ def _copies(session_rows: list[tuple]) -> dict[int, int]:
     return out
 
 
-def _deduped(store: Any, ctx: list[tuple[str, int]], copies: dict[int, int]) -> list[tuple[str, int]]:
+def _deduped(store: Store, ctx: list[tuple[str, int]], copies: dict[int, int]) -> list[tuple[str, int]]:
     """A context without copies: each item once, a copy replaced by its original unless the
     context already holds that original (itself, or under one of its summaries)."""
     covered: set[int] = set()
@@ -482,12 +379,12 @@ def _deduped(store: Any, ctx: list[tuple[str, int]], copies: dict[int, int]) -> 
     return out
 
 
-def _duplicate_summaries(store: Any, fetch_rows: Callable[[str], list[tuple]]) -> set[int]:
+def _duplicate_summaries(store: Store) -> set[int]:
     """Summaries that only repeat others: a published leaf over a message another leaf covers,
     that no active context or pending pass reaches and whose messages the leaves they do reach
     all cover; and above those, summaries nothing reaches whose children are all such."""
-    roots = {int(r[1]) for r in fetch_rows(SQL_CONTEXT_ROOTS)}
-    for (tops,) in fetch_rows(SQL_STAGED_TOPS):
+    roots = {int(r[1]) for r in store.query_rows(SQL_CONTEXT_ROOTS)}
+    for (tops,) in store.query_rows(SQL_STAGED_TOPS):
         roots.update(int(x) for x in json.loads(tops or "[]"))
     reached: set[int] = set()
     covered: set[int] = set()
@@ -501,7 +398,7 @@ def _duplicate_summaries(store: Any, fetch_rows: Callable[[str], list[tuple]]) -
         stack.extend(kids)
         covered.update(mids)
     drop: set[int] = set()
-    for (leaf,) in fetch_rows(SQL_MULTI_LEAF_SUMMARIES):
+    for (leaf,) in store.query_rows(SQL_MULTI_LEAF_SUMMARIES):
         if leaf not in reached:
             kids, mids = store.summary_children(leaf)
             if mids and not kids and set(mids) <= covered:

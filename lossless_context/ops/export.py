@@ -45,8 +45,8 @@ citations of the imported summaries. Import is idempotent: a message already pre
 and sources) or a session already present is reused, never duplicated; a session's active
 context is only written when that session had none. One import is one transaction.
 
-Also holds `StoreSQL`, the small backend adapter (SQLite `?` / PostgreSQL `%s`) that the
-exporter, the importer and the HTML viewer use to list whole tables.
+Also holds `StoreSQL`, the whole-table listings (over the store's portable SQL reads,
+`Store.query_rows`) that the exporter and the HTML viewer share.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ from datetime import datetime, timezone
 from typing import IO, Any, Callable, Iterable, Iterator, Sequence
 
 from ..messages import safe_json
-from ..store.base import Store
+from ..store.base import Execute, Store
 
 FORMAT = "lossless-context"
 VERSION = 2
@@ -74,28 +74,14 @@ class ExportError(RuntimeError):
 
 
 class StoreSQL:
-    """Plain SQL over either backend. Statements use `?` placeholders."""
+    """Whole-table listings over the store's portable SQL reads (`Store.query_rows`):
+    statements use `?` placeholders."""
 
     def __init__(self, store: Store) -> None:
-        # A dialect's store: its documented maintenance SQL (`read_sql`/`write_sql` on
-        # PostgreSQL, `conn()`/`tx()` on SQLite), which the common Store interface leaves out.
-        self.store: Any = store
-        self.pg = store.kind != "sqlite"
-
-    def _sql(self, sql: str) -> str:
-        return sql.replace("?", "%s") if self.pg else sql
+        self.store = store
 
     def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
-        if self.pg:
-            return self.store.read_sql(lambda c: c.execute(self._sql(sql), tuple(params)).fetchall())
-        return self.store.conn().execute(sql, tuple(params)).fetchall()
-
-    def write(self, fn: Callable[[Callable[..., Any]], Any]) -> Any:
-        """Run fn(execute) in one write transaction; execute(sql, params) returns a cursor."""
-        if self.pg:
-            return self.store.write_sql(lambda c: fn(lambda sql, p=(): c.execute(self._sql(sql), tuple(p))))
-        with self.store.tx() as c:
-            return fn(lambda sql, p=(): c.execute(sql, tuple(p)))
+        return self.store.query_rows(sql, params)
 
     def in_list(self, ids: Sequence[Any]) -> str:
         return ",".join("?" * len(ids))
@@ -377,22 +363,21 @@ def read_records(lines: Iterable[str]) -> tuple[dict[str, Any], list[dict[str, A
 
 def import_jsonl(store: Store, lines: Iterable[str]) -> ImportReport:
     header, records = read_records(lines)
-    db = StoreSQL(store)
     rep = ImportReport()
     by_type: dict[str, list[dict[str, Any]]] = {"session": [], "message": [], "summary": [], "context": []}
     for r in records:
         by_type[r["type"]].append(r)
 
-    def run(ex: Callable[..., Any]) -> None:
-        _Importer(db, ex, rep).run(by_type)
+    def run(ex: Execute) -> None:
+        _Importer(ex, rep).run(by_type)
 
-    db.write(run)
+    store.write_rows(run, explicit_ids=("messages", "summaries"))
     return rep
 
 
 class _Importer:
-    def __init__(self, db: StoreSQL, ex: Callable[..., Any], rep: ImportReport) -> None:
-        self.db, self.ex, self.rep = db, ex, rep
+    def __init__(self, ex: Execute, rep: ImportReport) -> None:
+        self.ex, self.rep = ex, rep
         self.mmap: dict[int, int] = {}
         self.smap: dict[int, int] = {}
         self.new_sessions: set[str] = set()
@@ -411,10 +396,6 @@ class _Importer:
         for c in recs["context"]:
             self.context(c)
         self.session_meta(recs["session"])
-        if self.db.pg:
-            for table in ("messages", "summaries"):
-                self.ex(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'),"
-                        f" GREATEST((SELECT COALESCE(MAX(id), 0) FROM {table}), 1))")
 
     # -- records ---------------------------------------------------------------------
 

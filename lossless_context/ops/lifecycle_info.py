@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from typing import Any
-from urllib.parse import parse_qs, urlparse
 
 from ..config import RetentionPolicy
 from ..store.base import Store
@@ -48,14 +47,7 @@ def store_facts(store: Store, policy: RetentionPolicy | None = None, now: float 
 def encryption_state(store: Store) -> str:
     """"sqlcipher" (encrypted at rest), "none" (an SQLite file in plaintext), or for
     PostgreSQL what protects the connection ("tls", "local", "unencrypted")."""
-    if store.kind == "sqlite":
-        return "sqlcipher" if getattr(store, "encrypted", False) else "none"
-    loc = store.location
-    host = urlparse(loc).hostname or (parse_qs(urlparse(loc).query).get("host") or [""])[0]
-    if not host or host.startswith("/") or host in ("localhost", "127.0.0.1", "::1"):
-        return "local"
-    ssl = getattr(store, "ssl_in_use", lambda: None)()
-    return "tls" if ssl else "unencrypted"
+    return store.encryption()
 
 
 def render_facts(f: dict[str, Any]) -> list[str]:

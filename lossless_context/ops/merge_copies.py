@@ -16,23 +16,22 @@ holds text found nowhere else, nor one a summary covers.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from ..messages import content_ident
 from ..pipeline.unmerge import split
 from ..records import ContextEntry
+from ..store.base import Store
 
-# Rows that may hold our whole block (the test of the whole block is `unmerge.split`/the marker).
-SQL_COPIES_SQLITE = ("SELECT id, session_id FROM messages WHERE role IN ('user','assistant')"
-                     " AND instr(text, '<lcm-summary nodes=\"') > 0 AND instr(text, '</lcm-summary>') > 0 ORDER BY id")
-SQL_COPIES_POSTGRES = ("SELECT id, session_id FROM messages WHERE role IN ('user','assistant')"
-                       " AND strpos(text, '<lcm-summary nodes=\"') > 0 AND strpos(text, '</lcm-summary>') > 0 ORDER BY id")
 _OPEN = '<lcm-summary nodes="'
+# Rows that may hold our whole block (the test of the whole block is `unmerge.split`/the marker).
+_BLOCK_MARKS = (_OPEN, "</lcm-summary>")
+_BLOCK_ROLES = ("user", "assistant")
 
 
-def block_copies(store: Any, fetch_rows: Callable[[str], list[tuple]]) -> dict[str, list[int]]:
+def block_copies(store: Store) -> dict[str, list[int]]:
     """Session → ids of the rows holding a copy of our block (merged with text or alone)."""
-    found = fetch_rows(SQL_COPIES_SQLITE if store.kind == "sqlite" else SQL_COPIES_POSTGRES)
+    found = store.messages_containing(_BLOCK_MARKS, _BLOCK_ROLES)
     recs = store.get_messages([int(r[0]) for r in found])
     out: dict[str, list[int]] = {}
     for mid, sid in found:
@@ -43,11 +42,11 @@ def block_copies(store: Any, fetch_rows: Callable[[str], list[tuple]]) -> dict[s
     return out
 
 
-def check(store: Any, rep: Any, repair: bool, left: list[tuple], fetch_rows: Callable[[str], list[tuple]]) -> list[tuple]:
+def check(store: Store, rep: Any, repair: bool, left: list[tuple]) -> list[tuple]:
     """Report block copies and the messages merges left out; repair them with `repair`.
     Returns the left-out rows that have nothing to do with a merge (the caller reports those)."""
     name = "no summary block stored as a message"
-    copies = block_copies(store, fetch_rows)
+    copies = block_copies(store)
     if not copies:
         rep.add(name, True)
         return left
@@ -82,7 +81,7 @@ def check(store: Any, rep: Any, repair: bool, left: list[tuple], fetch_rows: Cal
     return rest
 
 
-def _restore_context(store: Any, sid: str, mids: Sequence[int], copies: set[int]) -> int:
+def _restore_context(store: Store, sid: str, mids: Sequence[int], copies: set[int]) -> int:
     """The session's context with `mids` back in place (before the first entry that starts
     later) and without the copies or a summary listed twice; how many were put back."""
     _v, ctx = store.get_context(sid)
@@ -108,7 +107,7 @@ def _restore_context(store: Any, sid: str, mids: Sequence[int], copies: set[int]
     return added
 
 
-def _first_message(store: Any, e: ContextEntry) -> int:
+def _first_message(store: Store, e: ContextEntry) -> int:
     """The oldest message an entry stands for (a summary's first leaf's first message)."""
     if e.kind == "m":
         return e.ref
@@ -123,7 +122,7 @@ def _first_message(store: Any, e: ContextEntry) -> int:
     return 0
 
 
-def _held_elsewhere(store: Any, sid: str, mid: int) -> bool:
+def _held_elsewhere(store: Store, sid: str, mid: int) -> bool:
     """Is every part of copy `mid` besides the block stored as its own message of `sid`,
     and is the copy itself under no summary (deleting it loses nothing)?"""
     if store.message_summaries(mid):

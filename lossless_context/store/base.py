@@ -10,15 +10,51 @@ import abc
 import contextlib
 import re
 import time
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol, Sequence, TypeVar
 
 from ..records import ContextEntry, MessageRecord, NewMessage, NewSummary, StagedPass, SummaryRecord
 from ..search.query import QueryPlan
 from ..search.regex import BoundedRegex
 
+if TYPE_CHECKING:
+    from .migrate import MigrationState
+
 
 class StoreError(RuntimeError):
     """A store operation failed in a way the caller should report, not crash on."""
+
+
+T = TypeVar("T")
+
+
+class ResultCursor(Protocol):
+    """What one statement run by :meth:`Store.write_rows` answers (a DB-API cursor)."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+
+class Execute(Protocol):
+    """``execute(sql, params)``: one statement in the portable SQL of :meth:`Store.query_rows`."""
+
+    def __call__(self, sql: str, params: Sequence[Any] = ()) -> ResultCursor: ...
+
+
+@dataclass
+class StoreCheck:
+    """One line of `lcm doctor` that only the backend can tell (its own integrity check, its
+    full-text index, what the server lacks): data, turned into the report by ops/doctor.py."""
+
+    name: str
+    ok: bool
+    detail: str = ""
+    repaired: bool = False
+    info: bool = False  # a finding to know about, not a failure
 
 
 _KEY_RE = re.compile(r"\bnew(\d+)\b")
@@ -603,6 +639,54 @@ class Store(abc.ABC):
     def vacuum(self) -> None:
         """Rewrite the store to give every free page back (`lcm vacuum`; SQLite only)."""
         raise StoreError(f"{self.kind}: the server reclaims space (VACUUM, VACUUM FULL or pg_repack there)")
+
+    # -- operations (ops/: export, import, viewer, doctor) -----------------------
+    # The SQL of these methods is *portable*: `?` is a placeholder (and nothing else), and only
+    # what SQLite and PostgreSQL both read alike is used; the backend translates the placeholders.
+
+    @abc.abstractmethod
+    def query_rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """The rows of one read-only statement in portable SQL (ops' whole-table listings and
+        checks: export, viewer, doctor). Bounded like the store's maintenance work; never writes."""
+
+    @abc.abstractmethod
+    def write_rows(self, fn: Callable[[Execute], T], explicit_ids: Sequence[str] = ()) -> T:
+        """``fn(execute)`` in one write transaction (`lcm import jsonl` writes rows as they
+        are); ``execute(sql, params)`` runs one portable statement and answers its cursor. An
+        exception rolls everything back. ``explicit_ids``: the tables fn inserted rows into with
+        ids of its own; the backend moves their id counters past them before the commit. A
+        read-only store raises StoreError."""
+
+    @abc.abstractmethod
+    def messages_containing(self, needles: Sequence[str], roles: Sequence[str]) -> list[tuple[int, str]]:
+        """(id, session) of every message of these roles whose text contains each needle
+        (exact, case-sensitive), by id."""
+
+    @abc.abstractmethod
+    def delete_orphan_staged(self) -> None:
+        """Drop staged summaries whose pass is gone (`lcm doctor --repair`)."""
+
+    @abc.abstractmethod
+    def reattach_messages(self, by_session: dict[str, list[int]]) -> None:
+        """Append stored messages that nothing reaches to their session's active context, in
+        id order (`lcm doctor --repair`); each such session's context version moves on."""
+
+    @abc.abstractmethod
+    def encryption(self) -> str:
+        """What protects the data: "sqlcipher" (an SQLite file encrypted at rest) or "none" (in
+        plaintext); for a server, what protects the connection: "local" (this machine), "tls"
+        or "unencrypted" (`lcm status`, `lcm doctor`)."""
+
+    @abc.abstractmethod
+    def migration_state(self) -> MigrationState:
+        """The store's schema migrations: applied, pending (required, optional) and the ones a
+        newer lcm recorded (store/migrate.py; `lcm doctor` shows them)."""
+
+    @abc.abstractmethod
+    def self_checks(self, repair: bool = False) -> list[StoreCheck]:
+        """The lines of `lcm doctor` only this backend can tell (its own integrity checks, its
+        full-text index, what its server lacks), in the order shown; with ``repair``, each one
+        the backend can fix safely is fixed and marked repaired. Call `wait_indexed` first."""
 
     # -- maintenance ----------------------------------------------------------
     @abc.abstractmethod

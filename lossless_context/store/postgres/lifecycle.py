@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from typing import Any, Callable, Sequence
+from urllib.parse import parse_qs, urlparse
 
 from .text import pg_text as _t
 
@@ -184,3 +185,12 @@ class PostgresLifecycle:
         """Whether this connection to the server is encrypted (TLS), None when unknown."""
         r = self._read(lambda c: c.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone())
         return bool(r[0]) if r is not None else None
+
+    def encryption(self) -> str:
+        """"local" for a server on this machine (its disk encryption protects the data), else
+        whether the connection to it uses TLS: "tls" or "unencrypted"."""
+        loc = self.location
+        host = urlparse(loc).hostname or (parse_qs(urlparse(loc).query).get("host") or [""])[0]
+        if not host or host.startswith("/") or host in ("localhost", "127.0.0.1", "::1"):
+            return "local"
+        return "tls" if self.ssl_in_use() else "unencrypted"

@@ -34,6 +34,7 @@ from .vectors import SQLiteVectors
 from .records import SQLiteRecords
 from .lifecycle import SQLiteLifecycle
 from .search import SQLiteSearch
+from .maintenance import SQLiteMaintenance
 
 
 BUSY_TIMEOUT_MS = 30_000
@@ -54,7 +55,7 @@ def _private_dir(path: Path, ours: bool) -> None:
             pass
 
 
-class SQLiteStore(SQLiteRecords, SQLiteLifecycle, SQLiteSearch, SQLiteCosts, SQLiteVectors, Store):
+class SQLiteStore(SQLiteRecords, SQLiteLifecycle, SQLiteSearch, SQLiteCosts, SQLiteVectors, SQLiteMaintenance, Store):
     kind = "sqlite"
 
     def __init__(self, location: str) -> None:
@@ -78,6 +79,9 @@ class SQLiteStore(SQLiteRecords, SQLiteLifecycle, SQLiteSearch, SQLiteCosts, SQL
     def encrypted(self) -> bool:
         """Whether the file is encrypted at rest (SQLCipher; looked at when the store opens)."""
         return self.conn() is not None and self._key is not None
+
+    def encryption(self) -> str:
+        return "sqlcipher" if self.encrypted else "none"
 
     # -- connections ----------------------------------------------------------
 
