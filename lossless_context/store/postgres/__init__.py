@@ -4,4 +4,4 @@ reconnection), `deadline` (the client-side bound of every call), `migrations` (a
 (deferred full-text indexing), `append` (the write path of a batch of new messages), `search`,
 `text` (tsvector text), `records`, `lifecycle` and `lifecycle_schema` (retention), `costs`,
 `vectors` (the semantic arm's vectors), `versions` (LISTEN/NOTIFY context-version cache),
-`repair` (doctor's safe repairs) and `readonly` (a store opened for reading only, for `lcm mcp`)."""
+`repair` (the methods of ops/: portable SQL, the doctor's own checks and safe repairs) and `readonly` (a store opened for reading only, for `lcm mcp`)."""

@@ -3,5 +3,6 @@
 (background merging of the full-text index's segments), `search`, `records`, `lifecycle`
 (retention's removals, pruned spans, space), `cipher` (encryption at rest: SQLCipher, keys) and
 `convert` (`lcm encrypt` / `rekey` / `decrypt`), `costs`, `vectors` (the semantic arm's vectors),
-`wal` (checkpoints), `file` (probing and backing up a file) and `readonly` (a store opened
+`wal` (checkpoints), `file` (probing and backing up a file), `maintenance` (the methods of ops/:
+portable SQL, the doctor's own checks and repairs) and `readonly` (a store opened
 read-only for the `lcm` command on someone else's file)."""
