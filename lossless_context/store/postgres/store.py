@@ -33,9 +33,9 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from ..owners import pass_owner
+from .. import passes
 from ...records import ContextEntry, MessageRecord, NewMessage, NewSummary, StagedPass, SummaryRecord
-from ..base import Store, StoreError, resolve_keys, resolve_new_refs, with_appended
+from ..base import Store, StoreError, resolve_keys, resolve_new_refs
 from .append import insert_messages
 from .text import pg_text as _t
 from .conn import WRITE_RETRIES, PostgresConnections
@@ -550,50 +550,12 @@ class PostgresStore(PostgresRecords, PostgresLifecycle, PostgresSearch, Postgres
     def publish_pass(self, pass_id: str, into_session: str | None = None) -> bool:
         pid = _t(pass_id)
         into = _t(into_session) if into_session else None
-
-        def tx(c: Any) -> bool:
-            first = c.execute("SELECT session_id FROM staged_passes WHERE pass_id=%s", (pid,)).fetchone()
-            if first is None:
-                return False
-            session_id = first[0]
-            # Lock the sessions first (the order every writer uses), then re-read the stage:
-            # a concurrent publish of the same pass may have consumed it meanwhile.
-            versions = self._lock_sessions(c, session_id, into)
-            row = c.execute(
-                "SELECT session_id, base_version, base_len, items FROM staged_passes WHERE pass_id=%s FOR UPDATE",
-                (pid,),
-            ).fetchone()
-            if row is None or row[0] != session_id:
-                raise _Retry()
-            _, base_version, base_len, items_json = row
-            items = [tuple(x) for x in json.loads(items_json)]
-            cur = versions.get(session_id)
-            if cur is not None and cur != base_version:
-                # The published context moved on since staging: keep what was appended after
-                # the staged base so no message reference is lost.
-                items = with_appended(items, c.execute(
-                    "SELECT message_id, summary_id FROM context_items WHERE session_id=%s AND pos>=%s ORDER BY pos",
-                    (session_id, base_len),
-                ).fetchall())
-            c.execute("UPDATE summaries SET state='published' WHERE pass_id=%s", (pid,))
-            c.execute(
-                "UPDATE sessions SET compactions = compactions + 1, last_compaction_at=%s WHERE id=%s",
-                (time.time(), session_id),
-            )
-            self._write_context(c, session_id, items)
-            if into and into != session_id:
-                self._write_context(c, into, items)
-            c.execute("DELETE FROM staged_passes WHERE pass_id=%s", (pid,))
-            # Older stages of this session can never be adopted any more.
-            self._discard_stale_tx(c, session_id, keep=None, owner_of=pid)
-            return True
-
-        for _ in range(WRITE_RETRIES):
+        for _ in range(WRITE_RETRIES):  # (a concurrent publish of the same pass consumed it meanwhile)
             try:
-                return self._write(tx)
+                return self._write(lambda c: passes.publish(_PostgresPassWrites(self, c), pid, into))
             except _Retry:
                 continue
-        return self._write(tx)
+        return self._write(lambda c: passes.publish(_PostgresPassWrites(self, c), pid, into))
 
     def discard_pass(self, pass_id: str) -> None:
         pid = _t(pass_id)
@@ -605,8 +567,7 @@ class PostgresStore(PostgresRecords, PostgresLifecycle, PostgresSearch, Postgres
                 (pid, pid),
             )]
             self._lock_sessions(c, *owners)
-            c.execute("DELETE FROM summaries WHERE pass_id=%s AND state='staged'", (pid,))
-            c.execute("DELETE FROM staged_passes WHERE pass_id=%s", (pid,))
+            _PostgresPassWrites(self, c).delete_passes([pid])
 
         self._write(tx)
 
@@ -615,30 +576,9 @@ class PostgresStore(PostgresRecords, PostgresLifecycle, PostgresSearch, Postgres
 
         def tx(c: Any) -> int:
             self._lock_sessions(c, sid)
-            return self._discard_stale_tx(c, sid, _t(keep))
+            return passes.discard_stale(_PostgresPassWrites(self, c), sid, _t(keep))
 
         return self._write(tx)
-
-    @staticmethod
-    def _discard_stale_tx(c: Any, session_id: str, keep: str | None, owner_of: str | None = None) -> int:
-        rows = c.execute(
-            "SELECT pass_id FROM staged_passes WHERE session_id=%s AND pass_id IS DISTINCT FROM %s",
-            (session_id, keep),
-        ).fetchall()
-        orphan = c.execute(
-            "SELECT DISTINCT pass_id FROM summaries WHERE session_id=%s AND state='staged'"
-            " AND pass_id IS DISTINCT FROM %s"
-            " AND pass_id NOT IN (SELECT pass_id FROM staged_passes)",
-            (session_id, keep),
-        ).fetchall()
-        ids = {r[0] for r in rows} | {r[0] for r in orphan}
-        if owner_of is not None:  # only this engine's own older stages (see owners.py)
-            mine = pass_owner(owner_of)
-            ids = {p for p in ids if pass_owner(p) in (None, mine)}
-        if ids:
-            c.execute("DELETE FROM summaries WHERE pass_id = ANY(%s::text[]) AND state='staged'", (list(ids),))
-            c.execute("DELETE FROM staged_passes WHERE pass_id = ANY(%s::text[])", (list(ids),))
-        return len(ids)
 
     # -- summaries ------------------------------------------------------------------------------
 
@@ -770,6 +710,53 @@ class PostgresStore(PostgresRecords, PostgresLifecycle, PostgresSearch, Postgres
             }
 
         return self._read(run)
+
+class _PostgresPassWrites:
+    """PostgreSQL's statements of a publish or a discard (store/passes.py), in the caller's
+    write transaction."""
+
+    def __init__(self, store: PostgresStore, c: Any) -> None:
+        self.store, self.c = store, c
+
+    def locked_stage(self, pass_id: str, into_session: str | None) -> passes.Stage | None:
+        first = self.c.execute("SELECT session_id FROM staged_passes WHERE pass_id=%s", (pass_id,)).fetchone()
+        if first is None:
+            return None
+        session_id = first[0]
+        # Lock the sessions first (the order every writer uses), then re-read the stage: a
+        # concurrent publish of the same pass may have consumed it meanwhile.
+        versions = self.store._lock_sessions(self.c, session_id, into_session)
+        row = self.c.execute("SELECT session_id, base_version, base_len, items FROM staged_passes WHERE pass_id=%s"
+                             " FOR UPDATE", (pass_id,)).fetchone()
+        if row is None or row[0] != session_id:
+            raise _Retry()
+        return passes.Stage(row[0], row[1], row[2], row[3], versions.get(session_id))
+
+    def context_rows_from(self, session_id: str, pos: int) -> list[tuple[Any, Any]]:
+        return self.c.execute("SELECT message_id, summary_id FROM context_items WHERE session_id=%s AND pos>=%s"
+                              " ORDER BY pos", (session_id, pos)).fetchall()
+
+    def mark_published(self, pass_id: str, session_id: str, now: float) -> None:
+        self.c.execute("UPDATE summaries SET state='published' WHERE pass_id=%s", (pass_id,))
+        self.c.execute("UPDATE sessions SET compactions = compactions + 1, last_compaction_at=%s WHERE id=%s",
+                       (now, session_id))
+
+    def write_context(self, session_id: str, items: Sequence[tuple[str, int]]) -> None:
+        self.store._write_context(self.c, session_id, items)
+
+    def stale_pass_ids(self, session_id: str, keep: str | None) -> set[str]:
+        rows = self.c.execute("SELECT pass_id FROM staged_passes WHERE session_id=%s AND pass_id IS DISTINCT FROM %s",
+                              (session_id, keep)).fetchall()
+        orphan = self.c.execute(
+            "SELECT DISTINCT pass_id FROM summaries WHERE session_id=%s AND state='staged'"
+            " AND pass_id IS DISTINCT FROM %s AND pass_id NOT IN (SELECT pass_id FROM staged_passes)",
+            (session_id, keep)).fetchall()
+        return {r[0] for r in rows} | {r[0] for r in orphan}
+
+    def delete_passes(self, pass_ids: Sequence[str]) -> None:
+        self.c.execute("DELETE FROM summaries WHERE pass_id = ANY(%s::text[]) AND state='staged'", (list(pass_ids),))
+        self.c.execute("DELETE FROM staged_passes WHERE pass_id = ANY(%s::text[])", (list(pass_ids),))
+
 
 class _Retry(Exception):
     """The row read before locking changed meanwhile: run the transaction again."""

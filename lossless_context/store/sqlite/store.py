@@ -20,10 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ...messages import clean_text
-from ..owners import pass_owner
 from ...records import ContextEntry, MessageRecord, NewMessage, NewSummary, StagedPass, SummaryRecord
-from ..base import Store, StoreError, resolve_keys, with_appended
-from .. import migrate
+from ..base import Store, StoreError, resolve_keys
+from .. import migrate, passes
 from ..rows import MSG_COLS, SUM_COLS, message_record, summary_record
 from . import append as sqlite_append, index as sqlite_index, merge as sqlite_merge, wal as sqlite_wal
 from . import cipher as sqlite_cipher
@@ -563,64 +562,16 @@ class SQLiteStore(SQLiteRecords, SQLiteLifecycle, SQLiteSearch, SQLiteCosts, SQL
                 for r in rows]
 
     def publish_pass(self, pass_id: str, into_session: str | None = None) -> bool:
-        with self.tx() as c:
-            row = c.execute(
-                "SELECT session_id, base_version, base_len, items FROM staged_passes WHERE pass_id=?", (pass_id,)
-            ).fetchone()
-            if row is None:
-                return False
-            session_id, base_version, base_len, items_json = row
-            items = [tuple(x) for x in json.loads(items_json)]
-            cur = c.execute("SELECT context_version FROM sessions WHERE id=?", (session_id,)).fetchone()
-            if cur and cur[0] != base_version:
-                # The published context moved on since staging: keep what was appended after
-                # the staged base so no message reference is lost.
-                items = with_appended(items, c.execute(
-                    "SELECT message_id, summary_id FROM context_items WHERE session_id=? AND pos>=? ORDER BY pos",
-                    (session_id, base_len),
-                ).fetchall())
-            c.execute("UPDATE summaries SET state='published' WHERE pass_id=?", (pass_id,))
-            c.execute(
-                "UPDATE sessions SET compactions = compactions + 1, last_compaction_at=? WHERE id=?",
-                (time.time(), session_id),
-            )
-            self._write_context(c, session_id, items)
-            if into_session and into_session != session_id:
-                self._write_context(c, into_session, items)
-            c.execute("DELETE FROM staged_passes WHERE pass_id=?", (pass_id,))
-            # This engine's older stages can never be adopted any more (another live
-            # engine's stage of the same session may still be: see owners.py).
-            self._discard_stale_tx(c, session_id, keep=None, owner_of=pass_id)
-        return True
+        with self.tx() as c:  # (BEGIN IMMEDIATE: the stage and the sessions are this writer's)
+            return passes.publish(_SQLitePassWrites(c), pass_id, into_session)
 
     def discard_pass(self, pass_id: str) -> None:
         with self.tx() as c:
-            c.execute("DELETE FROM summaries WHERE pass_id=? AND state='staged'", (pass_id,))
-            c.execute("DELETE FROM staged_passes WHERE pass_id=?", (pass_id,))
+            _SQLitePassWrites(c).delete_passes([pass_id])
 
     def discard_stale(self, session_id: str, keep: str | None = None) -> int:
         with self.tx() as c:
-            return self._discard_stale_tx(c, session_id, keep)
-
-    @staticmethod
-    def _discard_stale_tx(c: sqlite3.Connection, session_id: str, keep: str | None,
-                          owner_of: str | None = None) -> int:
-        rows = c.execute(
-            "SELECT pass_id FROM staged_passes WHERE session_id=? AND pass_id IS NOT ?", (session_id, keep)
-        ).fetchall()
-        orphan = c.execute(
-            "SELECT DISTINCT pass_id FROM summaries WHERE session_id=? AND state='staged' AND pass_id IS NOT ?"
-            " AND pass_id NOT IN (SELECT pass_id FROM staged_passes)",
-            (session_id, keep),
-        ).fetchall()
-        ids = {r[0] for r in rows} | {r[0] for r in orphan}
-        if owner_of is not None:
-            mine = pass_owner(owner_of)
-            ids = {p for p in ids if pass_owner(p) in (None, mine)}
-        for pid in ids:
-            c.execute("DELETE FROM summaries WHERE pass_id=? AND state='staged'", (pid,))
-            c.execute("DELETE FROM staged_passes WHERE pass_id=?", (pid,))
-        return len(ids)
+            return passes.discard_stale(_SQLitePassWrites(c), session_id, keep)
 
     # -- summaries -------------------------------------------------------------------
 
@@ -783,3 +734,44 @@ def _insert_summary(c: sqlite3.Connection, session_id: str, s: NewSummary, text:
          s.summarizer, s.t_start, s.t_end, s.n_messages, state, pass_id, now),
     )
     return sid
+
+
+class _SQLitePassWrites:
+    """SQLite's statements of a publish or a discard (store/passes.py), in the caller's
+    write transaction."""
+
+    def __init__(self, c: sqlite3.Connection) -> None:
+        self.c = c
+
+    def locked_stage(self, pass_id: str, into_session: str | None) -> passes.Stage | None:
+        row = self.c.execute("SELECT session_id, base_version, base_len, items FROM staged_passes WHERE pass_id=?",
+                             (pass_id,)).fetchone()
+        if row is None:
+            return None
+        cur = self.c.execute("SELECT context_version FROM sessions WHERE id=?", (row[0],)).fetchone()
+        return passes.Stage(row[0], row[1], row[2], row[3], cur[0] if cur else None)
+
+    def context_rows_from(self, session_id: str, pos: int) -> list[tuple[Any, Any]]:
+        return self.c.execute("SELECT message_id, summary_id FROM context_items WHERE session_id=? AND pos>=?"
+                              " ORDER BY pos", (session_id, pos)).fetchall()
+
+    def mark_published(self, pass_id: str, session_id: str, now: float) -> None:
+        self.c.execute("UPDATE summaries SET state='published' WHERE pass_id=?", (pass_id,))
+        self.c.execute("UPDATE sessions SET compactions = compactions + 1, last_compaction_at=? WHERE id=?",
+                       (now, session_id))
+
+    def write_context(self, session_id: str, items: Sequence[tuple[str, int]]) -> None:
+        SQLiteStore._write_context(self.c, session_id, items)
+
+    def stale_pass_ids(self, session_id: str, keep: str | None) -> set[str]:
+        rows = self.c.execute("SELECT pass_id FROM staged_passes WHERE session_id=? AND pass_id IS NOT ?",
+                              (session_id, keep)).fetchall()
+        orphan = self.c.execute(
+            "SELECT DISTINCT pass_id FROM summaries WHERE session_id=? AND state='staged' AND pass_id IS NOT ?"
+            " AND pass_id NOT IN (SELECT pass_id FROM staged_passes)", (session_id, keep)).fetchall()
+        return {r[0] for r in rows} | {r[0] for r in orphan}
+
+    def delete_passes(self, pass_ids: Sequence[str]) -> None:
+        for pid in pass_ids:
+            self.c.execute("DELETE FROM summaries WHERE pass_id=? AND state='staged'", (pid,))
+            self.c.execute("DELETE FROM staged_passes WHERE pass_id=?", (pid,))
