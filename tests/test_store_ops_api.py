@@ -12,23 +12,10 @@ import pytest
 
 from lossless_context.records import ContextEntry, NewMessage, NewSummary
 from lossless_context.store import StoreError, open_store
+from tests import test_store
 
-BACKENDS = ["sqlite", "postgres"]
 T0 = 1_700_000_000.0
-
-
-@pytest.fixture(params=BACKENDS)
-def location(request, tmp_path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "lcm" / "lcm.db")
-    return request.getfixturevalue("pg_fresh_dsn")
-
-
-@pytest.fixture
-def store(location):
-    s = open_store(location)
-    yield s
-    s.close()
+location, store = test_store.location, test_store.store  # (the fixtures: one store on each backend)
 
 
 def nm(text: str, role: str = "user") -> NewMessage:
@@ -166,3 +153,21 @@ def test_ops_uses_no_backend_private_api():
     found = [f"{p.name}:{i}" for p in sorted(ops.glob("*.py"))
              for i, line in enumerate(p.read_text().splitlines(), 1) if banned.search(line)]
     assert found == []
+
+
+def test_store_is_abstract_and_every_backend_complete():
+    """Store is an interface: a backend that leaves a method out cannot be made (a TypeError
+    naming it, not a NotImplementedError at the first call); both backends, and their
+    read-only kinds, implement every one."""
+    from lossless_context.store.base import Store
+    from lossless_context.store.postgres.readonly import ReadOnlyPostgresStore
+    from lossless_context.store.postgres.store import PostgresStore
+    from lossless_context.store.sqlite.readonly import ReadOnlySQLiteStore
+    from lossless_context.store.sqlite.store import SQLiteStore
+
+    for cls in (SQLiteStore, ReadOnlySQLiteStore, PostgresStore, ReadOnlyPostgresStore):
+        assert not cls.__abstractmethods__, (cls.__name__, sorted(cls.__abstractmethods__))
+    assert {"query_rows", "write_rows", "self_checks", "space", "session_activity", "forget_salt",
+            "publish_pass"} <= Store.__abstractmethods__
+    with pytest.raises(TypeError, match="space"):
+        type("Half", (Store,), {})()

@@ -526,32 +526,32 @@ class Store(abc.ABC):
         (edges, context items, aliases, staged passes, index rows); children of a deleted
         session hang from its parent afterwards. Returns the counts deleted."""
 
+    @abc.abstractmethod
     def forget_salt(self) -> bytes:
         """The store's random salt for the marks of forgotten messages (pipeline/forgotten.py):
         32 bytes made on first use, kept in the store, never changed."""
-        raise NotImplementedError
 
     def forget_marks(self, scope: Sequence[str]) -> dict[int, set[str]]:
         """The marks of messages forgotten in these sessions: anchor (the message kept before
         each) -> digests. A store without them forgets nothing at ingest."""
         return {}
 
+    @abc.abstractmethod
     def add_forget_marks(self, marks: Sequence[tuple[str, int, str]], moved: dict[int, int]) -> None:
         """Keep ``(session, anchor, digest)`` marks and move the marks anchored at a message
         that goes to the one kept before it (``moved``: message id -> new anchor)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def set_message_times(self, pairs: Sequence[tuple[int, float]]) -> None:
         """Set when messages were said (``(id, epoch seconds)``): the host's own record of a
         message stored without a time of its own."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def rewrite_summaries(self, rows: Sequence[tuple[int, str, int, int]], sessions: Sequence[str]) -> None:
         """In one transaction: summaries rebuilt without forgotten messages get their new text
         (``(id, text, tokens, n_messages)``, the id kept) and lose their earlier texts
         (``summary_history``); the prepared summaries and continuity state of ``sessions``
         go too (their text may quote what was forgotten; both are rebuilt as needed)."""
-        raise NotImplementedError
 
     def scrub(self) -> dict[str, Any]:
         """After deleting rows for good (``lcm forget``): leave nothing of them on disk that
@@ -560,20 +560,20 @@ class Store(abc.ABC):
         return {}
 
     # -- retention (ops/retention.py; store/sqlite/lifecycle.py, store/postgres/lifecycle.py) ----
+    @abc.abstractmethod
     def session_activity(self) -> list[dict[str, Any]]:
         """Every session with what retention weighs: id, parent_id, conversation_id,
         boundary_reason, created_at, updated_at, last_message_at (the newest message time),
         messages, tokens, summaries and summary_tokens (published)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def messages_since(self, since: float) -> int:
         """How many messages were stored with a time from ``since`` on (growth per day)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def originals_under_summaries(self, session_ids: Sequence[str]) -> list[int]:
         """Messages of these sessions that a published summary of theirs covers and no active
         context holds: what a prune that keeps the summaries may remove."""
-        raise NotImplementedError
 
     def removal_tokens(self, message_ids: Sequence[int], summary_ids: Sequence[int]) -> dict[str, dict[int, int]]:
         """{"messages": {id: tokens}, "summaries": {id: tokens}} of these rows: what removing
@@ -582,12 +582,13 @@ class Store(abc.ABC):
         missing from the answer counts as its fixed part only."""
         return {"messages": {}, "summaries": {}}
 
+    @abc.abstractmethod
     def record_pruned(self, message_ids: Sequence[int], pruned_at: float, reason: str = "retention") -> int:
         """Before a prune removes these messages (``forget_records``) and keeps the summaries
         over them: each such summary records how many of its originals go, their id span,
         when and why (:meth:`pruned_spans`). Returns the summaries recorded."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def remove_rows(self, kind: str, groups: Sequence[Sequence[int]], *, seconds: float,
                     clock: Callable[[], float] = time.perf_counter, pruned_at: float | None = None,
                     reason: str = "retention") -> tuple[int, int]:
@@ -600,37 +601,36 @@ class Store(abc.ABC):
         messages are first recorded under the summaries that keep them (:meth:`record_pruned`)
         in the same transaction. Returns (groups done, rows removed): the groups not done are
         the caller's to remove in its next transaction."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def pruned_spans(self, summary_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
         """summary id → {messages, tokens, first_id, last_id, pruned_at, reason} for those whose
         originals a prune removed."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def pruned_message(self, message_id: int) -> dict[str, Any] | None:
         """{summary_id, session_id, pruned_at, reason} of a pruned span holding this id, if any."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def pruned_totals(self) -> dict[str, Any]:
         """{summaries, messages, last_pruned_at} over every pruned span."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def retention_run_start(self, mode: str, trigger: str, plan: dict[str, Any], bytes_before: int | None) -> int:
         """Log the start of a prune (its plan: the sessions it will touch); returns its id."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def retention_run_finish(self, run_id: int, sessions: int, messages: int, summaries: int,
-                             bytes_after: int | None) -> None:
-        raise NotImplementedError
+                             bytes_after: int | None) -> None: ...
 
+    @abc.abstractmethod
     def retention_runs(self, limit: int = 5) -> list[dict[str, Any]]:
         """The newest prunes first (an unfinished one has no finished_at)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def space(self) -> dict[str, Any]:
         """{file_bytes, used_bytes, free_bytes, auto_vacuum} (PostgreSQL: the tables' size,
         and dead rows per table)."""
-        raise NotImplementedError
 
     def reclaim_space(self, seconds: float = 60.0, pause: float = 0.05) -> int:
         """Give freed space back to the file system in short steps; the bytes given back."""
