@@ -587,6 +587,21 @@ def test_publish_discards_older_stages(store):
     assert store.message_summaries(ids[0]) == [k2["L"]]
 
 
+def test_publish_discards_only_its_own_engines_older_stages(store):
+    """Publishing drops the older stages of the engine that staged it and those of nobody (a
+    bare id); another engine's stage of the same session stays for it to commit (owners.py)."""
+    ids = _session_with_messages(store, "s", 4)
+    v, n = _vlen(store, "s")
+    mine, other = "host:1:aaaa", "host:2:bbbb"
+    keys = {}
+    for pid in (f"p1@{mine}", f"p2@{other}", "p3", f"p4@{mine}"):
+        keys[pid], _ = store.stage_pass("s", pid, [leaf("L", ids[:2], pid)], [("s", "L"), ("m", ids[2])], v, n)
+    assert store.publish_pass(f"p4@{mine}")
+    assert [p.pass_id for p in store.staged_passes("s")] == [f"p2@{other}"]
+    assert store.get_summaries([keys[f"p2@{other}"]["L"]], include_staged=True)
+    assert store.get_summaries([keys[f"p1@{mine}"]["L"], keys["p3"]["L"]], include_staged=True) == {}
+
+
 def test_orphan_staged_summaries_are_discarded(store):
     ids = _session_with_messages(store, "s", 2)
     k, _ = store.stage_pass("s", "p", [leaf("L", ids, "orphan")], [("s", "L")], *_vlen(store, "s"))
