@@ -6,6 +6,7 @@
 * `rows`      — message and summary rows as both stores read them (columns, records);
 * `guard`     — the store circuit breaker, and the session's way on without its store;
 * `owners`    — which engine staged a pass, and whether it can still commit it;
+* `passes`    — publishing a staged pass and discarding stale ones (each backend: its SQL);
 * `migrate`   — the one runner of both backends' append-only named schema migrations.
 """
 

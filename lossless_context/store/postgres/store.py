@@ -552,10 +552,13 @@ class PostgresStore(PostgresRecords, PostgresLifecycle, PostgresSearch, Postgres
         into = _t(into_session) if into_session else None
         for _ in range(WRITE_RETRIES):  # (a concurrent publish of the same pass consumed it meanwhile)
             try:
-                return self._write(lambda c: passes.publish(_PostgresPassWrites(self, c), pid, into))
+                return self._write(lambda c: passes.publish(self._pass_writes(c), pid, into))
             except _Retry:
                 continue
-        return self._write(lambda c: passes.publish(_PostgresPassWrites(self, c), pid, into))
+        return self._write(lambda c: passes.publish(self._pass_writes(c), pid, into))
+
+    def _pass_writes(self, c: Any) -> _PostgresPassWrites:
+        return _PostgresPassWrites(c, self._lock_sessions, self._write_context)
 
     def discard_pass(self, pass_id: str) -> None:
         pid = _t(pass_id)
@@ -567,7 +570,7 @@ class PostgresStore(PostgresRecords, PostgresLifecycle, PostgresSearch, Postgres
                 (pid, pid),
             )]
             self._lock_sessions(c, *owners)
-            _PostgresPassWrites(self, c).delete_passes([pid])
+            self._pass_writes(c).delete_passes([pid])
 
         self._write(tx)
 
@@ -576,7 +579,7 @@ class PostgresStore(PostgresRecords, PostgresLifecycle, PostgresSearch, Postgres
 
         def tx(c: Any) -> int:
             self._lock_sessions(c, sid)
-            return passes.discard_stale(_PostgresPassWrites(self, c), sid, _t(keep))
+            return passes.discard_stale(self._pass_writes(c), sid, _t(keep))
 
         return self._write(tx)
 
@@ -715,8 +718,9 @@ class _PostgresPassWrites:
     """PostgreSQL's statements of a publish or a discard (store/passes.py), in the caller's
     write transaction."""
 
-    def __init__(self, store: PostgresStore, c: Any) -> None:
-        self.store, self.c = store, c
+    def __init__(self, c: Any, lock: Callable[..., dict[str, int]],
+                 write_context: Callable[[Any, str, Sequence[tuple[str, int]]], None]) -> None:
+        self.c, self._lock, self._write = c, lock, write_context
 
     def locked_stage(self, pass_id: str, into_session: str | None) -> passes.Stage | None:
         first = self.c.execute("SELECT session_id FROM staged_passes WHERE pass_id=%s", (pass_id,)).fetchone()
@@ -725,7 +729,7 @@ class _PostgresPassWrites:
         session_id = first[0]
         # Lock the sessions first (the order every writer uses), then re-read the stage: a
         # concurrent publish of the same pass may have consumed it meanwhile.
-        versions = self.store._lock_sessions(self.c, session_id, into_session)
+        versions = self._lock(self.c, session_id, into_session)
         row = self.c.execute("SELECT session_id, base_version, base_len, items FROM staged_passes WHERE pass_id=%s"
                              " FOR UPDATE", (pass_id,)).fetchone()
         if row is None or row[0] != session_id:
@@ -742,7 +746,7 @@ class _PostgresPassWrites:
                        (now, session_id))
 
     def write_context(self, session_id: str, items: Sequence[tuple[str, int]]) -> None:
-        self.store._write_context(self.c, session_id, items)
+        self._write(self.c, session_id, items)
 
     def stale_pass_ids(self, session_id: str, keep: str | None) -> set[str]:
         rows = self.c.execute("SELECT pass_id FROM staged_passes WHERE session_id=%s AND pass_id IS DISTINCT FROM %s",

@@ -563,15 +563,15 @@ class SQLiteStore(SQLiteRecords, SQLiteLifecycle, SQLiteSearch, SQLiteCosts, SQL
 
     def publish_pass(self, pass_id: str, into_session: str | None = None) -> bool:
         with self.tx() as c:  # (BEGIN IMMEDIATE: the stage and the sessions are this writer's)
-            return passes.publish(_SQLitePassWrites(c), pass_id, into_session)
+            return passes.publish(_SQLitePassWrites(c, self._write_context), pass_id, into_session)
 
     def discard_pass(self, pass_id: str) -> None:
         with self.tx() as c:
-            _SQLitePassWrites(c).delete_passes([pass_id])
+            _SQLitePassWrites(c, self._write_context).delete_passes([pass_id])
 
     def discard_stale(self, session_id: str, keep: str | None = None) -> int:
         with self.tx() as c:
-            return passes.discard_stale(_SQLitePassWrites(c), session_id, keep)
+            return passes.discard_stale(_SQLitePassWrites(c, self._write_context), session_id, keep)
 
     # -- summaries -------------------------------------------------------------------
 
@@ -740,8 +740,9 @@ class _SQLitePassWrites:
     """SQLite's statements of a publish or a discard (store/passes.py), in the caller's
     write transaction."""
 
-    def __init__(self, c: sqlite3.Connection) -> None:
-        self.c = c
+    def __init__(self, c: sqlite3.Connection,
+                 write_context: Callable[[sqlite3.Connection, str, Sequence[tuple[str, int]]], None]) -> None:
+        self.c, self._write = c, write_context
 
     def locked_stage(self, pass_id: str, into_session: str | None) -> passes.Stage | None:
         row = self.c.execute("SELECT session_id, base_version, base_len, items FROM staged_passes WHERE pass_id=?",
@@ -761,7 +762,7 @@ class _SQLitePassWrites:
                        (now, session_id))
 
     def write_context(self, session_id: str, items: Sequence[tuple[str, int]]) -> None:
-        SQLiteStore._write_context(self.c, session_id, items)
+        self._write(self.c, session_id, items)
 
     def stale_pass_ids(self, session_id: str, keep: str | None) -> set[str]:
         rows = self.c.execute("SELECT pass_id FROM staged_passes WHERE session_id=? AND pass_id IS NOT ?",
