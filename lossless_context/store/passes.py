@@ -7,16 +7,18 @@ stage's base, what was appended after the base is kept (`with_appended`: no mess
 is lost); the pass's summaries become published, the session counts a compaction, the context
 (and, for a host that continues in another session, that session's too) is written, the stage
 goes, and this engine's older stages of the session with it (another live engine's stage may
-still be adopted: owners.py). Each backend supplies only its SQL (`PassWrites`).
+still be adopted: owners.py). The statements are `PassWrites`: `PortablePassWrites` runs them
+in the SQL both backends read alike; a backend overrides only what it does its own way
+(PostgreSQL: its row locks, and deletes over arrays).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from typing import Any, NamedTuple, Protocol, Sequence
+from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
-from .base import with_appended
+from .base import Execute, with_appended
 from .owners import pass_owner
 
 
@@ -53,6 +55,46 @@ class PassWrites(Protocol):
 
     def delete_passes(self, pass_ids: Sequence[str]) -> None:
         """Delete these passes' staged summaries (published ones stay) and stage rows."""
+
+
+class PortablePassWrites:
+    """`PassWrites` in portable SQL (`?` placeholders) over the caller's ``execute``, in its
+    write transaction; ``write_context(session_id, items)`` is the backend's own."""
+
+    def __init__(self, execute: Execute, write_context: Callable[[str, Sequence[tuple[str, int]]], None]) -> None:
+        self.ex, self._write_context = execute, write_context
+
+    def locked_stage(self, pass_id: str, into_session: str | None) -> Stage | None:
+        # (the caller's transaction already holds the store's single writer slot)
+        row = self.ex("SELECT session_id, base_version, base_len, items FROM staged_passes WHERE pass_id=?",
+                      (pass_id,)).fetchone()
+        if row is None:
+            return None
+        cur = self.ex("SELECT context_version FROM sessions WHERE id=?", (row[0],)).fetchone()
+        return Stage(row[0], row[1], row[2], row[3], cur[0] if cur else None)
+
+    def context_rows_from(self, session_id: str, pos: int) -> Sequence[tuple[Any, Any]]:
+        return self.ex("SELECT message_id, summary_id FROM context_items WHERE session_id=? AND pos>=? ORDER BY pos",
+                       (session_id, pos)).fetchall()
+
+    def mark_published(self, pass_id: str, session_id: str, now: float) -> None:
+        self.ex("UPDATE summaries SET state='published' WHERE pass_id=?", (pass_id,))
+        self.ex("UPDATE sessions SET compactions = compactions + 1, last_compaction_at=? WHERE id=?", (now, session_id))
+
+    def write_context(self, session_id: str, items: Sequence[tuple[str, int]]) -> None:
+        self._write_context(session_id, items)
+
+    def stale_pass_ids(self, session_id: str, keep: str | None) -> set[str]:
+        staged = self.ex("SELECT pass_id FROM staged_passes WHERE session_id=?", (session_id,)).fetchall()
+        orphan = self.ex("SELECT DISTINCT pass_id FROM summaries WHERE session_id=? AND state='staged'"
+                         " AND pass_id NOT IN (SELECT pass_id FROM staged_passes)", (session_id,)).fetchall()
+        # (`!=` in Python: the null-safe comparison both dialects spell differently)
+        return {r[0] for r in [*staged, *orphan] if r[0] != keep}
+
+    def delete_passes(self, pass_ids: Sequence[str]) -> None:
+        for pid in pass_ids:
+            self.ex("DELETE FROM summaries WHERE pass_id=? AND state='staged'", (pid,))
+            self.ex("DELETE FROM staged_passes WHERE pass_id=?", (pid,))
 
 
 def publish(w: PassWrites, pass_id: str, into_session: str | None = None) -> bool:

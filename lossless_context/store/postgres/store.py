@@ -44,7 +44,7 @@ from .index import PostgresIndexer
 from .records import PostgresRecords
 from .lifecycle import PostgresLifecycle
 from ..rows import MSG_COLS, SUM_COLS, message_record, summary_record
-from .repair import PostgresRepairs
+from .repair import PostgresRepairs, portable
 from .search import PostgresSearch
 from .vectors import PostgresVectors
 from .versions import VersionCache, cache_for, peek, take_touched, touch_scopes
@@ -714,13 +714,15 @@ class PostgresStore(PostgresRecords, PostgresLifecycle, PostgresSearch, Postgres
 
         return self._read(run)
 
-class _PostgresPassWrites:
-    """PostgreSQL's statements of a publish or a discard (store/passes.py), in the caller's
-    write transaction."""
+class _PostgresPassWrites(passes.PortablePassWrites):
+    """PostgreSQL's own statements of a publish or a discard (store/passes.py): its row locks,
+    and deletes over arrays; the rest is the portable SQL."""
 
     def __init__(self, c: Any, lock: Callable[..., dict[str, int]],
                  write_context: Callable[[Any, str, Sequence[tuple[str, int]]], None]) -> None:
-        self.c, self._lock, self._write = c, lock, write_context
+        super().__init__(lambda sql, params=(): c.execute(portable(sql), tuple(params)),
+                         lambda sid, items: write_context(c, sid, items))
+        self.c, self._lock = c, lock
 
     def locked_stage(self, pass_id: str, into_session: str | None) -> passes.Stage | None:
         first = self.c.execute("SELECT session_id FROM staged_passes WHERE pass_id=%s", (pass_id,)).fetchone()
@@ -735,27 +737,6 @@ class _PostgresPassWrites:
         if row is None or row[0] != session_id:
             raise _Retry()
         return passes.Stage(row[0], row[1], row[2], row[3], versions.get(session_id))
-
-    def context_rows_from(self, session_id: str, pos: int) -> list[tuple[Any, Any]]:
-        return self.c.execute("SELECT message_id, summary_id FROM context_items WHERE session_id=%s AND pos>=%s"
-                              " ORDER BY pos", (session_id, pos)).fetchall()
-
-    def mark_published(self, pass_id: str, session_id: str, now: float) -> None:
-        self.c.execute("UPDATE summaries SET state='published' WHERE pass_id=%s", (pass_id,))
-        self.c.execute("UPDATE sessions SET compactions = compactions + 1, last_compaction_at=%s WHERE id=%s",
-                       (now, session_id))
-
-    def write_context(self, session_id: str, items: Sequence[tuple[str, int]]) -> None:
-        self._write(self.c, session_id, items)
-
-    def stale_pass_ids(self, session_id: str, keep: str | None) -> set[str]:
-        rows = self.c.execute("SELECT pass_id FROM staged_passes WHERE session_id=%s AND pass_id IS DISTINCT FROM %s",
-                              (session_id, keep)).fetchall()
-        orphan = self.c.execute(
-            "SELECT DISTINCT pass_id FROM summaries WHERE session_id=%s AND state='staged'"
-            " AND pass_id IS DISTINCT FROM %s AND pass_id NOT IN (SELECT pass_id FROM staged_passes)",
-            (session_id, keep)).fetchall()
-        return {r[0] for r in rows} | {r[0] for r in orphan}
 
     def delete_passes(self, pass_ids: Sequence[str]) -> None:
         self.c.execute("DELETE FROM summaries WHERE pass_id = ANY(%s::text[]) AND state='staged'", (list(pass_ids),))

@@ -563,15 +563,19 @@ class SQLiteStore(SQLiteRecords, SQLiteLifecycle, SQLiteSearch, SQLiteCosts, SQL
 
     def publish_pass(self, pass_id: str, into_session: str | None = None) -> bool:
         with self.tx() as c:  # (BEGIN IMMEDIATE: the stage and the sessions are this writer's)
-            return passes.publish(_SQLitePassWrites(c, self._write_context), pass_id, into_session)
+            return passes.publish(self._pass_writes(c), pass_id, into_session)
+
+    def _pass_writes(self, c: sqlite3.Connection) -> passes.PortablePassWrites:
+        return passes.PortablePassWrites(lambda sql, params=(): c.execute(sql, tuple(params)),
+                                         lambda sid, items: self._write_context(c, sid, items))
 
     def discard_pass(self, pass_id: str) -> None:
         with self.tx() as c:
-            _SQLitePassWrites(c, self._write_context).delete_passes([pass_id])
+            self._pass_writes(c).delete_passes([pass_id])
 
     def discard_stale(self, session_id: str, keep: str | None = None) -> int:
         with self.tx() as c:
-            return passes.discard_stale(_SQLitePassWrites(c, self._write_context), session_id, keep)
+            return passes.discard_stale(self._pass_writes(c), session_id, keep)
 
     # -- summaries -------------------------------------------------------------------
 
@@ -734,45 +738,3 @@ def _insert_summary(c: sqlite3.Connection, session_id: str, s: NewSummary, text:
          s.summarizer, s.t_start, s.t_end, s.n_messages, state, pass_id, now),
     )
     return sid
-
-
-class _SQLitePassWrites:
-    """SQLite's statements of a publish or a discard (store/passes.py), in the caller's
-    write transaction."""
-
-    def __init__(self, c: sqlite3.Connection,
-                 write_context: Callable[[sqlite3.Connection, str, Sequence[tuple[str, int]]], None]) -> None:
-        self.c, self._write = c, write_context
-
-    def locked_stage(self, pass_id: str, into_session: str | None) -> passes.Stage | None:
-        row = self.c.execute("SELECT session_id, base_version, base_len, items FROM staged_passes WHERE pass_id=?",
-                             (pass_id,)).fetchone()
-        if row is None:
-            return None
-        cur = self.c.execute("SELECT context_version FROM sessions WHERE id=?", (row[0],)).fetchone()
-        return passes.Stage(row[0], row[1], row[2], row[3], cur[0] if cur else None)
-
-    def context_rows_from(self, session_id: str, pos: int) -> list[tuple[Any, Any]]:
-        return self.c.execute("SELECT message_id, summary_id FROM context_items WHERE session_id=? AND pos>=?"
-                              " ORDER BY pos", (session_id, pos)).fetchall()
-
-    def mark_published(self, pass_id: str, session_id: str, now: float) -> None:
-        self.c.execute("UPDATE summaries SET state='published' WHERE pass_id=?", (pass_id,))
-        self.c.execute("UPDATE sessions SET compactions = compactions + 1, last_compaction_at=? WHERE id=?",
-                       (now, session_id))
-
-    def write_context(self, session_id: str, items: Sequence[tuple[str, int]]) -> None:
-        self._write(self.c, session_id, items)
-
-    def stale_pass_ids(self, session_id: str, keep: str | None) -> set[str]:
-        rows = self.c.execute("SELECT pass_id FROM staged_passes WHERE session_id=? AND pass_id IS NOT ?",
-                              (session_id, keep)).fetchall()
-        orphan = self.c.execute(
-            "SELECT DISTINCT pass_id FROM summaries WHERE session_id=? AND state='staged' AND pass_id IS NOT ?"
-            " AND pass_id NOT IN (SELECT pass_id FROM staged_passes)", (session_id, keep)).fetchall()
-        return {r[0] for r in rows} | {r[0] for r in orphan}
-
-    def delete_passes(self, pass_ids: Sequence[str]) -> None:
-        for pid in pass_ids:
-            self.c.execute("DELETE FROM summaries WHERE pass_id=? AND state='staged'", (pid,))
-            self.c.execute("DELETE FROM staged_passes WHERE pass_id=?", (pid,))
