@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from ...messages import CJK_CLASS
+from ...search.query import QueryPlan
 from ..base import StoreError
 from .idents import IdentifierQueries
 from .text import pg_text as _t
@@ -87,7 +88,7 @@ class PostgresSearch(IdentifierQueries):
         self._read(run)
         return out
 
-    def term_counts_many(self, asks: Sequence[tuple[str, Sequence[Any]]], cap: int) -> list[list[int]]:
+    def term_counts_many(self, asks: Sequence[tuple[str, Sequence[QueryPlan]]], cap: int) -> list[list[int]]:
         # every target's counts in one statement (one lcm_term_counts call each); the
         # statistics shortcut first, as term_counts does; a refusal falls back to it
         outs: list[list[int]] = []
@@ -209,7 +210,7 @@ class PostgresSearch(IdentifierQueries):
 
         return self._read(run)
 
-    def search_under_summaries(self, session_ids: Sequence[str] | None, asks: Sequence[tuple[int, Any]], *,
+    def search_under_summaries(self, session_ids: Sequence[str] | None, asks: Sequence[tuple[int, QueryPlan]], *,
                                role: str | None = None, since: float | None = None, until: float | None = None,
                                limit: int = 10) -> list[list[dict[str, Any]]]:
         # The summaries asked with the same query are searched together (lcm_fts_under_many,
@@ -255,7 +256,7 @@ class PostgresSearch(IdentifierQueries):
                                      since=since, until=until, under_summary=sid, limit=limit)
         return out
 
-    def any_match(self, target: str, plans: Sequence[Any], seconds: float) -> list[bool | None]:
+    def any_match(self, target: str, plans: Sequence[QueryPlan], seconds: float) -> list[bool | None]:
         out: list[bool | None] = [False] * len(plans)
         todo = [(k, self._tsq(s)) for k, s in enumerate(getattr(p, "pg_tsquery", None) for p in plans) if s]
         if not todo:
