@@ -138,6 +138,10 @@ def test_a_transaction_that_runs_long_stops_at_the_deadline_and_the_rest_leads_t
     # the groups follow the rows' weights: a transaction's groups each near budget / GROUPS
     sizes = b.groups([1.0] * 40 + [40.0] + [1.0] * 40)
     assert sum(sizes) == 81 and 1 in sizes and max(sizes) < 40
+    # a store whose groups cost more each (PostgreSQL: Store.removal_groups) asks for fewer
+    two = TimedBatches(budget=BUDGET, clock=lambda: 0.0, sleep=lambda s: None, groups=2)
+    eight = TimedBatches(budget=BUDGET, clock=lambda: 0.0, sleep=lambda s: None)
+    assert len(two.groups([1.0] * 80)) == 2 and len(eight.groups([1.0] * 80)) == GROUPS
 
 
 def test_a_store_that_reports_no_group_done_is_an_error():

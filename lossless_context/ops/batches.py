@@ -33,7 +33,8 @@ ROW_TOKENS = 400  # a row's fixed deletion work is about what this many tokens o
 FIRST_UNIT_SECONDS = 0.0005  # the first transaction's guess (measured from then on)
 MAX_ROWS = 2_000  # a transaction's ceiling whatever the measurements say (statement sizes)
 DEADLINE_SECONDS = 0.05  # a transaction commits once this has passed, whatever is left of it
-GROUPS = 8  # a transaction's rows go in groups of about budget / GROUPS each (the stop points)
+GROUPS = 8  # a transaction's rows go in groups of about budget / GROUPS each (the stop points;
+# a store says how many suit it: Store.removal_groups)
 
 
 @dataclass
@@ -58,9 +59,9 @@ class TimedBatches:
 
     def __init__(self, *, budget: float = BUDGET_SECONDS, pause: float = 0.05,
                  clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep,
-                 max_rows: int = MAX_ROWS, deadline: float = DEADLINE_SECONDS) -> None:
+                 max_rows: int = MAX_ROWS, deadline: float = DEADLINE_SECONDS, groups: int = GROUPS) -> None:
         self.budget, self.pause, self.clock, self.sleep, self.max_rows = budget, pause, clock, sleep, max_rows
-        self.deadline = deadline
+        self.deadline, self.n_groups = deadline, max(1, int(groups))
         self.unit_seconds = FIRST_UNIT_SECONDS  # the estimate: seconds one unit of work takes
         self.log = BatchLog()
 
@@ -88,8 +89,8 @@ class TimedBatches:
 
     def groups(self, weights: Sequence[float]) -> list[int]:
         """The sizes of the groups one transaction's rows (their units, in order) go in: each
-        about ``budget / GROUPS`` predicted, at least one row."""
-        allowed = self.budget / GROUPS / max(self.unit_seconds, 1e-9)
+        about ``budget / groups`` predicted, at least one row."""
+        allowed = self.budget / self.n_groups / max(self.unit_seconds, 1e-9)
         sizes: list[int] = []
         n, spent = 0, 0.0
         for w in weights:

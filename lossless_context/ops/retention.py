@@ -259,9 +259,11 @@ class PruneReport:
                 "seconds": round(self.seconds, 2), "run_id": self.run_id}
 
 
-def _batches(rep: PruneReport, pause: float, clock: Callable[[], float] | None = None) -> TimedBatches:
+def _batches(store: Store, rep: PruneReport, pause: float, clock: Callable[[], float] | None = None) -> TimedBatches:
     """The prune's transactions (ops/batches.py), counted in its report as they run."""
-    b = TimedBatches(pause=pause) if clock is None else TimedBatches(pause=pause, clock=clock)
+    groups = store.removal_groups
+    b = TimedBatches(pause=pause, groups=groups) if clock is None else TimedBatches(pause=pause, groups=groups,
+                                                                                    clock=clock)
     b.log = rep.batch_log
     return b
 
@@ -294,7 +296,7 @@ def prune(store: Store, plan: PrunePlan, *, trigger: str = "cli", pause: float =
                                                                 "host": socket.gethostname()}, plan.used_bytes)
     _RUNNING.add((store.location, rep.run_id))
     try:
-        _carry_out(store, plan, rep, _batches(rep, pause, clock), live_fn, floor)
+        _carry_out(store, plan, rep, _batches(store, rep, pause, clock), live_fn, floor)
         rep.bytes_returned = store.reclaim_space(reclaim_seconds, pause)
         space = store.space()
         rep.used_after, rep.file_after = int(space["used_bytes"]), int(space["file_bytes"])
@@ -424,7 +426,7 @@ def finish_interrupted(store: Store) -> int:
         if sessions:
             plan.lineages = [Lineage(sessions, 0.0, 0, 0)]
         rep = PruneReport(plan)
-        batches = _batches(rep, PAUSE_SECONDS)
+        batches = _batches(store, rep, PAUSE_SECONDS)
         if sessions and run["mode"] == "originals":
             rep.messages += _run_originals(store, sessions, batches, time.time())
         elif sessions:

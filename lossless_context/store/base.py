@@ -104,6 +104,10 @@ class Store(abc.ABC):
     location: str
     kind: str
     read_only: bool = False  # opened for inspection only (store/sqlite/readonly.py): writes raise
+    # How many groups a prune's transaction is split into (remove_rows; ops/batches.py): each
+    # boundary is a point where a transaction past its deadline commits, and each group costs
+    # its statements once. SQLite: one write lock for every writer, so many stop points.
+    removal_groups: int = 8
 
     def reset_connections(self) -> None:  # noqa: B027  (optional: a file store has nothing to reset)
         """Forget pooled connections after an outage (store/guard.py calls it); the next call
