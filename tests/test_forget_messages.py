@@ -248,3 +248,42 @@ def test_the_marks_hold_no_text_and_no_plain_hash(tmp_path):
                 raw = open(store + suffix, "rb").read()
                 assert b"hunter2" not in raw and ident.encode() not in raw
     assert not set(digests[0]) & set(digests[1])
+
+
+def test_forget_scrubs_in_short_steps_and_never_vacuums_under_the_write_lock(tmp_path, monkeypatch):
+    """#43: `lcm forget` leaves nothing of the text on disk without rewriting the file under
+    the write lock (a VACUUM held it for seconds to minutes on a large store): no VACUUM, the
+    full-text indexes merged in steps, each its own transaction, and between two steps another
+    connection writes at once (a write lock still held would refuse it: busy_timeout 0)."""
+    import sqlite3
+
+    from lossless_context.store.sqlite import records
+
+    store = str(tmp_path / "lcm.db")
+    e, _hist = _live(store)
+    e.store.wait_indexed()
+    other = sqlite3.connect(store, timeout=0, isolation_level=None)
+    other.execute("PRAGMA busy_timeout=0")
+    between: list[int] = []
+
+    def pause(seconds: float) -> None:  # (the scrub's pause between two steps)
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("UPDATE sessions SET updated_at = updated_at WHERE id = 'nobody'")
+        other.execute("COMMIT")
+        between.append(1)
+
+    monkeypatch.setattr(records, "_sleep", pause)
+    seen: list[str] = []
+    e.store.conn().set_trace_callback(seen.append)
+    try:
+        forget_messages(e.store, plan_forget_messages(e.store, _stored_with(e, PASTED), turn=True))
+    finally:
+        e.store.conn().set_trace_callback(None)
+        other.close()
+    assert not [s for s in seen if s.strip().upper().startswith("VACUUM")]
+    merges = [s for s in seen if "'merge'" in s]
+    assert merges and len(between) >= 1
+    e.store.close()
+    for suffix in ("", "-wal"):
+        if os.path.exists(store + suffix):
+            assert b"hunter2" not in open(store + suffix, "rb").read()

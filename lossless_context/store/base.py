@@ -560,7 +560,8 @@ class Store(abc.ABC):
     def scrub(self) -> dict[str, Any]:
         """After deleting rows for good (``lcm forget``): leave nothing of them on disk that
         the backend can remove — stale full-text index entries, deleted row versions, old
-        pages. Costs a rewrite of the indexes; returns what was done."""
+        pages. Costs a rewrite of the indexes, in steps that let other writers in; returns what
+        was done."""
         return {}
 
     # -- retention (ops/retention.py; store/sqlite/lifecycle.py, store/postgres/lifecycle.py) ----

@@ -4,6 +4,8 @@ for the SQLite store (a mixin of :class:`~.sqlite.SQLiteStore`; the interface is
 
 from __future__ import annotations
 
+import contextlib
+
 import secrets
 import sqlite3
 import time
@@ -27,10 +29,29 @@ def _chunks(ids: Sequence[int]) -> Iterator[list[int]]:
         yield ids[k:k + _CHUNK]
 
 
+SCRUB_STEP_PAGES = 64  # pages one step of a scrub's index merge writes (a few ms of the write lock)
+SCRUB_PAUSE = 0.02  # between two steps: other writers get the lock
+SCRUB_MAX_STEPS = 100_000  # (a bound per index, never reached: a merge into one segment ends)
+_sleep = time.sleep  # (the pause between two steps; tests look into it)
+
+
+@contextlib.contextmanager
+def _secure_delete(c: sqlite3.Connection) -> Iterator[None]:
+    """``secure_delete`` on for what runs inside (deleted content is overwritten with zeros:
+    cells, freed pages, overflow pages), then back to what it was."""
+    was = int(c.execute("PRAGMA secure_delete").fetchone()[0])
+    c.execute("PRAGMA secure_delete=1")
+    try:
+        yield
+    finally:
+        c.execute(f"PRAGMA secure_delete={was}")
+
+
 class SQLiteRecords:
     conn: Callable[[], sqlite3.Connection]
     tx: Callable[[], Any]
     _write_context: Callable[..., None]
+    reclaim_space: Callable[..., int]  # (store/sqlite/lifecycle.py)
 
     def summary_outline(self, summary_id: int) -> tuple[SummaryRecord | None, list[tuple[str, int, int]]]:
         c = self.conn()
@@ -149,7 +170,7 @@ class SQLiteRecords:
     def rewrite_summaries(self, rows: Sequence[tuple[int, str, int, int]], sessions: Sequence[str]) -> None:
         from ...messages import clean_text
 
-        with self.tx() as c:
+        with self.tx() as c, _secure_delete(c):
             for sid, text, tokens, n in rows:
                 c.execute("UPDATE summaries SET text=?, tokens=?, n_messages=?, level='deterministic',"
                           " summarizer='extractive' WHERE id=?", (clean_text(text), tokens, n, sid))
@@ -160,23 +181,46 @@ class SQLiteRecords:
                 c.execute("DELETE FROM session_continuity WHERE session_id=?", (sess,))
 
     def scrub(self) -> dict[str, Any]:
-        """Rewrite every full-text index without the deleted entries (FTS5 keeps a deleted
-        row's terms in its segments until they merge), VACUUM (deleted cells and free pages
-        keep their bytes otherwise), then checkpoint and truncate the WAL (it may hold the
-        old pages)."""
+        """Leave nothing of the rows ``lcm forget`` deleted on disk, in short steps — never a
+        rewrite of the file under the write lock (a VACUUM held it for seconds to minutes on a
+        large store). The rows went with ``secure_delete`` on (``forget_records``,
+        ``rewrite_summaries``): their bytes were zeroed where they lay, cells and freed pages
+        alike. What is left are the full-text indexes' old entries (FTS5 keeps a deleted row's
+        terms in its segments until they merge): each index is merged into one segment in
+        steps of SCRUB_STEP_PAGES (each its own write transaction, secure_delete on, a pause
+        between), then free pages go back to the file system in incremental-vacuum steps (a
+        store with incremental auto-vacuum; in another they stay free, zeroed, for reuse), and
+        the WAL, which may hold the old pages, is checkpointed and truncated."""
         from .merge import TABLES
 
-        with self.tx() as w:
-            for t in TABLES:
-                w.execute(f"INSERT INTO {t}({t}) VALUES ('optimize')")
+        steps = 0
+        for t in TABLES:
+            for _ in range(SCRUB_MAX_STEPS):
+                with self.tx() as w, _secure_delete(w):
+                    before = w.total_changes
+                    # (negative: every segment, whatever its level, is merged into one — the
+                    # deleted entries go with the old segments)
+                    w.execute(f"INSERT INTO {t}({t}, rank) VALUES ('merge', ?)", (-SCRUB_STEP_PAGES,))
+                    worked = w.total_changes - before >= 2  # (FTS5: fewer means nothing left to merge)
+                steps += 1
+                if not worked:
+                    break
+                _sleep(SCRUB_PAUSE)
+        returned = self.reclaim_space(600.0, SCRUB_PAUSE)
         c = self.conn()
-        c.execute("VACUUM")
-        busy, _log, _done = c.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-        return {"indexes_rewritten": list(TABLES), "vacuumed": True, "wal_truncated": not busy}
+        c.execute("PRAGMA busy_timeout=1000")  # (a reader holding the WAL: truncated next time)
+        try:
+            busy, _log, _done = c.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except sqlite3.Error:
+            busy = 1
+        finally:
+            c.execute("PRAGMA busy_timeout=30000")
+        return {"indexes_merged": list(TABLES), "merge_steps": steps, "bytes_returned": returned,
+                "vacuumed": False, "wal_truncated": not busy}
 
     def forget_records(self, session_ids: Sequence[str], message_ids: Sequence[int], summary_ids: Sequence[int],
                        contexts: dict[str, list[tuple[str, int]]]) -> dict[str, int]:
-        with self.tx() as c:
+        with self.tx() as c, _secure_delete(c):
             return self._forget_in(c, session_ids, message_ids, summary_ids, contexts)
 
     def _forget_in(self, c: sqlite3.Connection, session_ids: Sequence[str], message_ids: Sequence[int],
