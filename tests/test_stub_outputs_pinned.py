@@ -1,0 +1,178 @@
+"""Issue #41: the tier-0 stub analysers were made cheaper without changing one byte they output.
+
+The digests below were taken from the code before those changes (main at b05fab2) on a fixed,
+generated corpus: the tool results of two generated sessions, and texts mixed from fragments of
+every language, log, JSON, YAML, CSV and prose form the analysers tell apart (so each language
+gate, salient-line filter and redaction gate meets texts that do and do not hold its words).
+A change that alters any stub, kind, exploration sketch, fact line or redaction on this corpus
+turns a test red; one that means to change them updates the digest and says why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+
+import pytest
+
+from lossless_context.demo.sessions import SessionStream
+from lossless_context.pipeline import stubs
+from lossless_context.records import MessageRecord
+from lossless_context.summarizers import explore as ex
+from lossless_context.summarizers.redact import host_available, redact, redact_builtin
+from lossless_context.tokens import estimate_message_tokens
+
+_FRAGMENTS = [
+    # python
+    "def reconcile_day(ledger: Ledger, *, strict: bool = False) -> Ledger | None:", "class LedgerError(RuntimeError):",
+    "import os", "from acme.ledger import models", "    elif total < 0:", "    except KeyError as exc:",
+    "if __name__ == '__main__':", "        self.total = self.total + amount",
+    # javascript / typescript
+    "function handle(req, res) {", "const total = items.reduce((a, b) => a + b, 0);", "let x = 1", "var y = 2",
+    "module.exports = { handle };", "export default class Widget {", "import React from 'react';",
+    "  console.log('done', x)", "const dep = require('lodash')", "export interface Options {", "type Id = string;",
+    "  name: string;", "  count: number,", "enum Color { Red, Green }",
+    # go
+    "package main", "func main() {", "import (", "type Server struct {", "  x := compute(y)", "  fmt.Println(x)",
+    # rust
+    "pub fn parse(input: &str) -> Result<Ast, Error> {", "let mut buf = Vec::new();", "println!(\"{}\", buf.len());",
+    "#[derive(Debug, Clone)]", "impl Display for Ast {", "use std::collections::HashMap;",
+    # java / c
+    "public static void main(String[] args) {", "import java.util.List;", "package com.acme.ledger;", "@Override",
+    "  System.out.println(total);", "#include <stdio.h>", "#define MAX_ROWS 4096", "int main(int argc, char **argv) {",
+    "  printf(\"%d\\n\", n);", "  node->next = NULL;", "  std::vector<int> v;",
+    # shell / ruby / php / sql / html
+    "#!/bin/bash", "set -euo pipefail", "if [ -f \"$CONFIG\" ]; then", "  echo \"building $TARGET\"", "fi", "done",
+    "export PATH=/usr/local/bin:$PATH", "def save!", "end", "require 'json'", "module Ledger", "  attr_reader :total",
+    "<?php", "  $this->total = 0;", "public function save($row) {", "SELECT id, total FROM ledger WHERE day = 3;",
+    "insert into ledger values (1, 2);", "CREATE TABLE ledger (id int);", "ALTER TABLE ledger ADD col int;",
+    "<!DOCTYPE html>", "<div class=\"row\">", "<body>",
+    # logs
+    "2026-11-02T10:15:03 INFO worker started pid=4411", "2026-11-02 10:15:04 ERROR failed to open /var/data/x.db",
+    "[2026-11-02 10:15:05] WARN retrying in 250 ms", "Nov  2 10:15:06 host sshd[812]: Accepted publickey",
+    "10:15:07.123 DEBUG cache hit ratio 0.93", "level=error msg=\"upstream timeout\" service=billing-api",
+    "Traceback (most recent call last):", "  File \"acme/ledger/day.py\", line 88, in reconcile_day",
+    "ValueError: negative balance on 2026-11-02", "FAILED tests/test_day.py::test_reconcile - AssertionError",
+    "error: could not compile `ledger` (exit code 101)", "panic: runtime error: index out of range",
+    "Segmentation fault (core dumped)", "npm ERR_SOCKET_TIMEOUT while fetching", "fatal: not a git repository",
+    # yaml / csv / json-ish / prose / facts
+    "---", "name: ledger", "  replicas: 3", "- item: one", "# a comment", "id,day,total,currency",
+    "1,2026-11-02,1200,EUR", "2\t2026-11-03\t800\tUSD", "{\"ok\": true, \"rows\": 12}", "[1, 2, 3]",
+    "The reconciliation finished and every account balanced.", "See https://example.org/docs/ledger for details.",
+    "## Results", "commit 3f9a2c1d7e and request 0f8e7d6c-5b4a-4321-9fed-cba987654321 both failed.",
+    "ticket LEDGER-4821 moved; BUILD_ID=ACME_RC_2 copied 12,345 rows in 1.5 s", "src/acme/ledger/day.py:88",
+    "wrote ../out/report.json and ./tmp/cache.bin", "made reconcileDay and reconcile_day() agree",
+    # secrets (redaction's gates)
+    "api_key = \"sk-proj-AbCdEf0123456789ZyXwVuT\"", "Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.e30.abcDEF123",
+    "password: hunter2hunter2", "postgres://app:s3cretPass99@db.internal:5432/ledger", "token=ghp_0123456789abcdefABCDEF0123",
+    "AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "x-api-key: 9f8e7d6c5b4a39281706f5e4d3c2b1a0",
+    # edges: long lines (salient words past 400 chars), non-ASCII, control characters, tabs
+    "x" * 395 + " src/app.py " + "y" * 40, "z" * 420 + " Traceback here", "w" * 398 + ".py" + " tail",
+    "caf\u00e9 na\u00efve \u00fcber \u2014 \u4e2d\u6587 \u017felect K", "bell\x07 and nul\x00 here", "\tindented\twith\ttabs",
+    "", "   ",
+]
+_HINTS = [None, "terminal", "read_file", "src/app.py", "main.go", "lib.rs", "App.java", "run.sh", "data.json",
+          "conf.yaml", "rows.csv", "server.log", "index.ts", "x.c", "json", "logs"]
+
+
+def _mixed_texts(n: int, seed: int) -> list[tuple[str, str | None]]:
+    rng = random.Random(f"lcm-stub-pin/{seed}")
+    out = []
+    for _ in range(n):
+        k = rng.choice((3, 6, 12, 30, 80, 200))
+        lines = [rng.choice(_FRAGMENTS) for _ in range(k)]
+        if rng.random() < 0.3:  # mostly one language: what a real file looks like
+            block = rng.randrange(0, len(_FRAGMENTS) - 8)
+            lines = [rng.choice(_FRAGMENTS[block:block + 8]) for _ in range(k)] + lines[: k // 4]
+        text = "\n".join(lines) + ("\n" if rng.random() < 0.5 else "")
+        if rng.random() < 0.1:
+            text = json.dumps({"output": text, "exit_code": rng.choice((0, 1, 2)), "error": rng.choice(("", "boom"))})
+        out.append((text, rng.choice(_HINTS)))
+    return out
+
+
+def _session_results() -> list[tuple[str, tuple[str, str] | None]]:
+    out = []
+    for kind, n, seed in (("coding", 1500, 5), ("mixed", 600, 2)):
+        calls: dict[str, tuple[str, str]] = {}
+        for m in SessionStream(kind, n, seed):
+            for tc in m.get("tool_calls") or ():
+                calls[tc["id"]] = (tc["function"]["name"], tc["function"]["arguments"])
+            if m.get("role") == "tool" and isinstance(m.get("content"), str):
+                out.append((m["content"], calls.get(m.get("tool_call_id") or "")))
+    return out
+
+
+def _corpus() -> list[tuple[str, tuple[str, str] | None]]:
+    mixed = [(t, None if h is None else (h, json.dumps({"path": h}) if "." in h else "{}"))
+             for t, h in _mixed_texts(400, 1)]
+    return _session_results() + mixed
+
+
+def _digest(values: list) -> str:
+    return hashlib.sha256(repr(values).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return _corpus()
+
+
+PINNED = {
+    "classify": "3cc0d676af3a51747d0ae229fdd20bc8b56ba9e097fad52b5ce08ba4e2f90546",
+    "explore": "eb9b53708a454145b7688f320e80934d8d38dd06675aaaea4fbd8c9d255e7a4f",
+    "facts": "c9959354383f2b6d9f8b8a941c81974f603bb4ba3314a38dddd488282d31e0bd",
+    "error_lines": "78aa9cd1b492c4f35d5571abcd99cb28abc941cb577029b1396a9414a85d5b4a",
+    "make_stub": "0ce63aed53d118d7e3cc607960c47ce7cbc788ebd87a68ea20c6b8dbc5c979da",
+    "stub_for": "96f67f38b771bd0c53c0720363ce595fffdb2a4bd960701a2ee8ee164e19df86",
+    "redact_builtin": "0e6d4841da7c02dd6b9289ab8c0a55e358c273b8adc4824b8b217aabf9f70b23",
+    "redact_host": "586885403a95cfafac6c6a05d25ccf3960b219527c5d3e3c6aa3dfe8d1b08cb0",
+}
+
+
+def _outputs(corpus) -> dict[str, list]:
+    policy = stubs.StubPolicy()
+    small = stubs.StubPolicy(stub_tokens=120, head_lines=1, tail_lines=1, redact=False)
+    out: dict[str, list] = {k: [] for k in PINNED}
+    for i, (text, call) in enumerate(corpus):
+        hint = stubs._path_hint(call)
+        body, _ = stubs._body_text(text)
+        out["classify"].append(ex.classify(body, hint)[0])
+        out["explore"].append([ex.explore(body, t, hint) for t in (40, 150, 600)])
+        out["facts"].append([stubs._facts(body, b, code) for b in (120, 600) for code in (False, True)])
+        out["error_lines"].append(stubs.error_lines(body.split("\n")))
+        made = [stubs.make_stub(text, call, p) for p in (policy, small)]
+        out["make_stub"].append(made)
+        msg = {"role": "tool", "tool_call_id": f"c{i}", "content": text}
+        rec = MessageRecord(id=i + 1, session_id="s", seq=i, uid=None, ident=f"i{i}", role="tool", raw=msg,
+                            text=text, tokens=estimate_message_tokens(msg), created_at=0.0)
+        out["stub_for"].append(stubs.stub_for(rec, msg, call, small))
+        out["redact_builtin"].append([redact_builtin(m) for m in made] + [redact_builtin(text)])
+        if host_available():
+            out["redact_host"].append([redact(m) for m in made])
+    return out
+
+
+@pytest.fixture(scope="module")
+def outputs(corpus):
+    return _outputs(corpus)
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_outputs_match_the_code_before_the_speedups(outputs, name):
+    if name == "redact_host" and not host_available():
+        pytest.skip("the host's redactor is not installed")
+    assert outputs[name], "the corpus gave this analyser nothing to do"
+    assert _digest(outputs[name]) == PINNED[name], f"{name}: output changed on the pinned corpus"
+
+
+def test_corpus_reaches_every_kind_and_gate(corpus, outputs):
+    """The corpus is only worth pinning if it exercises the branches the speedups touch."""
+    kinds = set(outputs["classify"])
+    for want in ("json", "yaml", "csv", "log", "text", "code:python", "code:go", "code:c", "code:shell"):
+        assert want in kinds, want
+    assert any("salient lines:" in e[2] for e in outputs["explore"])
+    assert any("[REDACTED" in r[-1] for r in outputs["redact_builtin"])
+    assert sum(s is not None for s in outputs["stub_for"]) > 100
+    assert sum(s is None for s in outputs["stub_for"]) > 10
