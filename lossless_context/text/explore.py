@@ -65,6 +65,40 @@ _LANG_SIGNS: dict[str, re.Pattern[str]] = {
         "html": r"(?i)<!doctype html|<html|<head>|<body|<div[\s>]",
     }.items()
 }
+# Literals at least one of which every match of a language's pattern above contains: a
+# sample holding none of them has no match, so its scan is skipped (the count is 0 either way).
+# Keep each list in step with its pattern. (sql's and html's patterns ignore case: sql is
+# always scanned, since case folding can match letters a lower-cased sample does not show;
+# every html alternative holds a "<".)
+_LANG_GATES: dict[str, tuple[str, ...]] = {
+    "python": ("def ", "class ", "import ", "from ", "elif ", "except", "if __name__", "self."),
+    "typescript": ("interface ", "type ", "enum ", "string", "number", "boolean"),
+    "javascript": ("function", "const ", "let ", "var ", "module.exports", "export ", "import ", "=> ",
+                   "require(", "console.log"),
+    "go": ("package ", "func ", "import (", "type ", ":= ", "fmt."),
+    "rust": ("fn ", "struct ", "enum ", "impl ", "trait ", "mod ", "use ", "let mut ", "println!", "#[derive"),
+    "java": ("public ", "private ", "protected ", "import java", "package ", "@Override", "System.out"),
+    "c": ("#include", "#define", "#ifdef", "#ifndef", "#endif", "int main(", "printf(", "std::"),  # (and "->\w": below)
+    "shell": ("#!", "fi", "then", "do", "esac", "if [", "echo ", "export ", "set -"),
+    "ruby": ("def ", "end", "require ", "module ", "attr_"),
+    "php": ("<?php", "$this->", "function "),
+    "html": ("<",),
+}
+
+# A gate no literal expresses: c's "->\w" (python's annotations hold "-> " and no c).
+_LANG_GATE_RES: dict[str, re.Pattern[str]] = {"c": re.compile(r"->\w")}
+
+
+def _lang_count(lang: str, sample: str) -> int:
+    """`len(_LANG_SIGNS[lang].findall(sample))`, without the scan when no gate is present."""
+    gates = _LANG_GATES.get(lang)
+    if gates is not None and not any(g in sample for g in gates):
+        extra = _LANG_GATE_RES.get(lang)
+        if extra is None or not extra.search(sample):
+            return 0
+    return len(_LANG_SIGNS[lang].findall(sample))
+
+
 _YAML_LINE_RE = re.compile(r"\s*(?:- +)?(?:[\w.\-/]+|\"[^\"]+\"|'[^']+')\s*:(?:\s|$)|\s*- |\s*#|---$|\.\.\.$")
 _YAML_TOP_RE = re.compile(r"([A-Za-z_\"'][^:#]{0,80}?)\s*:(?:\s+(.*))?$")
 
@@ -118,11 +152,11 @@ def _code_lang(sample: str, lines: list[str]) -> str | None:
             if word in first:
                 return lang
     best, best_n = None, 0
-    for lang, rx in _LANG_SIGNS.items():
-        n = len(rx.findall(sample))
+    for lang in _LANG_SIGNS:
+        n = _lang_count(lang, sample)
         if n > best_n:  # dict order breaks ties deterministically
             best, best_n = lang, n
-    if best == "javascript" and len(_LANG_SIGNS["typescript"].findall(sample)) >= 2:
+    if best == "javascript" and _lang_count("typescript", sample) >= 2:
         best = "typescript"
     if best and best_n >= 3 and best_n >= 0.08 * max(1, len(lines)):
         return best

@@ -87,9 +87,21 @@ def _alternation(parts: tuple[str, ...]) -> re.Pattern[str]:
     return re.compile("|".join(parts))
 
 
+# Each family table flattened to (gate, family index): one set comprehension tests every gate
+# (a generator and an any() per family cost ~3x as much, on every text redacted).
+_FLAT_GATES: dict[int, tuple[tuple, tuple[tuple[str, int], ...]]] = {}
+
+
 def _regex_for(text: str, families: tuple[tuple, ...]) -> re.Pattern[str] | None:
-    parts = tuple(fam[1] for fam in families if any(g in text for g in fam[0]))
-    return _alternation(parts) if parts else None
+    """The alternation of the families any of whose gates occurs in `text` (in table order)."""
+    flat = _FLAT_GATES.get(id(families))
+    if flat is None or flat[0] is not families:
+        flat = _FLAT_GATES[id(families)] = (families, tuple((g, i) for i, fam in enumerate(families)
+                                                            for g in fam[0]))
+    hit = {i for g, i in flat[1] if g in text}
+    if not hit:
+        return None
+    return _alternation(tuple(families[i][1] for i in sorted(hit)))
 
 
 _TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
