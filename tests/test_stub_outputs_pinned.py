@@ -176,3 +176,31 @@ def test_corpus_reaches_every_kind_and_gate(corpus, outputs):
     assert any("[REDACTED" in r[-1] for r in outputs["redact_builtin"])
     assert sum(s is not None for s in outputs["stub_for"]) > 100
     assert sum(s is None for s in outputs["stub_for"]) > 10
+
+
+def _gate_texts() -> list[str]:
+    """Each fragment alone, glued to its neighbours, and inside prose: a gate that misses one
+    literal of its pattern meets a text whose only match needs that literal."""
+    out = []
+    for i, f in enumerate(_FRAGMENTS):
+        nxt = _FRAGMENTS[(i + 1) % len(_FRAGMENTS)]
+        out += [f, f + "\n" + nxt, "some words first\n" + f + "\nand after", f.upper(), f.lower()]
+    return out
+
+
+def test_language_gates_never_skip_a_match():
+    for text in _gate_texts():
+        for lang, rx in ex._LANG_SIGNS.items():
+            assert ex._lang_count(lang, text) == len(rx.findall(text)), (lang, text)
+
+
+def test_redaction_gates_pick_the_families_present():
+    from lossless_context.summarizers import redact as rd
+
+    texts = _gate_texts() + [text for text, _ in _mixed_texts(60, 3)]
+    for families in (rd._TOKEN_FAMILIES, rd._KEY_ANCHORS, rd._HOST_TRIGGERS):
+        gates = [g for fam in families for g in fam[0]]
+        for text in texts + gates + [" ".join(gates[::3]), " ".join(gates[1::2])]:
+            want = tuple(fam[1] for fam in families if any(g in text for g in fam[0]))  # (the definition)
+            got = rd._regex_for(text, families)
+            assert (got.pattern if got is not None else None) == ("|".join(want) if want else None), text
