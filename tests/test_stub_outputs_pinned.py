@@ -19,8 +19,8 @@ import pytest
 from lossless_context.demo.sessions import SessionStream
 from lossless_context.pipeline import stubs
 from lossless_context.records import MessageRecord
-from lossless_context.summarizers import explore as ex
-from lossless_context.summarizers.redact import host_available, redact, redact_builtin
+from lossless_context.text import explore as ex
+from lossless_context.text.redact import host_available, redact, redact_builtin
 from lossless_context.tokens import estimate_message_tokens
 
 _FRAGMENTS = [
@@ -55,6 +55,7 @@ _FRAGMENTS = [
     "Traceback (most recent call last):", "  File \"acme/ledger/day.py\", line 88, in reconcile_day",
     "ValueError: negative balance on 2026-11-02", "FAILED tests/test_day.py::test_reconcile - AssertionError",
     "error: could not compile `ledger` (exit code 101)", "panic: runtime error: index out of range",
+    "INFO worker ready", "DEBUG x=1", "TRACE enter", "CRITICAL disk full", "WARNING low space",
     "Segmentation fault (core dumped)", "npm ERR_SOCKET_TIMEOUT while fetching", "fatal: not a git repository",
     # yaml / csv / json-ish / prose / facts
     "---", "name: ledger", "  replicas: 3", "- item: one", "# a comment", "id,day,total,currency",
@@ -120,14 +121,15 @@ def corpus():
 
 
 PINNED = {
-    "classify": "3cc0d676af3a51747d0ae229fdd20bc8b56ba9e097fad52b5ce08ba4e2f90546",
-    "explore": "eb9b53708a454145b7688f320e80934d8d38dd06675aaaea4fbd8c9d255e7a4f",
-    "facts": "c9959354383f2b6d9f8b8a941c81974f603bb4ba3314a38dddd488282d31e0bd",
-    "error_lines": "78aa9cd1b492c4f35d5571abcd99cb28abc941cb577029b1396a9414a85d5b4a",
-    "make_stub": "0ce63aed53d118d7e3cc607960c47ce7cbc788ebd87a68ea20c6b8dbc5c979da",
-    "stub_for": "96f67f38b771bd0c53c0720363ce595fffdb2a4bd960701a2ee8ee164e19df86",
-    "redact_builtin": "0e6d4841da7c02dd6b9289ab8c0a55e358c273b8adc4824b8b217aabf9f70b23",
-    "redact_host": "586885403a95cfafac6c6a05d25ccf3960b219527c5d3e3c6aa3dfe8d1b08cb0",
+    "classify": "386f6c36ba7fba277e8b6bf9ca36cf64c9fdc1c8a5d7f619234218afda206d8d",
+    "explore": "53e446c827f8cba6f17c0a1d09ea64b544588b89cad1836261e54846d0c72700",
+    "facts": "dc652b92f2c8739cca63ba87ed4e5be7c5c4c1daa41765b04e46e5cf7e914ad5",
+    "error_lines": "4ec9cc366e2cf965ea08fcaa444f31576a61a08c8a5dee0f983597e35988ac58",
+    "make_stub": "1b5f29872cd1b98b0d9fd5578ea04fa015cb9864a1af2bdd4d24eff6728ae237",
+    "stub_for": "aeb33d67e7998ea1ff541b289da75b19326547b4772b99d052e6d567bdd79d6f",
+    "redact_builtin": "16ace9c5dec5bc7af24dc613e279fdbfdcba59acfeac873d4889c794f62bf7ef",
+    "stub_for_default": "5509000967d723bb073bcdbfcabbd6ecaac23c589499a84a675d054f6bb42274",
+    "redact_host": "84a150ac5d710c569514a38f7c1c69af78293f2dfef8ae17c62239fb5d84a83f",
 }
 
 
@@ -148,6 +150,7 @@ def _outputs(corpus) -> dict[str, list]:
         rec = MessageRecord(id=i + 1, session_id="s", seq=i, uid=None, ident=f"i{i}", role="tool", raw=msg,
                             text=text, tokens=estimate_message_tokens(msg), created_at=0.0)
         out["stub_for"].append(stubs.stub_for(rec, msg, call, small))
+        out["stub_for_default"].append(stubs.stub_for(rec, msg, call, policy))  # (same text, another policy)
         out["redact_builtin"].append([redact_builtin(m) for m in made] + [redact_builtin(text)])
         if host_available():
             out["redact_host"].append([redact(m) for m in made])
@@ -194,8 +197,21 @@ def test_language_gates_never_skip_a_match():
             assert ex._lang_count(lang, text) == len(rx.findall(text)), (lang, text)
 
 
+def test_log_gate_never_skips_a_level_word():
+    def looks_log(lines):  # (the definition)
+        hits = sum(1 for ln in lines if ex._TS_RE.match(ln) or ex._LEVEL_RE.search(ln))
+        stamped = sum(1 for ln in lines if ex._TS_RE.match(ln))
+        return (hits >= 3 and hits >= 0.4 * len(lines)) or (0 < len(lines) <= 2 and stamped == len(lines))
+
+    texts = _gate_texts() + [text for text, _ in _mixed_texts(80, 4)]
+    for text in texts:
+        for k in (1, 2, 3, 5, 20):
+            lines = [ln for ln in text.split("\n") if ln.strip()][:k] * 3
+            assert ex._looks_log(lines) == looks_log(lines), lines
+
+
 def test_redaction_gates_pick_the_families_present():
-    from lossless_context.summarizers import redact as rd
+    from lossless_context.text import redact as rd
 
     texts = _gate_texts() + [text for text, _ in _mixed_texts(60, 3)]
     for families in (rd._TOKEN_FAMILIES, rd._KEY_ANCHORS, rd._HOST_TRIGGERS):

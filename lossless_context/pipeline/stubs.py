@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import copy
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -383,6 +384,23 @@ def _pays(rep_tokens: int, tokens: int) -> bool:
     return rep_tokens * 10 <= tokens * 7
 
 
+def _make_redacted(text: str, call: tuple[str, str] | None, policy: StubPolicy, tokens: int) -> str:
+    stub = make_stub(text, call, policy, tokens)
+    if policy.redact:
+        from ..text.redact import redact  # (first stub: keeps the plugin's load light)
+
+        stub = redact(stub)  # its fact lines keep `KEY=value` lines whole: never a secret's value
+    return stub
+
+
+# The same output met again (a file read twice, a test run repeated: a fifth of the results of
+# a generated coding session) gets the stub made the first time: the stub is a function of
+# the text, the call, the policy and the size alone. Texts up to _CACHED_TEXT characters are
+# kept as keys, so the cache holds at most a few MB.
+_CACHED_TEXT = 16_384
+_stub_text = functools.lru_cache(maxsize=256)(_make_redacted)
+
+
 def stub_for(rec: MessageRecord, msg: Mapping[str, Any], call: tuple[str, str] | None,
              policy: StubPolicy) -> str | None:
     """The stub `rec` is shown by (redacted when the policy says so), or None when a stub
@@ -392,11 +410,8 @@ def stub_for(rec: MessageRecord, msg: Mapping[str, Any], call: tuple[str, str] |
     if not _pays(estimate_message_tokens(large_representation(msg, rec.id, rec.tokens,
                                                               header_floor(text, call, rec.tokens))), rec.tokens):
         return None  # (the floor's representation is never larger than the stub's)
-    stub = make_stub(text, call, policy, rec.tokens)
-    if policy.redact:
-        from ..text.redact import redact  # (first stub: keeps the plugin's load light)
-
-        stub = redact(stub)  # its fact lines keep `KEY=value` lines whole: never a secret's value
+    stub = _stub_text(text, call, policy, rec.tokens) if len(text) <= _CACHED_TEXT else \
+        _make_redacted(text, call, policy, rec.tokens)
     if not _pays(estimate_message_tokens(large_representation(msg, rec.id, rec.tokens, stub)), rec.tokens):
         return None  # would save under 30%: not worth hiding the original
     return stub

@@ -45,6 +45,9 @@ _TS_RE = re.compile(
     r"[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d|\d\d:\d\d:\d\d[.,]\d+|\d{10}(?:\.\d+)?\s)"
 )
 _LEVEL_RE = re.compile(r"\b(?:ERROR|WARN|WARNING|INFO|DEBUG|TRACE|FATAL|CRITICAL)\b|level=\w+")
+# A literal every _LEVEL_RE match holds (keep the two in step): one scan of the lines tells
+# that none can match, where _LEVEL_RE (a leading \b: tried at every position) costs per line.
+_LEVEL_WORDS = re.compile(r"ERROR|WARN|INFO|DEBUG|TRACE|FATAL|CRITICAL|level=")
 _LANG_SIGNS: dict[str, re.Pattern[str]] = {
     lang: re.compile(pat, re.MULTILINE) for lang, pat in {
         "python": r"^\s*(?:def \w+\(.*:\s*$|class \w+.*:\s*$|import \w|from [\w.]+ import |"
@@ -139,8 +142,12 @@ def _nonempty_lines(sample: str, limit: int) -> list[str]:
 
 
 def _looks_log(lines: list[str]) -> bool:
-    hits = sum(1 for ln in lines if _TS_RE.match(ln) or _LEVEL_RE.search(ln))
-    stamped = sum(1 for ln in lines if _TS_RE.match(ln))
+    stamps = [_TS_RE.match(ln) is not None for ln in lines]
+    stamped = sum(stamps)
+    if _LEVEL_WORDS.search("\n".join(lines)) is None:
+        hits = stamped  # (no line holds a level word: _LEVEL_RE finds nothing in any)
+    else:
+        hits = sum(1 for ln, st in zip(lines, stamps) if st or _LEVEL_RE.search(ln))
     return (hits >= 3 and hits >= 0.4 * len(lines)) or (0 < len(lines) <= 2 and stamped == len(lines))
 
 
