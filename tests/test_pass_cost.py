@@ -61,6 +61,9 @@ class _Count:
         monkeypatch.setattr(stubs, "stub_for", stub_for)
         monkeypatch.setattr(stub_prep, "stub_for", stub_for)
         monkeypatch.setattr(stubs, "make_stub", make_stub)
+        # A text stubbed before (by an earlier test, or the preparer) comes from the process's
+        # cache without a make_stub call: count from an empty cache.
+        stubs.forget_cached_stubs()
 
 
 def _drain(e: LCMEngine) -> None:
@@ -125,6 +128,7 @@ def test_prepared_stubs_are_the_ones_a_pass_would_make(tmp_path, monkeypatch):
     # the same text as a pass makes on a store that never prepared anything
     e2 = _engine(str(tmp_path / "inline.db"))
     monkeypatch.setattr(stub_prep.StubPreparer, "submit", lambda self, items: None)
+    stubs.forget_cached_stubs()  # (else the preparer's stubs come back from the process's cache)
     e2.on_session_start(sid, platform="cli")
     e2.update_model(model="m", context_length=64_000)
     out2 = e2.compress(list(msgs), current_tokens=60_000, session_id=sid)

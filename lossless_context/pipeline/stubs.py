@@ -23,7 +23,6 @@ result read at the start of a session does not stay verbatim in every context.
 
 from __future__ import annotations
 
-import bisect
 import copy
 import functools
 import json
@@ -154,11 +153,16 @@ def error_lines(lines: Sequence[str]) -> list[tuple[int, str]]:
     # whose alternatives start with look-arounds, tries every position: 25x slower), then
     # _ERROR_RE on the lines holding one. No error pattern spans a line, so the lines found
     # are the lines _ERROR_RE matches in the joined text.
-    text = "\n".join(ln[:4000] for ln in lines)
-    starts = [0]
-    for ln in lines[:-1]:
-        starts.append(starts[-1] + min(len(ln), 4000) + 1)
-    near = sorted({bisect.bisect_right(starts, m.start()) - 1 for m in _ERROR_WORDS.finditer(text)})
+    # (A line's index is the count of line breaks before its words: no line holds one.)
+    capped = max(map(len, lines), default=0) > 4000
+    text = "\n".join(ln[:4000] for ln in lines) if capped else "\n".join(lines)
+    near_set: set[int] = set()
+    line_no, last = 0, 0
+    for m in _ERROR_WORDS.finditer(text):
+        line_no += text.count("\n", last, m.start())
+        last = m.start()
+        near_set.add(line_no)
+    near = sorted(near_set)
     hits = [i for i in near if _ERROR_RE.search(lines[i][:4000])]
     out: list[tuple[int, str]] = []
     n, done = len(lines), -1
@@ -399,6 +403,11 @@ def _make_redacted(text: str, call: tuple[str, str] | None, policy: StubPolicy, 
 # kept as keys, so the cache holds at most a few MB.
 _CACHED_TEXT = 16_384
 _stub_text = functools.lru_cache(maxsize=256)(_make_redacted)
+
+
+def forget_cached_stubs() -> None:
+    """Empty this process's cache of stub texts (a test that counts the stubs made)."""
+    _stub_text.cache_clear()
 
 
 def stub_for(rec: MessageRecord, msg: Mapping[str, Any], call: tuple[str, str] | None,
