@@ -111,6 +111,32 @@ def _corpus() -> list[tuple[str, tuple[str, str] | None]]:
     return _session_results() + mixed
 
 
+def _summaries() -> list[str]:
+    """Extractive summaries of windows of two generated sessions (leaf-like), and of those
+    summaries (condensed-like: their lines come back), with and without a focus."""
+    from lossless_context.records import Source
+    from lossless_context.summarizers.extractive import extractive_summary
+
+    msgs = [m for kind, n, seed in (("coding", 900, 7), ("mixed", 400, 3)) for m in SessionStream(kind, n, seed)]
+    leaves: list[str] = []
+    out: list[str] = []
+    for w in range(0, len(msgs), 40):
+        sources = [Source(f"m{w + k}", m.get("role", "?"), m.get("content") or json.dumps(m.get("tool_calls")), None)
+                   for k, m in enumerate(msgs[w:w + 40])]
+        for target, focus in ((120, None), (400, None), (400, "ledger reconcile")):
+            out.append(extractive_summary(sources, target, focus=focus))
+        leaves.append(out[-2])
+    for w in range(0, len(leaves), 4):
+        sources = [Source(f"s{w + k}", "summary", t, None) for k, t in enumerate(leaves[w:w + 4])]
+        out.append(extractive_summary(sources, 300))
+        out.append(extractive_summary(sources, 300, aggressive=True))
+    return out
+
+
+def test_extractive_summaries_match_the_code_before_the_speedups():
+    assert _digest(_summaries()) == PINNED_SUMMARIES
+
+
 def _digest(values: list) -> str:
     return hashlib.sha256(repr(values).encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -131,6 +157,8 @@ PINNED = {
     "stub_for_default": "5509000967d723bb073bcdbfcabbd6ecaac23c589499a84a675d054f6bb42274",
     "redact_host": "84a150ac5d710c569514a38f7c1c69af78293f2dfef8ae17c62239fb5d84a83f",
 }
+
+PINNED_SUMMARIES = "ba5df85e8430cf335ac1713de6e31c86d3a862425fb5527b1ceec40d48a0c0cd"
 
 
 def _outputs(corpus) -> dict[str, list]:

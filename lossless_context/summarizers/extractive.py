@@ -9,6 +9,7 @@ Also home of `Source`, the unit every summariser takes as input.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Sequence
 
@@ -248,6 +249,13 @@ def _score(unit: str, role: str, focus: list[str]) -> int:
     return score
 
 
+# A line is scored again when it comes back (a condensed summary re-reads its leaves' lines,
+# a repeated tool line): a third of the lines of a generated coding session's passes.
+@functools.lru_cache(maxsize=4096)
+def _score_cached(unit: str, role: str, focus: tuple[str, ...]) -> int:
+    return _score(unit, role, list(focus))
+
+
 def _clip(text: str, limit: int) -> str:
     if limit <= 0:
         return ""
@@ -311,7 +319,8 @@ def _summarize(sources: Sequence[Source], target_tokens: int, focus: str | None,
     if not units:
         return _clip(_headers(sources, ids, 0, 0, aggressive)[0], cap)
 
-    scores = [_score(u, roles[si], terms) for si, _, u in units]
+    fterms = tuple(terms)
+    scores = [_score_cached(u, roles[si], fterms) for si, _, u in units]
     # Position: the span's first user request, and where the work stands at the end.
     first_user = next((si for si, r in enumerate(roles) if r == "user"), None)
     last_src = units[-1][0]
