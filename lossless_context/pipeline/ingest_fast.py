@@ -13,7 +13,10 @@ where the host's habits allow:
   is built;
 * pipelined storing: more than LAZY_ROWS new rows are built lazily while the store's
   writer thread writes the previous chunk (on_ids gives the ids before the commit), with
-  the garbage collector paused meanwhile (gcpause.py).
+  the garbage collector paused meanwhile (gcpause.py). On SQLite such an append's rows are
+  full-text indexed by the writer thread (while this thread builds rows, then after the
+  commit: store/sqlite/index.py), so the ~100 rows a 0.19 host hands each pass cost that pass
+  its row building, not FTS5's tokenising.
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ from ..messages import IdentMemo, role_of
 from ..records import ContextEntry, NewMessage
 from ..store.base import Store, resolve_new_refs
 
-LAZY_ROWS = 256  # more new rows than this are handed to the store as they are built (pipelined)
+# More new rows than this are handed to the store as they are built (pipelined); fewer (a
+# turn's flush) are written on this thread at once, indexing included (no thread hand-off).
+LAZY_ROWS = 32
 
 # (slot index or -1 for a merged summary block stored verbatim, msg, ident or None, supersedes)
 Pending = tuple[int, Any, "str | None", "int | None"]
