@@ -49,7 +49,7 @@ from .retrieval.semantic import SemanticArm, SemanticUnavailable, load_embedder
 from .pipeline.assemble import trim_without_store
 from .store.guard import GuardedStore, StoreUnavailable
 from .summarizers.summarize import Escalator, HostSummarizer, ModelSummarizer, OpenAISummarizer, guard_for, safe_call
-from .tokens import estimate_messages_tokens
+from .tokens import estimate_message_tokens, estimate_messages_tokens
 
 log = logging.getLogger("lossless_context")
 
@@ -545,7 +545,14 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
                     self._note("another process is compacting this session")
                     return messages
                 slots, version, base_len, hold = self._ingest_locked(sid, messages, for_pass=True)
-                ours = estimate_messages_tokens(messages)
+                # Each of the host's messages measured once: the pass measures its output with
+                # the same memo, and that output is mostly these very objects.
+                memo: dict[int, tuple[Any, int]] = {}
+                ours = 0
+                for m in messages:
+                    n = estimate_message_tokens(m)
+                    memo[id(m)] = (m, n)
+                    ours += n
                 # The host's figure in the provider's units teaches the session's ratio
                 # (units.py); one that exceeds ours by more than any overhead says nothing
                 # about the overhead. Otherwise it is a hint: a bounded overhead, re-derived
@@ -584,7 +591,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
                 comp = Compactor(self.store, esc, owner=self._owner, cancelled=self._cancel_check(),
                                  time_budget=max(0.0, left), clock=self.pass_clock, fast=fast, call_timeout=pb.call_timeout,
                                  stubs=stub_policy(cfg), continuity_tokens=cfg.continuity_tokens,
-                                 min_cut=MIN_OVER_WINDOW_CUT if over else 0.0)
+                                 min_cut=MIN_OVER_WINDOW_CUT if over else 0.0, token_memo=memo)
                 res: PassResult = comp.run(sid, system, slots, budget, focus=focus or None,
                                            memory_context=memory, force=force, base_version=version,
                                            base_len=base_len, tokens_before=ours, host_messages=messages,
@@ -602,7 +609,8 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
             self._discard_stage(res.pass_id)
             res = PassResult(messages, reason="cancelled by the host", calls=res.calls,
                              tokens_before=res.tokens_before, tokens_after=res.tokens_before)
-        after = estimate_messages_tokens(res.output) if res.progressed else ours
+        # (a staged pass measured its output with the memo: the same sum, not measured again)
+        after = res.tokens_after if res.progressed else ours
         if res.progressed and after >= ours and not by_count:
             # A pass with too little to fold (a manual /compress over one short message) would
             # put a summary block larger than what it replaces: change nothing instead.

@@ -82,7 +82,8 @@ class Compactor:
                  cancelled: Callable[[], bool] | None = None, time_budget: float = 240.0,
                  clock: Callable[[], float] = time.monotonic,
                  fast: bool = False, owner: str | None = None, stubs: StubPolicy | None = None,
-                 continuity_tokens: int = 0, call_timeout: float | None = None, min_cut: float = 0.0) -> None:
+                 continuity_tokens: int = 0, call_timeout: float | None = None, min_cut: float = 0.0,
+                 token_memo: dict[int, tuple[Any, int]] | None = None) -> None:
         self.store = store
         # The share of the context a pass must cut (a newer host refuses a pass over the window
         # that cuts less): short of it, the reply the host just delivered is summarised too.
@@ -108,7 +109,8 @@ class Compactor:
         self.budget: Budget | None = None  # the pass's budget (the block is rendered within it)
         # Token estimates of the message objects this pass has measured: the output is measured
         # several times (tier 0, each round, the final list) and is mostly the same objects.
-        self._tok: dict[int, tuple[Any, int]] = {}
+        # (`token_memo`: the caller's estimates of the host's message objects, same form)
+        self._tok: dict[int, tuple[Any, int]] = token_memo if token_memo is not None else {}
         self._reply_folded = False  # the pass had to summarise the reply the host just delivered
         self._pinned: Slot | None = None  # that reply, shown right after the head (_reply_mode)
         self._pin_at = -1  # the index the pinned reply had among the slots the pass works on
