@@ -194,3 +194,34 @@ def test_header_floor_never_declines_a_stub_that_pays():
         assert floor_pays or not pays, n
         declined += not floor_pays
     assert declined  # the check does decline some
+
+
+def test_a_pass_reports_the_tokens_of_the_list_it_returns(tmp_path, monkeypatch):
+    """#41: a pass measures each of the host's messages once (the engine's estimates seed the
+    compactor's memo, and the output is not measured again): what it records and what it notes
+    for the provider's next count must still be the estimate of the list it returned."""
+    from lossless_context.tokens import estimate_messages_tokens
+
+    e = _engine(str(tmp_path / "tokens.db"))
+    noted: list[int] = []
+    real_note = e._note_pass_output
+    monkeypatch.setattr(e, "_note_pass_output", lambda sid, est: (noted.append(est), real_note(sid, est)))
+    outputs: list[int] = []
+    real_compress = e.compress
+
+    def compress(messages, *a, **k):
+        out = real_compress(messages, *a, **k)
+        if out is not messages:
+            outputs.append(estimate_messages_tokens(out))
+        return out
+
+    monkeypatch.setattr(e, "compress", compress)
+    host = R19Host(e, "tokens", context_length=64_000)
+    host.start()
+    for i in range(60):
+        host.add(*_turn(i, lines=(6 if i % 3 == 0 else 240)))
+        host.maybe_compress()
+    assert host.compactions >= 2 and len(outputs) == host.compactions
+    assert noted == outputs
+    staged = [p["tokens_after"] for p in e.last_passes() if p["outcome"] == "staged"]
+    assert staged[-len(outputs):] == outputs
