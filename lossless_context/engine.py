@@ -49,7 +49,7 @@ from .retrieval.semantic import SemanticArm, SemanticUnavailable, load_embedder
 from .pipeline.assemble import trim_without_store
 from .store.guard import GuardedStore, StoreUnavailable
 from .summarizers.summarize import Escalator, HostSummarizer, ModelSummarizer, OpenAISummarizer, guard_for, safe_call
-from .tokens import estimate_message_tokens, estimate_messages_tokens
+from .tokens import estimate_messages_tokens, measured_messages
 
 log = logging.getLogger("lossless_context")
 
@@ -545,14 +545,8 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
                     self._note("another process is compacting this session")
                     return messages
                 slots, version, base_len, hold = self._ingest_locked(sid, messages, for_pass=True)
-                # Each of the host's messages measured once: the pass measures its output with
-                # the same memo, and that output is mostly these very objects.
-                memo: dict[int, tuple[Any, int]] = {}
-                ours = 0
-                for m in messages:
-                    n = estimate_message_tokens(m)
-                    memo[id(m)] = (m, n)
-                    ours += n
+                # (the pass measures its output with the same memo: mostly these very objects)
+                ours, memo = measured_messages(messages)
                 # The host's figure in the provider's units teaches the session's ratio
                 # (units.py); one that exceeds ours by more than any overhead says nothing
                 # about the overhead. Otherwise it is a hint: a bounded overhead, re-derived

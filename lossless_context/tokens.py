@@ -90,6 +90,19 @@ def estimate_messages_tokens(messages: Iterable[Any]) -> int:
     return sum(estimate_message_tokens(m) for m in messages)
 
 
+def measured_messages(messages: Iterable[Any]) -> tuple[int, dict[int, tuple[Any, int]]]:
+    """`estimate_messages_tokens(messages)`, and each object's estimate by id (the object kept
+    with it, so its id stays its own): a caller measuring lists of mostly the same objects
+    again looks them up there."""
+    memo: dict[int, tuple[Any, int]] = {}
+    total = 0
+    for m in messages:
+        n = estimate_message_tokens(m)
+        memo[id(m)] = (m, n)
+        total += n
+    return total, memo
+
+
 class ProviderRatio:
     """The provider's prompt tokens per token of our estimate, learned per session (>= 1).
 

@@ -87,21 +87,23 @@ def _alternation(parts: tuple[str, ...]) -> re.Pattern[str]:
     return re.compile("|".join(parts))
 
 
-# Each family table flattened to (gate, family index): one set comprehension tests every gate
-# (a generator and an any() per family cost ~3x as much, on every text redacted).
-_FLAT_GATES: dict[int, tuple[tuple, tuple[tuple[str, int], ...]]] = {}
+def _flatten(families: tuple[tuple, ...]) -> tuple[tuple[str, int], ...]:
+    """(gate, family index) of every gate of a family table, in table order."""
+    return tuple((g, i) for i, fam in enumerate(families) for g in fam[0])
 
 
-def _regex_for(text: str, families: tuple[tuple, ...]) -> re.Pattern[str] | None:
-    """The alternation of the families any of whose gates occurs in `text` (in table order)."""
-    flat = _FLAT_GATES.get(id(families))
-    if flat is None or flat[0] is not families:
-        flat = _FLAT_GATES[id(families)] = (families, tuple((g, i) for i, fam in enumerate(families)
-                                                            for g in fam[0]))
-    hit = {i for g, i in flat[1] if g in text}
+def _regex_for(text: str, families: tuple[tuple, ...],
+               flat: tuple[tuple[str, int], ...]) -> re.Pattern[str] | None:
+    """The alternation of the families any of whose gates occurs in `text` (in table order).
+    `flat`: `_flatten(families)` — one set comprehension tests every gate (a generator and an
+    any() per family cost ~3x as much, on every text redacted)."""
+    hit = {i for g, i in flat if g in text}
     if not hit:
         return None
     return _alternation(tuple(families[i][1] for i in sorted(hit)))
+
+
+_TOKEN_FLAT = _flatten(_TOKEN_FAMILIES)
 
 
 _TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
@@ -145,6 +147,7 @@ _KEY_ANCHORS: tuple[tuple[tuple[str, ...], str], ...] = tuple(
               "key", "keys", "auth", "pat", "sig", "signature", "hmac", "salt", "cookie",
               "session", "sessionid", "sid")
 )
+_KEY_FLAT = _flatten(_KEY_ANCHORS)
 _KEY_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-"
 _KEY_CHAR_SET = frozenset(_KEY_CHARS)
 _KEY_START = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
@@ -325,7 +328,7 @@ def _redact_keyed(text: str) -> str:
     edits: list[tuple[int, int, str]] = []
     done = 0
     n = len(text)
-    anchor_re = _regex_for(low, _KEY_ANCHORS)
+    anchor_re = _regex_for(low, _KEY_ANCHORS, _KEY_FLAT)
     if anchor_re is None:
         return text
     key_chars = _KEY_CHAR_SET
@@ -501,7 +504,7 @@ def _redact_builtin(text: str) -> str:
     # Substring gates keep the passes that cannot match from scanning at all.
     if "PRIVATE KEY" in text:
         text = _redact_pem(text)
-    token_re = _regex_for(text, _TOKEN_FAMILIES) if _TOKEN_GATES.search(text) else None
+    token_re = _regex_for(text, _TOKEN_FAMILIES, _TOKEN_FLAT) if _TOKEN_GATES.search(text) else None
     if token_re is not None:
         text = token_re.sub(_sub_token, text)
     if ":AA" in text:
@@ -604,6 +607,7 @@ _HOST_TRIGGERS: tuple[tuple[tuple[str, ...], str], ...] = tuple(
     (("+",), r"\+[1-9]\d{6}"),
     ((":",), r":[A-Za-z0-9_\-]{30}"),
 )
+_HOST_FLAT = _flatten(_HOST_TRIGGERS)
 # Runs the host's userinfo and Telegram regexes backtrack over quadratically.
 _LONG_RUN_RE = re.compile(r"[A-Za-z0-9+.\-_]{64,}")
 
@@ -616,7 +620,7 @@ def _host_units(text: str) -> list[tuple[int, int]]:
     a huge text keeps the builtin result only.
     """
     units: list[tuple[int, int]] = []
-    trigger_re = _regex_for(text, _HOST_TRIGGERS)
+    trigger_re = _regex_for(text, _HOST_TRIGGERS, _HOST_FLAT)
     pos, budget, n = 0, _HOST_MAX_CHARS, len(text)
     while trigger_re is not None and budget > 0:
         m = trigger_re.search(text, pos)  # resumes after the unit: one search per line
