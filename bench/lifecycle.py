@@ -166,6 +166,61 @@ def _cold(stores: dict[str, str], env: dict[str, dict[str, str]]) -> dict[str, A
     return out
 
 
+def _page_formats(n: int, work: Path, rounds: int) -> dict[str, Any]:
+    """What the page format costs a first search: one encrypted store of ``n`` messages built by
+    this code (HMAC-SHA256 pages), a copy of it rewritten with SQLCipher 4's default HMAC-SHA512
+    (the format of stores encrypted before; same key, salt and rows) and a plaintext copy (`lcm
+    decrypt`'s copy); cold_greps on the three in turn, ``rounds`` times, CPU and wall ms; ratios
+    to plaintext per format."""
+    from lossless_context.store.sqlite import cipher
+
+    env = {"LCM_ENCRYPTION_KEY": KEY}
+    sha256 = str(work / f"fmt-sha256-{n}.db")
+    for suf in ("", "-wal", "-shm", ".meta.json"):
+        Path(sha256 + suf).unlink(missing_ok=True)
+    _scale(["build", "--store", sha256, "--n", str(n)], 7200, env)
+    key = cipher.StoreKey.for_file(sha256, KEY.encode())
+    stores = {"plaintext": str(work / f"fmt-plain-{n}.db"), "sha256": sha256, "sha512": str(work / f"fmt-sha512-{n}.db")}
+    src = cipher.connect(sha256, key)
+    try:
+        for name, copy_key, algorithm in (("plaintext", "''", None), ("sha512", key.pragma(), "HMAC_SHA512")):
+            Path(stores[name]).unlink(missing_ok=True)
+            src.execute(f"ATTACH DATABASE ? AS fmt KEY {copy_key}", (stores[name],))
+            if algorithm:
+                src.execute(f"PRAGMA fmt.cipher_page_size = {cipher.CIPHER_PAGE_SIZE}")
+                src.execute("PRAGMA fmt.cipher_hmac_algorithm = HMAC_SHA512")
+            else:
+                src.execute(f"PRAGMA fmt.page_size = {cipher.CIPHER_PAGE_SIZE}")
+            src.execute("SELECT sqlcipher_export('fmt')").fetchall()
+            src.execute(f"PRAGMA fmt.user_version = {int(src.execute('PRAGMA main.user_version').fetchone()[0])}")
+            src.execute("DETACH DATABASE fmt")
+    finally:
+        src.close()
+    envs = {"plaintext": {}, "sha256": env, "sha512": env}
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in stores}
+    for _ in range(rounds):
+        for name, store in stores.items():
+            res = store + ".cold.json"
+            r = subprocess.run([sys.executable, "-m", "bench.lifecycle", "cold", "--store", store, "--out", res],
+                               cwd=common.ROOT, env={**os.environ, **envs[name]}, capture_output=True, text=True,
+                               timeout=1800)
+            if r.returncode != 0:
+                raise RuntimeError(f"cold greps ({name}) failed: {r.stderr[-3000:]}")
+            data = json.loads(Path(res).read_text())
+            Path(res).unlink()
+            runs[name].append({f"first_{label}_sum_ms": sum(x[k] for x in data["first"])
+                               for k, label in ((0, "wall"), (1, "cpu"))})
+    out: dict[str, Any] = {"n": n, "rounds": rounds, "questions": len(COLD_QUESTIONS)}
+    for name, rows in runs.items():
+        out[name] = {k: round(sorted(r[k] for r in rows)[len(rows) // 2], 2) for k in rows[0]}
+    for name in ("sha256", "sha512"):
+        out[f"{name}_ratio"] = {k: _ratio(out[name][k], out["plaintext"][k]) for k in out["plaintext"]}
+    for store in stores.values():
+        for suf in ("", "-wal", "-shm", ".meta.json"):
+            Path(store + suf).unlink(missing_ok=True)
+    return out
+
+
 def _interleaved(n: int, work: Path, rounds: int) -> dict[str, Any]:
     """Ingest of ``n`` messages, plaintext then encrypted, ``rounds`` times over (each build a
     process of its own): on a shared machine the load drifts over minutes, so each round's
@@ -416,7 +471,7 @@ def prune_ab(n: int, engine_n: int, before_code: str, work: Path, baseline_s: fl
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.lifecycle")
-    ap.add_argument("mode", choices=["host", "prune", "run", "enc", "cold", "prune-ab"])
+    ap.add_argument("mode", choices=["host", "prune", "run", "enc", "cold", "prune-ab", "formats"])
     ap.add_argument("--before-code", help="prune-ab: a checkout of the code before the change")
     ap.add_argument("--engine-size", type=int, default=20_000)
     ap.add_argument("--baseline-seconds", type=float, default=30.0)
@@ -443,6 +498,12 @@ def main(argv: list[str] | None = None) -> int:
         Path(a.out).write_text(json.dumps({"prune_ab": res}, indent=1, default=str), encoding="utf-8")
     elif a.mode == "cold":
         cold_greps(a.store, a.out)
+    elif a.mode == "formats":  # what the encrypted page format costs a first search (see _page_formats)
+        work = Path(a.data_dir or (Path(common.isolate_env()) / "lifecycle"))
+        work.mkdir(parents=True, exist_ok=True)
+        res = _page_formats(a.enc_size or 100_000, work, a.rounds)
+        Path(a.out).write_text(json.dumps({"page_formats": res}, indent=1, default=str), encoding="utf-8")
+        print(json.dumps(res, indent=1))
     elif a.mode == "enc":  # the encryption measurements alone (the prune part takes an hour at 1M)
         work = Path(a.data_dir or (Path(common.isolate_env()) / "lifecycle"))
         work.mkdir(parents=True, exist_ok=True)
