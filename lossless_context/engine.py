@@ -8,60 +8,56 @@ raises: every failure falls back to returning the host's own list unchanged.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
-import os
 import threading
 import time
-from collections import OrderedDict
-from typing import Any, Callable, Dict, List, Optional
+import weakref
+from typing import Any, Callable, Dict, List, Optional, cast
 
 from . import tools
-from .edits import forget
 from .ops import retention
 from .store import owners
 from .contract.base import base_class
-from .hostapi import has_llm
 from .pipeline.assemble import Slot
 from .pipeline.background import (BackgroundWorker, SessionGrowth, UpgradeQueue, counting, leftover_outlines,
                                   presummarize, upgrade_nodes)
 from .pipeline.compaction import Budget, Compactor, PassResult
-from .pipeline.dag_balance import node_targets
 from .config import LCMConfig, model_threshold
-from .pipeline.ingest import cheap_slots, slots_to_entries, times_from_host
-from .pipeline.ingest_fast import align_fast
-from .pipeline.ingest_replay import fold_replayed
-from .pipeline.ingest_resume import PassEcho
-from .sessions.forks import as_host_instruction
-from .pipeline.unmerge import stored_raw, unmerge
+from .pipeline.ingest import cheap_slots
+from .contract.ingestion import SessionIngest
 from .contract.lifecycle import SessionBusy, SessionLifecycle, held, session_lock
 from .messages import role_of, summary_node_ids
-from .contract.hooks_r19 import HostSignals, positive_tokens
-from .contract.hooks_main import NewHostHooks
+from .contract.compaction_state import DEFAULT_THRESHOLD_PERCENT, CompactionState, PassLog, finite, positive_tokens
+from .contract.turn_hooks import TurnHooks
 from .contract.notices import StoreNotices
 from .contract.units import ProviderUnits
-from .contract.passbudget import MIN_OVER_WINDOW_CUT, effective_host, over_window, pass_budget, plausible_overhead
+from .contract.passbudget import MIN_OVER_WINDOW_CUT, plan_budget, effective_host, over_window, pass_budget, plausible_overhead
 from .store import Store, open_store
 from .summarizers.costs import SpendLedger
 from .pipeline.stubs import stub_policy
-from .pipeline.stub_prep import pass_running, prepare_new
+from .pipeline.stub_prep import pass_running
 from .retrieval.semantic import SemanticArm, SemanticUnavailable, load_embedder
 from .pipeline.assemble import trim_without_store
 from .store.guard import GuardedStore, StoreUnavailable
-from .summarizers.summarize import Escalator, HostSummarizer, ModelSummarizer, OpenAISummarizer, guard_for, safe_call
+from .summarizers.summarize import Escalator, HostSummarizer, build_escalator, safe_call
 from .tokens import estimate_messages_tokens, measured_messages
 
 log = logging.getLogger("lossless_context")
 
-ALIGNED_SESSIONS = 4  # sessions whose last alignment an engine keeps (see _ingest_locked)
 
+class LCMEngine(base_class()):  # type: ignore[misc]  # the host's ContextEngine or our stand-in, chosen at import
+    """Lossless Context Management: verbatim store + summary DAG + recall tools.
 
-class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, StoreNotices,
-                base_class()):  # type: ignore[misc]  # the host's ContextEngine or our stand-in, chosen at import
-    """Lossless Context Management: verbatim store + summary DAG + recall tools."""
+    It owns the parts that answer the host (contract/): `sessions`, `ingestion`, `turn_hooks` and
+    `compaction_state` (newer hosts), `units`, `notices`; each gets the store, the config and the
+    few engine operations it uses through its constructor; the host's methods here delegate."""
 
     protect_first_n: int = 3
     protect_last_n: int = 6
+    last_real_prompt_tokens: int = 0  # the provider's last real prompt size (read by newer hosts)
+    emit_automatic_compaction_status: bool = True  # (newer hosts read it; False: no status line)
     # A pass's time budget is measured on this clock (a simulated host's tests share theirs)
     pass_clock: Callable[[], float] = staticmethod(time.monotonic)
 
@@ -89,28 +85,14 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
     def _init_runtime_state(self) -> None:
         self._store: Store | None = None
         self._escalator: Escalator | None = None
-        self._session_id: str | None = None
-        self._conversation_id: str | None = None
-        self._known_sessions: set[str] = set()
-        self._reconciled: set[str] = set()
-        self._session_db: Any = None
         self._runtime: dict[str, Any] = {}
         self._model = ""
         self._provider = ""
         self._overhead = 0  # host tokens outside the message list (system prompt, tool schemas)
         self._max_output_tokens: int | None = None  # the provider's output reservation (update_model)
         self._no_progress_at: int | None = None
-        self._pending: dict[str, str] = {}
-        # Per session: (context version, context entries, Resume) left by the last ingest,
-        # so re-sending a longer list costs the new part only (see ingest_resume.Resume).
-        self._aligned: "OrderedDict[str, tuple[int, list[Any], Any]]" = OrderedDict()
-        self._aligned_lock = threading.Lock()
-        self._echo = PassEcho()  # the list each session's last pass aligned (its flush is a no-op)
         self._owner = owners.register(self)  # names this engine in the passes it stages
-        self._unmerged: dict[int, Any] = {}  # the parts of host merges of our block (unmerge.py)
-        self._select_cache: dict[str, Any] = {}
         self._growth = SessionGrowth()  # each session's recent growth, for the spend bound (background.py)
-        self._select_lock = threading.Lock()
         self._upgrades: UpgradeQueue = self._family.setdefault("upgrades", UpgradeQueue())
         # Shared by every copy of the registered engine: /lcm status shows the figures of
         # the agents the user talks to, not of the never-driven registered object.
@@ -118,19 +100,82 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
         self._stats = fam.setdefault("stats", {"compactions": 0, "summarizer_calls": 0, "summarizer_failures": 0,
                                                "last_pass_ms": 0.0, "last_reason": ""})
         self._stats_lock = fam.setdefault("stats_lock", threading.Lock())
-        self._fork = False  # a host background fork (forks.py): never the live session
         self._spend = SpendLedger()  # summariser spend per pass and per session (costs.py)
         self._last_compress_aborted = False
         self._last_summary_error: str | None = None
         self._last_compression_made_progress = False
         self._last_summary_fallback_used = False
         self.awaiting_real_usage_after_compression = False
+        # The parts this engine owns (they reach it, and its lazy store and config, through a weak proxy)
+        eng = cast("LCMEngine", weakref.proxy(self))
+        store, config = (lambda: eng.store), (lambda: eng.config)
+        published = functools.partial(_count_compaction, self._stats, self._stats_lock)
+        self.sessions = SessionLifecycle(eng, weakref.ref(self), store, config, fam, self._owner, published)
+        self.units = ProviderUnits(fam, self.sessions.sid, eng)
+        self.notices = StoreNotices(fam, store)
+        self.compaction_state = CompactionState(eng, config, lambda: eng.summary_escalator(), self.notices)
+        self.turn_hooks = TurnHooks(eng, store, config, self.sessions.sid)
+        self.ingestion = SessionIngest(store, config, self.sessions, lambda: eng.semantic_arm(), self._owner, published)
+        self.passes: PassLog = fam.setdefault("pass_log", PassLog())  # (shared by every copy)
 
     # -- identity & config ------------------------------------------------------------
 
     @property
     def name(self) -> str:
         return "lcm"
+
+    # -- threshold_percent / summary_target_ratio (the host reads and writes them) ---------------
+
+    @property
+    def threshold_percent(self) -> float:
+        return self.__dict__.get("_threshold_percent", DEFAULT_THRESHOLD_PERCENT)
+
+    @threshold_percent.setter
+    def threshold_percent(self, value: float) -> None:
+        # Anyone assigning the attribute (the host lowering it to fit its compression model, a
+        # caller, a contract test) makes it explicit: it wins over model_thresholds and the config.
+        self.__dict__["_threshold_percent"] = value
+        self.__dict__["_threshold_explicit"] = True
+
+    def _set_threshold_percent(self, value: float) -> None:
+        """Our own resolution (config / model_thresholds): not an explicit setting."""
+        self.__dict__["_threshold_percent"] = value
+
+    def explicit_threshold_percent(self) -> float | None:
+        """The explicitly set fraction, when usable (0 < f <= 1)."""
+        if not self.__dict__.get("_threshold_explicit"):
+            return None
+        v = finite(self.__dict__.get("_threshold_percent"))
+        return v if v is not None and 0 < v <= 1 else None
+
+    @property
+    def summary_target_ratio(self) -> float:
+        """The share of the threshold a pass shrinks to (a newer host's idle compaction reads it)."""
+        v = self.__dict__.get("_summary_target_ratio")
+        if v is not None:
+            return v
+        try:
+            return float(self.config.target_ratio)
+        except Exception:
+            return 0.55
+
+    @summary_target_ratio.setter
+    def summary_target_ratio(self, value: float) -> None:
+        v = finite(value)
+        if v is not None and 0 < v < 1:
+            self.__dict__["_summary_target_ratio"] = v
+
+    def input_window(self) -> int:
+        """Tokens a request may take: the window less the output the provider reserves of it
+        (the whole window when no reservation is known or it would leave nothing)."""
+        reserve = self._max_output_tokens or 0
+        window = int(self.context_length or 0)
+        return window - reserve if 0 < reserve < window else window
+
+    @property
+    def overhead(self) -> int:
+        """Host tokens outside the message list (system prompt, tool schemas), last seen."""
+        return self._overhead
 
     @property
     def config(self) -> LCMConfig:
@@ -267,7 +312,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
             self.awaiting_real_usage_after_compression = False
             if p > 0:
                 self.last_real_prompt_tokens = p
-                self._observe_usage(p)  # (the count of the list a pass returned: units.py)
+                self.units.observe_usage(p)  # (the count of the list a pass returned: units.py)
         if c is not None:
             self.last_completion_tokens = c
         if t is not None:
@@ -279,7 +324,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
         tokens = prompt_tokens if prompt_tokens is not None else self.last_prompt_tokens
         if not isinstance(tokens, (int, float)) or tokens < 0 or self.threshold_tokens <= 0:
             return False
-        return self._over_threshold(self._in_provider_units(tokens))  # (a rough figure: units.py)
+        return self._over_threshold(self.units.in_provider_units(tokens))  # (a rough figure: units.py)
 
     def _over_threshold(self, tokens: float) -> bool:
         """`tokens` (the provider's units) calls for a pass."""
@@ -293,7 +338,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
     def should_compress_preflight(self, messages: List[Dict[str, Any]], *args: Any, **kwargs: Any) -> bool:
         try:
             rough = estimate_messages_tokens(messages) + self._overhead
-            return self.threshold_tokens > 0 and self._over_threshold(rough * self.provider_ratio())
+            return self.threshold_tokens > 0 and self._over_threshold(rough * self.units.provider_ratio())
         except Exception:
             return False
 
@@ -314,55 +359,17 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
         return min(budget.fresh_tail, int(tokens * 0.3)) if tokens <= budget.target else budget.fresh_tail
 
     def _budget(self, overhead: int, scale: float | None = None) -> Budget:
-        """A pass's budget in our estimate's units: the threshold divided by the provider's
-        ratio (`scale`, this session's by default: contract/units.py), less the overhead."""
-        cfg = self.config
-        scale = max(1.0, self.provider_ratio() if scale is None else scale)
+        """A pass's budget in our estimate's units (passbudget.plan_budget): the threshold divided
+        by the provider's ratio (`scale`, this session's by default: contract/units.py), less the overhead."""
+        scale = max(1.0, self.units.provider_ratio() if scale is None else scale)
         threshold = self.threshold_tokens or int((self.context_length or 128_000) * self.threshold_percent)
-        threshold = int(threshold / scale)
-        usable = max(2000, threshold - overhead)
-        target = max(1000, int(usable * cfg.target_ratio))
-        block = max(400, min(int(target * 0.25), 8 * cfg.condensed_summary_tokens))
-        # Node sizes follow the block (dag_balance.py): small windows get smaller nodes, not a deeper DAG.
-        leaf_t, cond_t = node_targets(block, cfg.condense_fanin, cfg.leaf_summary_tokens,
-                                      cfg.condensed_summary_tokens)
-        return Budget(
-            target=target,
-            fresh_tail=min(cfg.fresh_tail_tokens, int(target * 0.5)),
-            summary_block=block,
-            leaf_chunk=max(500, int(cfg.leaf_chunk_tokens / scale)),  # (the summariser's window)
-            leaf_summary=leaf_t,
-            condensed_summary=cond_t,
-            fanin=cfg.condense_fanin,
-            protect_first_n=max(0, int(self.protect_first_n)),
-            large_tokens=min(cfg.large_message_tokens, max(500, target // 3)),
-        )
+        return plan_budget(self.config, int(threshold / scale), scale, overhead, self.protect_first_n)
 
     # -- summariser ------------------------------------------------------------------------------
 
     def _get_escalator(self) -> Escalator:
-        if self._escalator is not None:
-            return self._escalator
-        cfg = self.config
-        model: ModelSummarizer | None = None
-        choice = cfg.summarizer
-        if choice == "auto":
-            if cfg.summary_base_url:
-                choice = "openai"
-            elif self._runtime and has_llm():
-                choice = "host"
-            else:
-                choice = "extractive"
-        if choice == "openai" and cfg.summary_base_url:
-            key = os.environ.get(cfg.summary_api_key_env, "") if cfg.summary_api_key_env else ""
-            model = OpenAISummarizer(cfg.summary_base_url, cfg.summary_model, key, cfg.summary_timeout, cfg.redact)
-        elif choice == "host":
-            model = HostSummarizer(self._host_runtime, max(cfg.summary_timeout, 1.0), cfg.redact)
-        guard = None
-        if model is not None:
-            guard = guard_for(f"{model.name}@{getattr(model, 'base_url', 'host')}", cfg.breaker_failures,
-                              cfg.breaker_cooldown_seconds, cfg.max_summarizer_calls, cfg.summarizer_window_seconds)
-        self._escalator = Escalator(model, guard, cfg.redact)
+        if self._escalator is None:  # (the host's runtime: known once update_model ran)
+            self._escalator = build_escalator(self.config, bool(self._runtime), self._host_runtime)
         return self._escalator
 
     def summary_escalator(self) -> Escalator:
@@ -388,90 +395,10 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
         raises SessionBusy (the host hands the whole list again later: nothing is lost).
         `flush` (on_session_end): no slots wanted; the list the last pass aligned is not
         aligned again (ingest_resume.PassEcho), and [] is returned for it."""
-        sid = self._route(session_id or self._sid(), messages)
+        sid = self.sessions.route(session_id or self.sessions.sid(), messages)
         wait = self.config.lock_timeout if lock_wait is None else lock_wait
         with held(self.store.location, sid, wait):
-            return self._ingest_locked(sid, messages, flush=flush)[0]
-
-    def _ingest_locked(self, sid: str, messages: List[Any], for_pass: bool = False,
-                       flush: bool = False) -> tuple[list[Slot], int, int, int | None]:
-        """Align the host's list (ingest.py) and keep the active context; the slots, the
-        context's version and length, and (for a pass) the first slot it must not summarise
-        (ingest_replay.fold_replayed)."""
-        self._ensure(sid)
-        body = messages[1:] if messages and role_of(messages[0]) == "system" else messages
-        body = as_host_instruction(body) if self._fork else body  # (review prompt: not user speech; forks.py)
-        self._adopt_or_drop_stage(sid, body, for_pass)
-        if flush and self._echo.repeats(sid, body, lambda: self.store.context_version(sid)):
-            return [], -1, 0, None  # the list the last pass aligned, against the same context
-        raw_body = body
-        with self._aligned_lock:
-            cached = self._aligned.pop(sid, None)
-        resume = None
-        if cached is not None and not for_pass and self.store.context_version(sid) == cached[0]:
-            version, ctx, resume = cached  # the context is still what our last ingest left
-        else:
-            # A pass (it may rewrite slots) or anything else wrote the context: read it afresh.
-            version, ctx = self.store.get_context(sid)
-        body = unmerge(body, ctx, stored_raw(self.store), self._unmerged)  # (our block merged by the host)
-        scope = self.store.lineage(sid)
-        cfg = self.config
-        res = align_fast(self.store, sid, scope, body, ctx, large_tokens=cfg.large_message_tokens,
-                         exploration_tokens=cfg.exploration_tokens, resume=resume)
-        slots, entries = res.slots, res.entries
-        # A list replaying the originals of summaries in our context (a host that lost our
-        # compacted list) keeps those summaries: nothing is summarised twice (ingest_replay.py).
-        folded, hold = fold_replayed(self.store, sid, ctx, slots, leaves=for_pass)
-        if folded is not None:
-            slots, entries, res.resume = folded, slots_to_entries(folded), None  # (next call: walk afresh)
-        same = [(e.kind, e.ref) for e in entries] == [(e.kind, e.ref) for e in ctx]
-        if res.context_written and folded is None:
-            version = self.store.context_version(sid)
-        elif res.context_written or not same:  # (not when only the slot count differs: a summary slot holds several refs)
-            version = self.store.set_context(sid, entries)
-        # The host's full list (a pass's too): what it rolled back (undo, retry) leaves search
-        # (forget.py); a manual /compress of a prefix hides the tail the host re-appends only
-        # until its next list holds it again.
-        forget.retract_rolled_back(self.store, ctx, entries, res.new_ids)
-        if res.new_ids and self._session_db is not None and not self._fork:
-            # 0.19.0's lists carry no times: the host's record has when each was said
-            times_from_host(self.store, slots, res.new_ids, lambda: self._host_history(sid))
-        if res.new_ids:
-            arm = self.semantic_arm()
-            if arm is not None:
-                arm.notify()  # new messages to embed (in the arm's thread, off this path)
-            if cfg.tool_stubs:
-                prepare_new(self.store, stub_policy(cfg), slots, res.new_ids)
-        if for_pass:  # (a pass that folded a replay: its list is aligned afresh next time)
-            self._echo.remember(sid, raw_body, version) if folded is None else self._echo.forget(sid)
-        elif res.resume is not None:
-            res.resume.version = version
-            with self._aligned_lock:
-                self._aligned[sid] = (version, entries, res.resume)
-                while len(self._aligned) > ALIGNED_SESSIONS:
-                    self._aligned.popitem(last=False)
-        return slots, version, len(entries), hold
-
-    def _adopt_or_drop_stage(self, sid: str, body: List[Any], for_pass: bool) -> None:
-        """Without a commit signal, the host's list itself tells whether it adopted a stage."""
-        stages = self.store.staged_passes(sid)
-        if not stages:
-            return
-        seen: set[int] = set()
-        for m in body:
-            seen.update(summary_node_ids(m))
-        for staged in stages:
-            if staged.top_nodes and set(staged.top_nodes) <= seen:
-                self.store.publish_pass(staged.pass_id)
-                with self._stats_lock:
-                    self._stats["compactions"] += 1
-                return
-        if for_pass:
-            # A new pass starts from the host's list: a stage it does not carry was not adopted
-            # — unless another live engine (a second host on this session) still may commit it.
-            for staged in stages:
-                if not owners.held_by_other(staged.pass_id, staged.created_at, self._owner):
-                    self.store.discard_pass(staged.pass_id)
+            return self.ingestion.align_locked(sid, messages, flush=flush)[0]
 
     # -- compress -------------------------------------------------------------------------------------
 
@@ -498,7 +425,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
                 self._stats["last_reason"] = f"store unavailable: {exc.reason}"
             out = self._trim_without_store(messages)
             if out != messages:  # (the host prints it only after a pass that changed something)
-                self._last_summary_error = self._store_stopped_line(exc)  # once per outage: notices.py
+                self._last_summary_error = self.notices.store_stopped_line(exc)  # once per outage: notices.py
             return out
         except Exception as exc:
             log.exception("lcm: compress failed; returning the conversation unchanged")
@@ -532,7 +459,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
 
     def _compress(self, messages: List[Any], current_tokens: Optional[int], focus: Optional[str],
                   force: bool, memory: str, kwargs: dict[str, Any], t0: float) -> List[Dict[str, Any]]:
-        sid = self._route(self._sid(kwargs), messages)
+        sid = self.sessions.route(self.sessions.sid(kwargs), messages)
         system = messages[0] if messages and role_of(messages[0]) == "system" else None
         cfg = self.config
         lock = session_lock(self.store.location, sid)
@@ -544,15 +471,15 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
                 if not got:
                     self._note("another process is compacting this session")
                     return messages
-                slots, version, base_len, hold = self._ingest_locked(sid, messages, for_pass=True)
+                slots, version, base_len, hold = self.ingestion.align_locked(sid, messages, for_pass=True)
                 # (the pass measures its output with the same memo: mostly these very objects)
                 ours, memo = measured_messages(messages)
                 # The host's figure in the provider's units teaches the session's ratio
                 # (units.py); one that exceeds ours by more than any overhead says nothing
                 # about the overhead. Otherwise it is a hint: a bounded overhead, re-derived
                 # on every call.
-                ratio = self._observe_figure(sid, current_tokens, ours)
-                oh = None if self._figure_is_inflated(current_tokens, ours) else plausible_overhead(
+                ratio = self.units.observe_figure(sid, current_tokens, ours)
+                oh = None if self.units.figure_is_inflated(current_tokens, ours) else plausible_overhead(
                     current_tokens, ours, self.context_length or
                     int(self.threshold_tokens / max(self.threshold_percent, 0.05)))
                 overhead = self._overhead if oh is None else oh
@@ -623,9 +550,9 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
             self._note("the pass changed nothing")
             return messages
         self._no_progress_at = None
-        self._note_pass_output(sid, after)  # (res.output as measured above: unchanged since)
-        self._pending[sid] = res.pass_id or ""
-        self._settle_fork_pass(sid)  # (a background fork's pass waits for no commit: lifecycle.py)
+        self.units.note_pass_output(sid, after)  # (res.output as measured above: unchanged since)
+        self.sessions.staged(sid, res.pass_id)
+        self.sessions.settle_fork_pass(sid)  # (a background fork's pass waits for no commit: lifecycle.py)
         if res.upgrade_ids:
             self._submit_upgrade(sid, res.upgrade_ids, budget)
         # The host warns "compressed N times — accuracy may degrade" from N >= 2. Nothing is
@@ -641,11 +568,11 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
         should_compress compares it), bounded by the window."""
         if plausible_overhead(current_tokens, 0, 0) is None:
             return int(fallback * ratio)
-        figure = int(self._in_provider_units(current_tokens))
+        figure = int(self.units.in_provider_units(current_tokens))
         return int(min(figure, self.context_length)) if self.context_length else figure
 
     def _record(self, sid: str, res: PassResult, pb: Any, seconds: float, overhead: int) -> None:
-        self.record_pass({"overhead": overhead,
+        self.passes.record({"overhead": overhead,
             "session_id": sid, "pass_id": res.pass_id, "tokens_before": res.tokens_before,
             "tokens_after": res.tokens_after if res.progressed else res.tokens_before,
             "calls": res.calls, "failures": res.failures, "new_nodes": res.new_nodes,
@@ -688,7 +615,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
 
     def upgrade_leftovers(self, sid: str) -> None:
         """Queue the outlines a process that ended before its worker left in `sid`'s context."""
-        if not self._fork and self._worker() is not None:
+        if not self.sessions.fork and self._worker() is not None:
             self._submit_upgrade(sid, leftover_outlines(self.store, sid), self._budget(self._overhead))
 
     def wait_background(self, timeout: float = 60.0) -> bool:
@@ -701,8 +628,8 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
         worker, esc = self._worker(), self._get_escalator()
         if worker is None or not self.context_length or esc.model is None:
             return False
-        tokens = (estimate_messages_tokens(messages) + self._overhead) * self.provider_ratio(session_id)
-        sid = session_id or self._sid()
+        tokens = (estimate_messages_tokens(messages) + self._overhead) * self.units.provider_ratio(session_id)
+        sid = session_id or self.sessions.sid()
         growing = self._growth.note(sid, int(tokens))
         if tokens < self.config.soft_threshold * self.context_length:
             return False
@@ -722,16 +649,87 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
         with self._stats_lock:
             self._stats["last_reason"] = reason
 
+    # -- the host's calls answered by the parts this engine owns (contract/) -------------------------------
+
+    def bind_session_state(self, session_db: Any = None, session_id: str | None = None, *args: Any,
+                           **kwargs: Any) -> None:
+        self.sessions.bind(session_db, session_id)
+
+    def on_session_start(self, session_id: str, **kwargs: Any) -> None:
+        self.sessions.start(session_id, **kwargs)
+
+    def on_session_end(self, session_id: str, messages: List[Dict[str, Any]], *args: Any, **kwargs: Any) -> None:
+        self.sessions.end(session_id, messages)
+
+    def on_session_reset(self, *args: Any, **kwargs: Any) -> None:
+        super().on_session_reset()  # the host's counters
+        self.sessions.reset()
+        self._no_progress_at = None
+        self._overhead = 0
+        self.last_real_prompt_tokens = 0
+
+    def current_session(self) -> str:
+        """The session this engine acts on now (the tools' and /lcm's scope)."""
+        return self.sessions.sid()
+
+    def live_engine(self) -> "LCMEngine":
+        """The copy of this engine the user's agent drives (this one when none did yet)."""
+        live = self.sessions.live_engine()
+        return live if live is not None else self
+
+    def sync_from_host(self, lock_wait: float | None = None) -> int:
+        """Store the host's record of the current session (lifecycle.py); how many messages it holds."""
+        return self.sessions.sync_from_host(lock_wait)
+
+    def select_context(self, request_messages: List[Dict[str, Any]], *,
+                       conversation_messages: Optional[List[Dict[str, Any]]] = None, incoming_message: Any = None,
+                       budget_tokens: int = 0, **kwargs: Any) -> Optional[List[Dict[str, Any]]]:
+        return self.turn_hooks.select_context(request_messages, budget_tokens, kwargs)
+
+    def on_turn_complete(self, messages: List[Dict[str, Any]], usage: Any = None, **kwargs: Any) -> None:
+        self.turn_hooks.on_turn_complete(messages, kwargs)
+
+    def prune_tool_results_only(self, messages: List[Dict[str, Any]], current_tokens: Optional[int] = None,
+                                *args: Any, **kwargs: Any) -> Any:
+        return self.turn_hooks.prune_tool_results_only(messages)
+
+    def should_compress_info(self, prompt_tokens: Optional[int] = None, *args: Any,
+                             **kwargs: Any) -> "tuple[bool, str | None]":
+        return self.compaction_state.should_compress_info(prompt_tokens)
+
+    def get_active_compression_failure_cooldown(self, *args: Any, **kwargs: Any) -> Optional[Dict[str, Any]]:
+        return self.compaction_state.get_active_compression_failure_cooldown()
+
+    def should_defer_preflight_to_real_usage(self, rough_tokens: int, *args: Any, **kwargs: Any) -> bool:
+        return self.compaction_state.should_defer_preflight_to_real_usage(rough_tokens)
+
+    def pending_compression_operation(self, messages: Optional[List[Dict[str, Any]]] = None, *args: Any,
+                                      **kwargs: Any) -> None:
+        return None  # every LCM pass is a compaction; it never asks for a sanitation-only pass
+
+    def get_automatic_compaction_status_message(self, *, phase: str = "compress", default_message: str = "",
+                                                **context: Any) -> Optional[str]:
+        return self.compaction_state.get_automatic_compaction_status_message(
+            phase=phase, default_message=default_message, **context)
+
+    def provider_ratio(self, session_id: str | None = None) -> float:
+        """Provider tokens per token of our estimate in this session (1: they agree)."""
+        return self.units.provider_ratio(session_id)
+
+    def summary_block_tokens(self) -> int:
+        """The summary block's size in a pass planned now (select_context renders within it)."""
+        return self._budget(self._overhead).summary_block
+
     # -- status -------------------------------------------------------------------------------------------
 
     def get_status(self, *args: Any, **kwargs: Any) -> Dict[str, Any]:
         status = super().get_status()
         with self._stats_lock:
             status.update({f"lcm_{k}": v for k, v in self._stats.items()})
-        status["lcm_session_id"] = self._session_id
-        status["lcm_provider_ratio"] = round(self.provider_ratio(), 3)
-        status.update(self._spend.status(self._session_id, self._provider))
-        passes = self.last_passes()
+        status["lcm_session_id"] = self.sessions.session_id
+        status["lcm_provider_ratio"] = round(self.units.provider_ratio(), 3)
+        status.update(self._spend.status(self.sessions.session_id, self._provider))
+        passes = self.passes.last()
         status["lcm_last_pass"] = passes[-1] if passes else None
         status["lcm_recent_passes"] = passes[-5:]
         try:
@@ -763,8 +761,8 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
         return copy.deepcopy(tools.TOOL_SCHEMAS)
 
     def handle_tool_call(self, name: str, args: Dict[str, Any], **kwargs: Any) -> str:
-        if not self._fork:
-            self._mark_live()
+        if not self.sessions.fork:
+            self.sessions.mark_live()
         live = kwargs.get("messages")
         current: set[int] = set()
         if name in tools.TOOL_NAMES and isinstance(live, list) and live:
@@ -786,7 +784,7 @@ class LCMEngine(SessionLifecycle, NewHostHooks, HostSignals, ProviderUnits, Stor
         except Exception as exc:  # a tool answers JSON whatever happens
             log.exception("lcm: tool %s failed", name)
             return json.dumps({"error": f"internal error in {name}: {type(exc).__name__}"})
-        return tools.dispatch(source, name, args, session_id=self.current_session(), current=current)
+        return tools.dispatch(source, name, args, session_id=self.sessions.sid(), current=current)
 
 
 def _worker_or_none(engine: "LCMEngine") -> BackgroundWorker | None:
@@ -794,3 +792,9 @@ def _worker_or_none(engine: "LCMEngine") -> BackgroundWorker | None:
         return engine._worker() if engine._config is not None and engine._store is not None else None
     except Exception:
         return None
+
+
+def _count_compaction(stats: dict[str, Any], lock: Any) -> None:
+    """A staged pass was published (the engine family's figures behind /lcm status)."""
+    with lock:
+        stats["compactions"] += 1

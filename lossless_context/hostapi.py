@@ -8,9 +8,8 @@ not installed. No other module imports the host: an import-linter contract in py
 kernel (config.py), the summarisers and the contract all may use it.
 
 What the engine *offers* the host — every method the host calls and every attribute it reads —
-is declared in `contract/spec.py` and implemented in `contract/base.py` (the 0.19.0 base class),
-`contract/lifecycle.py`, `contract/hooks_r19.py` and `contract/hooks_main.py` (upstream main's
-additions). What the engine *uses* of the host:
+is declared in `contract/spec.py` and answered by LCMEngine and the parts it owns (contract/).
+What the engine *uses* of the host:
 
 =================================  ==========================================================
 host symbol                        used for

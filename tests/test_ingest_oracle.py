@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from lossless_context import LCMEngine
-from lossless_context import engine as engine_module
+from lossless_context.contract import ingestion as engine_module  # (the engine's ingestion)
 from lossless_context.pipeline import ingest, ingest_fast
 from lossless_context.config import LCMConfig
 from lossless_context.demo.host_driver import R19Host

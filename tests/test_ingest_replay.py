@@ -143,7 +143,7 @@ def test_doctor_repairs_what_an_earlier_engine_summarised_twice(tmp_path, reques
     """A store an earlier engine wrote: a replayed history summarised a second time (the
     replay's handling switched off here to make one). `lcm doctor --repair` deletes the
     copies no context reaches and nothing else."""
-    import lossless_context.engine as engine_mod
+    import lossless_context.contract.ingestion as engine_mod  # (the engine's ingestion)
     import lossless_context.pipeline.ingest as ingest_mod
 
     location = _location(request, tmp_path, backend)

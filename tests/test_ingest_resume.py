@@ -72,7 +72,7 @@ def test_growing_list_resumes_and_stores_each_message_once(engine, resumed):
     for end in range(50, len(msgs) + 1, 50):
         check_same_as_cold(engine, msgs[:end])
     assert resumed.count(True) == 600 // 50 - 1, resumed  # every warm call after the first
-    assert engine._aligned["r"][2].objs[-1] is msgs[-1], "the last alignment is kept for the next call"
+    assert engine.ingestion.aligned["r"][2].objs[-1] is msgs[-1], "the last alignment is kept for the next call"
     assert stored(engine) == [json.dumps(m, sort_keys=True) for m in msgs]  # each once, verbatim, in order
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from lossless_context import LCMEngine
-from lossless_context import engine as engine_module
+from lossless_context.contract import ingestion as engine_module  # (the engine's ingestion)
 from lossless_context.config import LCMConfig
 from lossless_context.demo.host_driver import R19Host
 from lossless_context.demo.sessions import coding_session

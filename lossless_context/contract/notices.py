@@ -1,4 +1,4 @@
-"""One line in the chat when storing stops, and one when it resumes (a mixin of LCMEngine).
+"""One line in the chat when storing stops, and one when it resumes (an object LCMEngine owns).
 
 The log tells an operator; the user in the chat is told through what every host shows:
 
@@ -17,15 +17,19 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Any
+from typing import Any, Callable
 
+from ..store import Store
 from ..store.guard import StoreUnavailable
 
 
 class StoreNotices:
-    """Mixin for LCMEngine; the state lives in the family shared by every copy."""
+    """The notices of one engine; the state lives in the family shared by every copy. `store`
+    opens the engine's store (lazily: it may raise StoreUnavailable)."""
 
-    _family: dict[str, Any]
+    def __init__(self, family: dict[str, Any], store: Callable[[], Store]) -> None:
+        self._family = family
+        self._store = store
 
     def _notices(self) -> tuple[dict[str, Any], threading.Lock]:
         fam = self._family
@@ -36,11 +40,11 @@ class StoreNotices:
 
     def _breaker(self) -> Any:
         try:
-            return getattr(self.store, "breaker", None)  # type: ignore[attr-defined]
+            return getattr(self._store(), "breaker", None)
         except Exception:
             return None
 
-    def _store_stopped_line(self, exc: StoreUnavailable) -> str | None:
+    def store_stopped_line(self, exc: StoreUnavailable) -> str | None:
         """The line for the first fallback of an outage (None when it was told already)."""
         state, lock = self._notices()
         with lock:
@@ -51,7 +55,7 @@ class StoreNotices:
                 f"Until it is back the oldest turns leave the context (the host's own history keeps them) "
                 f"and nothing new is stored; /lcm status shows the state")
 
-    def _store_pending_lines(self) -> str | None:
+    def store_pending_lines(self) -> str | None:
         """For a pass's status line: an outage not told yet, or the end of one that was."""
         state, lock = self._notices()
         breaker = self._breaker()

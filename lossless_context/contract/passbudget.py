@@ -24,8 +24,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import HostCompression
+from ..config import HostCompression, LCMConfig
 from ..hostapi import compression_timeouts
+from ..pipeline.compaction import Budget
+from ..pipeline.dag_balance import node_targets
 
 SAFETY = 0.5  # share of a host budget a pass plans to use
 # A hygiene pass is huge (5,000 messages): its deterministic rest can itself take seconds.
@@ -117,3 +119,25 @@ def plausible_overhead(current_tokens: Any, ours: int, window: int) -> int | Non
         return None
     cap = int(max(0, window) * OVERHEAD_SHARE)
     return max(0, min(int(current_tokens) - int(ours), cap))
+
+
+def plan_budget(cfg: LCMConfig, threshold: int, scale: float, overhead: int, protect_first_n: int) -> Budget:
+    """A pass's budget in our estimate's units: `threshold` (already divided by the provider's
+    ratio `scale`) less the host's overhead, shrunk to the configured target."""
+    usable = max(2000, threshold - overhead)
+    target = max(1000, int(usable * cfg.target_ratio))
+    block = max(400, min(int(target * 0.25), 8 * cfg.condensed_summary_tokens))
+    # Node sizes follow the block (dag_balance.py): small windows get smaller nodes, not a deeper DAG.
+    leaf_t, cond_t = node_targets(block, cfg.condense_fanin, cfg.leaf_summary_tokens,
+                                  cfg.condensed_summary_tokens)
+    return Budget(
+        target=target,
+        fresh_tail=min(cfg.fresh_tail_tokens, int(target * 0.5)),
+        summary_block=block,
+        leaf_chunk=max(500, int(cfg.leaf_chunk_tokens / scale)),  # (the summariser's window)
+        leaf_summary=leaf_t,
+        condensed_summary=cond_t,
+        fanin=cfg.condense_fanin,
+        protect_first_n=max(0, int(protect_first_n)),
+        large_tokens=min(cfg.large_message_tokens, max(500, target // 3)),
+    )

@@ -9,9 +9,11 @@ declared method and attribute exists on `LCMEngine` with a compatible signature,
 method of the installed host's `ContextEngine` is declared here). R19 = hermes-agent 0.19.0 (PyPI);
 N = upstream main (0.20.0 and later). Details and observations: docs/host-contract.md.
 
-Where each is implemented: `engine.py` (budgets, compress, status, tools), `contract/lifecycle.py`
-(binding and session events), `contract/hooks_r19.py` (signals and optional R19 hooks),
-`contract/hooks_main.py` (N's hooks), `contract/base.py` (the host's base class or a stand-in).
+Where each is implemented: `engine.py` (budgets, compress, status, tools; every method below is
+LCMEngine's and delegates to the part that answers it), `contract/lifecycle.py` (binding and
+session events), `contract/compaction_state.py` (N's compaction-state hooks, the preflight
+deferral), `contract/turn_hooks.py` (N's turn hooks), `contract/base.py` (the host's base class
+or a stand-in).
 """
 
 from __future__ import annotations

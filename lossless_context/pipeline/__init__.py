@@ -6,7 +6,8 @@
                      resuming where the last call ended) — tests/test_ingest_oracle.py checks
                      that both store and return the same; `ingest_replay` folds a list that
                      replays originals back into the summaries that cover them; `unmerge` first
-                     splits our block back out of a neighbour the host merged it into;
+                     splits our block back out of a neighbour the host merged it into
+                     (the engine runs these stages through contract/ingestion.py);
 2. `stubs`         — tier 0: old tool results shown as stubs, before any summary (`stub_prep`:
                      each result's stub made when it is stored, in a thread, off the pass);
 3. `digest`        — what a summariser is sent of each message;

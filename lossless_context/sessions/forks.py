@@ -38,7 +38,7 @@ def as_host_instruction(messages: Sequence[Any]) -> list[Any]:
     return [dict(m, **{HOST_INSTRUCTION: True}) if is_review_prompt(m) else m for m in messages]
 
 
-def seed_fork(store: Any, session_id: str, parent_id: str) -> bool:
+def seed_fork(store: Any, session_id: str, parent_id: str | None) -> bool:
     """A background fork's session starts from the parent's active context: the conversation it
     copied aligns with the parent's rows (our block with the parent's summaries), so only what
     the fork adds is stored. False when the session already has a history of its own."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import threading
 import time
@@ -19,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from .costs import Spend
+from ..config import LCMConfig
+from ..hostapi import has_llm
 from ..records import Source
 from ..tokens import estimate_text_tokens
 
@@ -500,3 +503,28 @@ def safe_call(fn: Callable[[], bool]) -> bool:
         return bool(fn())
     except Exception:
         return False
+
+
+def build_escalator(cfg: LCMConfig, runtime_known: bool, host_runtime: Callable[[], dict[str, Any]]) -> Escalator:
+    """The summariser `cfg` asks for: `summarizer: auto` takes an OpenAI-compatible endpoint when
+    one is configured, else the host's own model when its runtime is known (`runtime_known`,
+    `host_runtime` gives it at each call) and its client imports, else the extractive level alone."""
+    model: ModelSummarizer | None = None
+    choice = cfg.summarizer
+    if choice == "auto":
+        if cfg.summary_base_url:
+            choice = "openai"
+        elif runtime_known and has_llm():
+            choice = "host"
+        else:
+            choice = "extractive"
+    if choice == "openai" and cfg.summary_base_url:
+        key = os.environ.get(cfg.summary_api_key_env, "") if cfg.summary_api_key_env else ""
+        model = OpenAISummarizer(cfg.summary_base_url, cfg.summary_model, key, cfg.summary_timeout, cfg.redact)
+    elif choice == "host":
+        model = HostSummarizer(host_runtime, max(cfg.summary_timeout, 1.0), cfg.redact)
+    guard = None
+    if model is not None:
+        guard = guard_for(f"{model.name}@{getattr(model, 'base_url', 'host')}", cfg.breaker_failures,
+                          cfg.breaker_cooldown_seconds, cfg.max_summarizer_calls, cfg.summarizer_window_seconds)
+    return Escalator(model, guard, cfg.redact)

@@ -79,10 +79,10 @@ def _append_drops_row() -> None:
 
 
 def _stale_select() -> None:
-    from lossless_context.contract.hooks_main import NewHostHooks
+    from lossless_context.contract.turn_hooks import TurnHooks
 
     # The version select_context keys its cache on never moves: a committed pass is not seen.
-    NewHostHooks._context_version = lambda self, sid: 0  # type: ignore[method-assign]
+    TurnHooks._context_version = lambda self, sid: 0  # type: ignore[method-assign]
 
 
 def _no_redaction() -> None:
