@@ -204,8 +204,8 @@ def test_a_pass_reports_the_tokens_of_the_list_it_returns(tmp_path, monkeypatch)
 
     e = _engine(str(tmp_path / "tokens.db"))
     noted: list[int] = []
-    real_note = e._note_pass_output
-    monkeypatch.setattr(e, "_note_pass_output", lambda sid, est: (noted.append(est), real_note(sid, est)))
+    real_note = e.units.note_pass_output  # (the engine's provider units: contract/units.py)
+    monkeypatch.setattr(e.units, "note_pass_output", lambda sid, est: (noted.append(est), real_note(sid, est)))
     outputs: list[int] = []
     real_compress = e.compress
 
@@ -223,5 +223,5 @@ def test_a_pass_reports_the_tokens_of_the_list_it_returns(tmp_path, monkeypatch)
         host.maybe_compress()
     assert host.compactions >= 2 and len(outputs) == host.compactions
     assert noted == outputs
-    staged = [p["tokens_after"] for p in e.last_passes() if p["outcome"] == "staged"]
+    staged = [p["tokens_after"] for p in e.passes.last() if p["outcome"] == "staged"]
     assert staged[-len(outputs):] == outputs
