@@ -38,6 +38,35 @@ except ImportError:  # pragma: no cover - reported when the store is first used
 
 log = logging.getLogger("lossless_context.store")
 
+
+def _pipelined_transaction(conn: Any, fn: Callable[[Any], T]) -> T:
+    """`fn(conn)` between BEGIN and COMMIT, all in one pipeline: COMMIT's answer comes with the
+    pipeline's closing sync (psycopg's transaction block would add a sync of its own). Whatever
+    fails — a statement, the commit, `fn` itself — leaves no transaction open."""
+    try:
+        with conn.pipeline():
+            conn.execute("BEGIN")
+            out = fn(conn)
+            conn.execute("COMMIT")
+        return out
+    except BaseException:
+        if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            try:
+                conn.execute("ROLLBACK")
+            except psycopg.Error:  # the connection is broken: the pool discards it
+                pass
+        raise
+
+
+def pipeline_supported() -> bool:
+    """Whether this psycopg and its libpq can run pipeline mode (libpq 14+)."""
+    if psycopg is None:
+        return False
+    try:
+        return bool(psycopg.Pipeline.is_supported())
+    except Exception:  # an old psycopg without the check: the plain path
+        return False
+
 T = TypeVar("T")
 
 POOL_MIN, POOL_MAX = 1, 4
@@ -256,13 +285,21 @@ class PostgresConnections:
         with self._connection(seconds) as conn:
             return fn(conn)
 
-    def _write(self, fn: Callable[[Any], T], seconds: float | None = None) -> T:
-        """Run `fn(conn)` in one transaction; deadlocks and serialisation failures retry."""
+    def _write(self, fn: Callable[[Any], T], seconds: float | None = None, *, pipeline: bool = False) -> T:
+        """Run `fn(conn)` in one transaction; deadlocks and serialisation failures retry.
+
+        `pipeline`: in libpq's pipeline mode, so BEGIN, the statements `fn` sends without
+        reading a result, and COMMIT travel together: a round trip per result `fn` reads
+        (plus one) instead of one per statement. Errors still surface (at the next read, or at
+        the end) and roll the transaction back (_pipelined_transaction)."""
         if pg_errors is None:  # psycopg missing: the install hint, not an AttributeError below
             self._pools()
+        piped = pipeline and pipeline_supported()
         for attempt in range(WRITE_RETRIES):
             try:
                 with self._connection(seconds) as conn:
+                    if piped:
+                        return _pipelined_transaction(conn, fn)
                     with conn.transaction():
                         return fn(conn)
             except pg_errors.TransactionRollback as exc:  # rolled back: safe to run again

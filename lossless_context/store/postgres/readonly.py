@@ -55,7 +55,7 @@ class ReadOnlyPostgresStore(PostgresStore):
     def _refuse(self) -> StoreError:
         return StoreError(f"store {self.location} is opened read-only: nothing can be written")
 
-    def _write(self, fn: Callable[[Any], T], seconds: float | None = None) -> T:
+    def _write(self, fn: Callable[[Any], T], seconds: float | None = None, *, pipeline: bool = False) -> T:
         raise self._refuse()
 
     def wait_indexed(self) -> None:

@@ -55,7 +55,14 @@ log = logging.getLogger("lossless_context.store")
 # A session's last seq. ORDER BY ... LIMIT 1, not MAX(seq): planned with the statistics of a
 # session that was new, MAX went through the (session_id, id) index and read every row of the
 # session (1 ms at 1,000 messages, growing with it) on every append; this is one index step.
-LAST_SEQ = "SELECT COALESCE((SELECT seq FROM messages WHERE session_id=%s ORDER BY seq DESC LIMIT 1), -1)"
+# An append's first read: the session's row locked, its context version and its last seq (one
+# index step: ORDER BY seq DESC LIMIT 1 on (session_id, seq), not MAX(seq), which a session new
+# to the planner's statistics planned through (session_id, id) and read whole).
+APPEND_HEAD = (
+    "SELECT s.context_version,"
+    " COALESCE((SELECT m.seq FROM messages m WHERE m.session_id = s.id ORDER BY m.seq DESC LIMIT 1), -1)"
+    " FROM sessions s WHERE s.id = %s FOR NO KEY UPDATE OF s"
+)
 _TABLES = ("sessions", "messages", "message_absorbed", "message_aliases", "summaries", "summary_messages",
            "summary_parents", "context_items", "staged_passes", "presummaries", "lcm_migrations")
 
@@ -87,11 +94,11 @@ class PostgresStore(PostgresRecords, PostgresLifecycle, PostgresSearch, Postgres
         self._background_index = bool(background_index)
         self._version_cache: tuple[int, VersionCache] | None = None
 
-    def _write(self, fn: Callable[[Any], Any], seconds: float | None = None) -> Any:
+    def _write(self, fn: Callable[[Any], Any], seconds: float | None = None, *, pipeline: bool = False) -> Any:
         touched = _touched()
         mark = len(touched)
         try:
-            return super()._write(fn, seconds)  # (write_sql passes its own bound)
+            return super()._write(fn, seconds, pipeline=pipeline)  # (write_sql passes its own bound)
         finally:
             # After the commit (or the rollback): this process's next read sees the new version.
             sids, touched[mark:] = touched[mark:], []
@@ -281,8 +288,11 @@ class PostgresStore(PostgresRecords, PostgresLifecycle, PostgresSearch, Postgres
         sid = _t(session_id)
 
         def tx(c: Any) -> list[int]:
-            self._lock_sessions(c, sid)  # one writer per session: seq and id order are safe
-            seq = c.execute(LAST_SEQ, (sid,)).fetchone()[0]
+            # Three round trips in pipeline mode (conn.py): this read, the insert's ids, and
+            # everything after with the commit. The read locks the session's row (one writer
+            # per session: seq and id order are safe) and gives its version and last seq.
+            head = c.execute(APPEND_HEAD, (sid,)).fetchone()
+            version, seq = head if head is not None else (None, -1)  # (no session: the insert's FK says so)
             first = seq + 1
             by_seq = insert_messages(c, sid, first, rows)
             ids: list[int] = [by_seq[first + i] for i in range(len(rows))]
@@ -293,16 +303,14 @@ class PostgresStore(PostgresRecords, PostgresLifecycle, PostgresSearch, Postgres
                         "INSERT INTO message_absorbed(message_id, uid) VALUES (%s, %s) ON CONFLICT DO NOTHING",
                         absorbed,
                     )
-            c.execute("UPDATE sessions SET updated_at=%s WHERE id=%s", (time.time(), sid))
-            if context is not None:
-                known = 0
-                if context_known is not None and c.execute(
-                        "SELECT context_version FROM sessions WHERE id=%s", (sid,)).fetchone() == (context_known[0],):
-                    known = context_known[1]
+            if context is None:
+                c.execute("UPDATE sessions SET updated_at=%s WHERE id=%s", (time.time(), sid))
+            else:  # (_write_context's version bump sets updated_at too)
+                known = context_known[1] if context_known is not None and version == context_known[0] else 0
                 self._write_context(c, sid, resolve_new_refs(context, ids, known), known)
             return ids
 
-        ids = self._write(tx)
+        ids = self._write(tx, pipeline=True)
         self.forget_max_row_id()
         if self._background_index:
             self._indexer.kick()  # full-text index them off the commit path (index.py)

@@ -1,0 +1,171 @@
+"""Round trips of the PostgreSQL store's append (issue 41): what the host waits for when it hands
+over a batch of new messages is mostly the server's answers, one wait per round trip, and each
+wait costs a scheduling turn on a busy machine. The append runs in pipeline mode (conn.py): its
+first read (the session locked, its version and last seq), the insert's ids, and everything
+after together with the commit — three round trips where it took ten.
+
+Counted, not timed: a proxy between the store and the throw-away server reads the client's
+side of the wire protocol and counts the points where the client waits for an answer.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from lossless_context.records import NewMessage
+from lossless_context.store.postgres import conn as pg_conn
+from lossless_context.store.postgres.store import PostgresStore
+
+psycopg = pytest.importorskip("psycopg")
+
+
+class SyncProxy:
+    """A TCP forwarder on 127.0.0.1 that reads the client's side of the wire protocol and counts,
+    over all its connections, the points where the client waits for the server: each Sync
+    (extended protocol: one per statement outside pipeline mode; the end of a pipeline), each
+    Flush (a result read inside a pipeline) and each simple Query. Between two of them a
+    pipelining client sends without waiting."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.lock = threading.Lock()
+        self.waits = 0
+        self.seen: list[str] = []  # every client message type, in order (for failure messages)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def count(self) -> int:
+        with self.lock:
+            return self.waits
+
+    def _accept(self) -> None:
+        while not self.closed:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, from_client: bool) -> None:
+        buf = b""
+        started = False  # the startup message has no type byte
+        try:
+            while True:
+                data = src.recv(1 << 16)
+                if not data:
+                    break
+                if from_client:
+                    buf += data
+                    while True:
+                        if not started:
+                            if len(buf) < 4 or len(buf) < int.from_bytes(buf[:4], "big"):
+                                break
+                            buf, started = buf[int.from_bytes(buf[:4], "big"):], True
+                            continue
+                        if len(buf) < 5 or len(buf) < 1 + int.from_bytes(buf[1:5], "big"):
+                            break
+                        with self.lock:
+                            kind = buf[:1].decode("latin-1")
+                            # (a Flush right after a Sync - psycopg's end of a pipeline - is the same wait)
+                            if kind in "SHQ" and not (kind == "H" and self.seen and self.seen[-1] == "S"):
+                                self.waits += 1
+                            self.seen.append(kind)
+                        buf = buf[1 + int.from_bytes(buf[1:5], "big"):]
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.closed = True
+        self.listener.close()
+
+
+def via(proxy: SyncProxy, dsn: str) -> str:
+    u = urlsplit(dsn)
+    return urlunsplit(u._replace(netloc=f"{u.username}@127.0.0.1:{proxy.port}"))
+
+
+def nm(text: str, absorbed: tuple[str, ...] = ()) -> NewMessage:
+    return NewMessage(raw={"role": "user", "content": text}, role="user", ident=uuid.uuid4().hex, uid=None,
+                      text=text, tokens=len(text) // 4 + 1, created_at=time.time(), absorbed=absorbed)
+
+
+def waits_of(proxy: SyncProxy, call) -> tuple[int, object, str]:
+    """How often `call` waited for the server; its result; the messages it sent."""
+    before, mark = proxy.count(), len(proxy.seen)
+    out = call()
+    # (the client has its answers, so the proxy has read every message it sent)
+    return proxy.count() - before, out, "".join(proxy.seen[mark:])
+
+
+@pytest.fixture
+def proxied(pg_fresh_dsn):
+    u = urlsplit(pg_fresh_dsn)
+    proxy = SyncProxy(u.hostname or "127.0.0.1", u.port or 5432)
+    st = PostgresStore(via(proxy, pg_fresh_dsn), background_index=False)
+    try:
+        yield proxy, st
+    finally:
+        st.close()
+        proxy.close()
+
+
+def test_an_append_with_its_context_takes_three_round_trips(proxied, monkeypatch):
+    proxy, st = proxied
+    monkeypatch.setattr(pg_conn, "IDLE_CHECK_SECONDS", 3600.0)  # (no liveness check on checkout here)
+    st.ensure_session("s")
+    st.append_messages("s", [nm("warm")], context=[("m", -1)])  # (connections opened, migrated)
+    version, _ = st.get_context("s")
+    rows = [nm(f"row {i} " + "x" * (i % 50)) for i in range(500)]
+    ctx = [("m", st.session_messages("s")[0].id)] + [("m", -(i + 1)) for i in range(len(rows))]
+    n, ids, sent = waits_of(proxy, lambda: st.append_messages("s", rows, context=ctx, context_known=(version, 1)))
+    assert n == 3, f"{n} round trips: {sent}"
+    # ... and it did all it did before: rows, order, context, version
+    assert ids == sorted(ids) and len(ids) == 500
+    got = st.session_messages("s")
+    assert [m.text for m in got] == ["warm"] + [r.text for r in rows]
+    assert [m.seq for m in got] == list(range(501))
+    new_version, entries = st.get_context("s")
+    assert new_version == version + 1
+    assert [e.ref for e in entries] == [got[0].id] + ids
+
+
+def test_an_append_without_context_and_with_absorbed_uids_still_takes_three(proxied, monkeypatch):
+    proxy, st = proxied
+    monkeypatch.setattr(pg_conn, "IDLE_CHECK_SECONDS", 3600.0)
+    st.ensure_session("s")
+    st.append_messages("s", [nm("warm")])
+    rows = [nm(f"row {i}", absorbed=(f"u{i}",) if i % 3 == 0 else ()) for i in range(30)]
+    n, _, sent = waits_of(proxy, lambda: st.append_messages("s", rows))
+    assert n == 3, f"{n} round trips: {sent}"
+    with psycopg.connect(st.location, autocommit=True) as c:
+        assert c.execute("SELECT count(*) FROM message_absorbed").fetchone()[0] == 10
+
+
+def test_an_append_that_fails_in_the_pipeline_stores_nothing(proxied):
+    """An error inside the pipelined transaction (here: no such session, the insert's foreign
+    key) surfaces to the caller and rolls everything back."""
+    _, st = proxied
+    st.ensure_session("s")
+    st.append_messages("s", [nm("kept")])
+    with pytest.raises(psycopg.errors.ForeignKeyViolation):
+        st.append_messages("nobody", [nm("lost")], context=[("m", -1)])
+    assert [m.text for m in st.session_messages("s")] == ["kept"]
+    assert st.append_messages("s", [nm("next")])  # the connection is usable again
+    assert [m.seq for m in st.session_messages("s")] == [0, 1]
