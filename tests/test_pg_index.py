@@ -598,3 +598,68 @@ def test_an_append_finds_the_sessions_last_seq_in_one_index_step(pg_fresh_dsn):
         assert st.append_messages("s", [nm("next")]) and st.session_messages("s", 2000)[0].seq == 2001
     finally:
         st.close()
+
+
+def _pending(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        return c.execute("SELECT count(*) FROM message_index_pending").fetchone()[0]
+
+
+def _held_append(st: PostgresStore, session: str):
+    """An append of `st` under way until the returned event is set: its rows are lazy and the
+    first one waits (the store reads them inside the append)."""
+    go, inside = threading.Event(), threading.Event()
+
+    def rows():
+        inside.set()
+        go.wait(60)
+        yield nm("the held append's row")
+
+    t = threading.Thread(target=st.append_messages, args=(session, rows()), daemon=True)
+    t.start()
+    assert inside.wait(30)
+    return go, t
+
+
+def test_the_background_indexer_gives_way_to_an_append_under_way(pg_fresh_dsn, monkeypatch):
+    """Issue 41: while the host waits for an append, the background indexer starts no batch
+    (its lcm_tsvector work would share the cores with the append); it indexes once the append
+    is done - and, past YIELD_SECONDS, even while one is still under way."""
+    from lossless_context.store.postgres import index as pg_index
+
+    monkeypatch.setattr(pg_index, "YIELD_SECONDS", 60.0)
+    st = PostgresStore(pg_fresh_dsn)  # (its background indexer on)
+    other = PostgresStore(pg_fresh_dsn, background_index=False)
+    try:
+        for s in ("s", "t", "u"):
+            st.ensure_session(s)
+        st.append_messages("u", [nm("first")])
+        st.wait_indexed()
+        go, held = _held_append(st, "s")
+        other.append_messages("t", [nm(f"listed row {i}") for i in range(40)])
+        st.append_messages("u", [nm("a second append wakes the indexer")])  # (it ends: the held one does not)
+        deadline = time.monotonic() + 1.5  # (an observation window, not a timing claim)
+        while time.monotonic() < deadline:
+            assert _pending(pg_fresh_dsn) >= 41, "the indexer ran a batch during an append"
+            time.sleep(0.05)
+        go.set()
+        held.join(30)
+        deadline = time.monotonic() + 60
+        while _pending(pg_fresh_dsn) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _pending(pg_fresh_dsn) == 0  # the append done, the indexer took the rows
+
+        monkeypatch.setattr(pg_index, "YIELD_SECONDS", 0.2)  # an append that lasts: indexed anyway
+        go, held = _held_append(st, "s")
+        other.append_messages("t", [nm(f"more listed row {i}") for i in range(10)])
+        st.append_messages("u", [nm("and a third")])
+        deadline = time.monotonic() + 60
+        while _pending(pg_fresh_dsn) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _pending(pg_fresh_dsn) == 0 and held.is_alive()
+        go.set()
+        held.join(30)
+        assert [m.text for m in st.session_messages("s")][-1] == "the held append's row"
+    finally:
+        other.close()
+        st.close()

@@ -11,16 +11,21 @@ taken by the next indexer of any process.
 Searches never wait for the indexer: they read ``message_index`` and compute the still-listed
 rows on the fly (``search.py``), so they see every committed message.
 
-Each store runs one background indexer thread, woken after each append and at first use.
+Each store runs one background indexer thread, woken after each append and at first use. It
+gives way to this store's appends: it starts no batch while one is under way (for at most
+YIELD_SECONDS), so the host's wait for an append does not share the cores with indexing - the
+indexer costs the server several times what the append does (lcm_tsvector per text). SQLite's
+indexer, on the writer thread, never overlaps an append either.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ...messages import CJK_CLASS
 from .idents import backfill_done, backfill_step
@@ -64,6 +69,10 @@ FILL_BATCH = 2_000
 # with 100 rows pending, +1.8 ms with 500. A compaction pass appends 20-50 messages, so this
 # merges every few passes (merging after every drain made no measurable difference to
 # compress() either).
+# The longest the background indexer waits for appends under way before it takes a batch
+# anyway (a long first import must not leave every row to the searches' on-the-fly path).
+YIELD_SECONDS = 2.0
+
 GIN_INDEXES = ("message_index_tsv", "message_index_cjk", "summaries_tsv", "summaries_cjk")
 MERGE_ROWS = 100
 
@@ -88,6 +97,31 @@ class PostgresIndexer:
         self._idents_filled = False  # rows indexed before migration 033 all have their identifier lexemes
         self._merge_failed_logged = False
         self._since_merge = 0
+        self._turn = threading.Condition()  # appends under way (appending()), for the thread to wait on
+        self._appending = 0
+
+    @contextlib.contextmanager
+    def appending(self) -> Iterator[None]:
+        """Mark an append of this store as under way: the background thread starts no batch
+        meanwhile (it finishes the one it has)."""
+        with self._turn:
+            self._appending += 1
+        try:
+            yield
+        finally:
+            with self._turn:
+                self._appending -= 1
+                self._turn.notify_all()
+
+    def _give_way(self) -> None:
+        """Wait (at most YIELD_SECONDS) until no append of this store is under way."""
+        deadline = time.monotonic() + YIELD_SECONDS
+        with self._turn:
+            while self._appending and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._turn.wait(left)
 
     def index_batch(self, batch: int = BATCH) -> list[int]:
         """Index one batch of listed messages; the ids this call indexed (empty: none left
@@ -97,10 +131,13 @@ class PostgresIndexer:
 
         return self._write(tx)
 
-    def drain(self) -> int:
-        """Index until nothing is listed (or what is left is being indexed by others)."""
+    def drain(self, give_way: bool = False) -> int:
+        """Index until nothing is listed (or what is left is being indexed by others).
+        `give_way`: before each batch, let this store's appends under way finish first."""
         n = 0
         while True:
+            if give_way:
+                self._give_way()
             got = self.index_batch()
             if not got:
                 if n:
@@ -194,6 +231,8 @@ class PostgresIndexer:
     def close(self) -> None:
         self._closed = True
         self._wake.set()
+        with self._turn:
+            self._turn.notify_all()
         t = self._thread
         if t is not None and t is not threading.current_thread() and self._pid == os.getpid():
             t.join(timeout=5.0)
@@ -211,7 +250,7 @@ class PostgresIndexer:
             if self._closed:
                 return
             try:
-                self.drain()
+                self.drain(give_way=True)
                 while not self._sessions_filled and not self._closed and not wake.is_set():
                     # (an append wakes the indexer: new rows first; they carry their session)
                     self._sessions_filled = not self.fill_sessions()

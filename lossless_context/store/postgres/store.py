@@ -280,6 +280,13 @@ class PostgresStore(PostgresRecords, PostgresLifecycle, PostgresSearch, Postgres
                         context: Sequence[tuple[str, int]] | None = None,
                         context_known: tuple[int, int] | None = None,
                         on_ids: Callable[[list[int]], None] | None = None) -> list[int]:
+        with self._indexer.appending():  # (the background indexer gives way meanwhile: index.py)
+            return self._append_messages(session_id, rows, context, context_known, on_ids)
+
+    def _append_messages(self, session_id: str, rows: Iterable[NewMessage],
+                         context: Sequence[tuple[str, int]] | None,
+                         context_known: tuple[int, int] | None,
+                         on_ids: Callable[[list[int]], None] | None) -> list[int]:
         rows = list(rows)  # may be lazy; a retried transaction needs them again
         if not rows:
             if on_ids is not None:
