@@ -55,13 +55,13 @@ log = logging.getLogger("lossless_context.store")
 # A session's last seq. ORDER BY ... LIMIT 1, not MAX(seq): planned with the statistics of a
 # session that was new, MAX went through the (session_id, id) index and read every row of the
 # session (1 ms at 1,000 messages, growing with it) on every append; this is one index step.
-# An append's first read: the session's row locked, its context version and its last seq (one
-# index step: ORDER BY seq DESC LIMIT 1 on (session_id, seq), not MAX(seq), which a session new
-# to the planner's statistics planned through (session_id, id) and read whole).
+# An append's first read, once the session's row is locked: its context version and its last
+# seq (one index step: ORDER BY seq DESC LIMIT 1 on (session_id, seq), not MAX(seq), which a
+# session new to the planner's statistics planned through (session_id, id) and read whole).
 APPEND_HEAD = (
     "SELECT s.context_version,"
     " COALESCE((SELECT m.seq FROM messages m WHERE m.session_id = s.id ORDER BY m.seq DESC LIMIT 1), -1)"
-    " FROM sessions s WHERE s.id = %s FOR NO KEY UPDATE OF s"
+    " FROM sessions s WHERE s.id = %s"
 )
 _TABLES = ("sessions", "messages", "message_absorbed", "message_aliases", "summaries", "summary_messages",
            "summary_parents", "context_items", "staged_passes", "presummaries", "lcm_migrations")
@@ -207,6 +207,11 @@ class PostgresStore(PostgresRecords, PostgresLifecycle, PostgresSearch, Postgres
         ).fetchall()
         return {r[0]: r[1] for r in rows}
 
+    @staticmethod
+    def _lock_sessions_unread(c: Any, session_id: str) -> None:
+        """Lock one session's row without reading the answer now (in a pipeline: no wait)."""
+        c.execute("SELECT 1 FROM sessions WHERE id = %s FOR NO KEY UPDATE", (session_id,))
+
     # -- sessions ----------------------------------------------------------------------
 
     def ensure_session(
@@ -296,8 +301,12 @@ class PostgresStore(PostgresRecords, PostgresLifecycle, PostgresSearch, Postgres
 
         def tx(c: Any) -> list[int]:
             # Three round trips in pipeline mode (conn.py): this read, the insert's ids, and
-            # everything after with the commit. The read locks the session's row (one writer
-            # per session: seq and id order are safe) and gives its version and last seq.
+            # everything after with the commit. The session's row locked first (one writer per
+            # session: seq and id order are safe), then its version and last seq.
+            # (two statements sent together: the second's snapshot is taken once the first
+            # holds the lock, so it sees the seq a concurrent append just committed; a subquery
+            # in the locking statement would read its snapshot from before the lock wait)
+            self._lock_sessions_unread(c, sid)
             head = c.execute(APPEND_HEAD, (sid,)).fetchone()
             version, seq = head if head is not None else (None, -1)  # (no session: the insert's FK says so)
             first = seq + 1
