@@ -76,8 +76,13 @@ class SyncProxy:
                             break
                         with self.lock:
                             kind = buf[:1].decode("latin-1")
-                            # (a Flush right after a Sync - psycopg's end of a pipeline - is the same wait)
-                            if kind in "SHQ" and not (kind == "H" and self.seen and self.seen[-1] == "S"):
+                            # (a Flush right after a Sync - psycopg's end of a pipeline - is the same
+                            # wait; an empty Query is the pool's liveness check of a connection's
+                            # first checkout (conn.py), not the store call's own)
+                            empty = kind == "Q" and int.from_bytes(buf[1:5], "big") == 5
+                            if kind == "Q" and empty:
+                                kind = "q"
+                            elif kind in "SHQ" and not (kind == "H" and self.seen and self.seen[-1] == "S"):
                                 self.waits += 1
                             self.seen.append(kind)
                         buf = buf[1 + int.from_bytes(buf[1:5], "big"):]
