@@ -229,6 +229,41 @@ def test_append_roundtrip_raw_verbatim(store):
     assert [safe_json(m.raw) for m in again] == [safe_json(r) for r in RAW_CASES]
 
 
+def test_a_read_record_decodes_its_raw_once_and_stands_for_the_eager_record(store):
+    """A pass reads hundreds of rows and decodes the raw JSON of few (store/rows.py): the record
+    read must still be the record - equal to one built eagerly, the same object on every read
+    of .raw (a caller may keep or change it), writable, and copied or pickled whole."""
+    import copy
+    import dataclasses
+    import pickle
+
+    from lossless_context.records import MessageRecord
+    from lossless_context.store.rows import message_record
+
+    store.ensure_session("s")
+    raws = [{"role": "user", "content": "one"}, {"role": "tool", "tool_call_id": "c1", "content": "x" * 50}]
+    ids = store.append_messages("s", [nm(f"t{i}", raw=r) for i, r in enumerate(raws)])
+    got = store.get_messages(ids)
+    for mid, raw in zip(ids, raws):
+        rec = got[mid]
+        first = rec.raw
+        assert first == raw and rec.raw is first
+        eager = MessageRecord(**{f.name: getattr(rec, f.name) for f in dataclasses.fields(MessageRecord)})
+        assert rec == eager and eager == rec and not (rec != eager)
+        assert dataclasses.asdict(rec)["raw"] == raw
+        for twin in (copy.copy(rec), copy.deepcopy(rec), pickle.loads(pickle.dumps(rec))):
+            assert twin == rec and twin.raw == raw
+    # A copy taken before the first read carries the decoded message too.
+    fresh = store.get_messages(ids[:1])[ids[0]]
+    assert pickle.loads(pickle.dumps(fresh)).raw == raws[0]
+    assert fresh != store.get_messages(ids[1:])[ids[1]]
+    fresh.raw = {"role": "user", "content": "changed"}
+    assert fresh.raw == {"role": "user", "content": "changed"}
+    # A raw column that is not JSON (a row from before safe_json) reads as its text.
+    row = (1, "s", 0, None, "i", "user", "not {json", "t", 1, T0, 0, None)
+    assert message_record(row).raw == "not {json" and message_record(row).large is False
+
+
 def test_append_seq_fields_and_reads(store):
     store.ensure_session("s")
     store.ensure_session("other")

@@ -3,7 +3,9 @@ made of them."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from typing import Any
 
 from ..records import MessageRecord, SummaryRecord
 
@@ -24,14 +26,53 @@ def outline_items(rows: list[tuple]) -> list[tuple[str, int, int]]:
     return [("s" if r[0] == 0 else "m", r[2], r[3]) for r in rows]
 
 
+_PENDING: Any = object()
+
+
+class StoredMessage(MessageRecord):
+    """A :class:`MessageRecord` read from a store whose ``raw`` column (the host's message as
+    JSON) is decoded on first read of :attr:`raw`: a pass reads every context row (hundreds)
+    but decodes only the few it stubs, summarises or represents. Equal to, and used as, the
+    eager record; the decoded value is kept, so reads after the first see the same object."""
+
+    @property
+    def raw(self) -> Any:
+        d = self.__dict__
+        v = d["_raw"]
+        if v is _PENDING:
+            try:
+                v = json.loads(d["_raw_json"])
+            except ValueError:
+                v = d["_raw_json"]
+            d["_raw"] = v
+        return v
+
+    @raw.setter
+    def raw(self, value: Any) -> None:
+        self.__dict__["_raw"] = value
+
+    def __eq__(self, other: object) -> bool:  # (the dataclass's compares classes: an eager record is equal too)
+        if not isinstance(other, MessageRecord):
+            return NotImplemented
+        return all(getattr(self, f) == getattr(other, f) for f in _MSG_FIELDS)
+
+    def __reduce__(self) -> tuple[Any, tuple]:
+        # copied or pickled as the eager record (the pending marker is this process's object)
+        return MessageRecord, tuple(getattr(self, f) for f in _MSG_FIELDS)
+
+    # (as the dataclass: mutable, so unhashable)
+    __hash__ = None  # type: ignore[assignment]
+
+
+_MSG_FIELDS = tuple(f.name for f in dataclasses.fields(MessageRecord))
+
 def message_record(row: tuple) -> MessageRecord:
-    """A :class:`MessageRecord` from a row of ``SELECT {MSG_COLS}``."""
-    try:
-        raw = json.loads(row[6])
-    except ValueError:
-        raw = row[6]
-    return MessageRecord(
-        id=row[0], session_id=row[1], seq=row[2], uid=row[3], ident=row[4], role=row[5],
-        raw=raw, text=row[7], tokens=row[8], created_at=row[9], large=bool(row[10]),
-        exploration=row[11],
-    )
+    """A :class:`MessageRecord` from a row of ``SELECT {MSG_COLS}`` (its ``raw`` decoded
+    when first read)."""
+    rec = StoredMessage.__new__(StoredMessage)
+    d = rec.__dict__
+    d["id"], d["session_id"], d["seq"], d["uid"], d["ident"], d["role"] = row[:6]
+    d["_raw"], d["_raw_json"] = _PENDING, row[6]
+    d["text"], d["tokens"], d["created_at"] = row[7], row[8], row[9]
+    d["large"], d["exploration"] = bool(row[10]), row[11]
+    return rec
