@@ -40,3 +40,22 @@ def test_the_escalator_runs_any_summarizer_and_ends_at_the_extractive_one():
     assert none.level == "deterministic" and none.summarizer == "extractive"
     assert none.text == ExtractiveSummarizer().summarize(req) and "QX-1000" in none.text
 
+
+
+def test_sources_seen_again_are_redacted_again_and_alike():
+    """The extractive summariser redacts its sources through a memo of texts seen before
+    (summarize._redact_builtin): a text met again gives what it gave the first time, secrets
+    out; texts that differ (same length, other secret; too long for the memo) are each their own."""
+    from lossless_context.summarizers import summarize as sm
+    from lossless_context.text.redact import redact_builtin
+
+    key_a, key_b = "sk-" + "A1b2C3d4E5f6G7h8J9k0" * 2, "sk-" + "Z9y8X7w6V5u4T3s2R1q0" * 2
+    texts = [f"deploy with OPENAI_API_KEY={key_a} then ship QX-7 now",
+             f"deploy with OPENAI_API_KEY={key_b} then ship QX-8 now",
+             "log line " * (sm._SOURCE_MEMO_CHARS // 9 + 1) + f"token {key_a}"]
+    for _ in range(3):
+        for t in texts:
+            assert sm._redact_builtin(t) == redact_builtin(t) and key_a not in sm._redact_builtin(t)
+    req = SummaryRequest([Source("m1", "user", texts[0], None), Source("m2", "user", texts[1], None)], 60, "leaf")
+    first, again = ExtractiveSummarizer().summarize(req), ExtractiveSummarizer().summarize(req)
+    assert first == again and key_a not in again and key_b not in again and "QX-7" in again and "QX-8" in again

@@ -9,6 +9,7 @@ shared per endpoint across the process, stop runaway calls.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -34,7 +35,22 @@ def _redact(text: str) -> str:
     return _impl(text)
 
 
+# A source's text redacted by our patterns, kept for the next time the same text is a source
+# (a quarter of a coding session's source texts repeat: the same short turns and stubs).
+# redact_builtin is a pure function of its text, so the memo cannot change an output.
+_SOURCE_MEMO_CHARS = 4_096
+
+
+@functools.lru_cache(maxsize=1_024)
+def _redact_builtin_memo(text: str) -> str:
+    from ..text.redact import redact_builtin as _impl
+
+    return _impl(text)
+
+
 def _redact_builtin(text: str) -> str:
+    if isinstance(text, str) and len(text) <= _SOURCE_MEMO_CHARS:
+        return _redact_builtin_memo(text)
     from ..text.redact import redact_builtin as _impl
 
     return _impl(text)
