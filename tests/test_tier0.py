@@ -312,3 +312,43 @@ def test_prune_keeps_the_hosts_row_keys(tmp_path):
         assert {k: v for k, v in m.items() if k != "content"} == {k: v for k, v in orig.items() if k != "content"}
     assert all(m is o for m, o in zip(out, msgs) if m["content"] == o["content"])
     assert pairing_problems(out) == []
+
+
+def test_continuity_reads_a_todo_result_from_the_stored_message_when_its_call_asks(tmp_path):
+    """continuity.gather reads a tool result's text only for a plan call that asks for it, and
+    from the stored message (the host's list may hold its stub); the plan is the result's full
+    list, not the call's partial one. Records come from a real store (raw decoded lazily)."""
+    from lossless_context.pipeline import continuity
+    from lossless_context.pipeline.assemble import Slot
+    from lossless_context.records import NewMessage
+    from lossless_context.store import open_store
+
+    full = [{"id": "1", "content": "schema", "status": "completed"},
+            {"id": "2", "content": "backfill LEDGER-9", "status": "in_progress"}]
+    partial = {"todos": [{"id": "2", "status": "in_progress"}], "merge": True}
+    msgs = [{"role": "user", "content": "OBJECTIVE-31: move billing."},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "t1", "type": "function", "function": {"name": "todo", "arguments": json.dumps(partial)}}]},
+            {"role": "tool", "tool_call_id": "t1", "content": json.dumps({"todos": full})},
+            {"role": "tool", "tool_call_id": "other", "content": "x" * 5000}]
+    store = open_store(str(tmp_path / "g.db"))
+    try:
+        store.ensure_session("g")
+        ids = store.append_messages("g", [NewMessage(raw=m, role=m["role"], ident=f"i{k}", uid=None,
+                                                     text=str(m["content"]), tokens=10, created_at=1.0)
+                                          for k, m in enumerate(msgs)])
+        records = store.get_messages(ids)
+        shown = [dict(m) for m in msgs]
+        shown[2]["content"] = "[tool output stubbed]"  # what the host's list holds after tier 0
+        slots = [Slot("m", [mid], m, m["role"], 10, call_ids=("t1",) if k == 1 else (),
+                      result_for=m.get("tool_call_id")) for k, (mid, m) in enumerate(zip(ids, shown))]
+        st, _edits = continuity.gather(continuity.State(None, None, None, [], []), slots, records)
+        assert st.objective is not None and st.objective.text == "OBJECTIVE-31: move billing."
+        assert st.plan is not None and "backfill LEDGER-9" in st.plan.text and "schema" in st.plan.text
+        assert st.plan_mids == [ids[1], ids[2]]
+        # Without records the host's own messages are read (the stub holds no list: the call's is used).
+        st2, _ = continuity.gather(continuity.State(None, None, None, [], []), slots, {})
+        assert st2.objective is not None and st2.objective.text == "OBJECTIVE-31: move billing."
+        assert st2.plan is not None and "schema" not in st2.plan.text and st2.plan_mids == [ids[1], ids[2]]
+    finally:
+        store.close()

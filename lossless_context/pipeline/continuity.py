@@ -122,33 +122,34 @@ def gather(prev: State, slots: Sequence[Slot], records: Mapping[int, MessageReco
     """The state after this pass's input, and per slot index the files edited there."""
     st = State(prev.objective, prev.request, prev.plan, list(prev.plan_mids), list(prev.files))
     edits: dict[int, list[str]] = {}
-    results: dict[str, tuple[int, str]] = {}
+    # A tool result's text is read only when a plan call asks for it: the stored message (a
+    # tool output, often large) is decoded then, not for every result in the context.
+    results: dict[str, Slot] = {}
     for s in slots:
         if s.kind == "m" and s.role == "tool" and s.result_for:
-            rec = records.get(s.refs[0])
-            raw = rec.raw if rec is not None else s.msg
-            content = raw.get("content") if isinstance(raw, Mapping) else None
-            results[s.result_for] = (s.refs[0], content if isinstance(content, str) else flatten_content(content))
+            results[s.result_for] = s
     for i, s in enumerate(slots):
-        if s.kind != "m":
+        if s.kind != "m" or s.role not in ("user", "assistant"):
             continue
         mid = s.refs[0]
         rec = records.get(mid)
-        raw = rec.raw if rec is not None and isinstance(rec.raw, Mapping) else s.msg
         if s.role == "user":
-            text = _user_text(rec, raw)
+            text = _user_text(rec, s.msg)  # (the message is read only when there is no record)
             if text is None:
                 continue
             if st.objective is None or mid < st.objective.mid:
                 st.objective = Item(mid, text)
             if st.request is None or mid >= st.request.mid:
                 st.request = Item(mid, text)
-        elif s.role == "assistant" and isinstance(raw, Mapping):
+            continue
+        raw = rec.raw if rec is not None and isinstance(rec.raw, Mapping) else s.msg
+        if isinstance(raw, Mapping):
             calls = c if isinstance(c := raw.get("tool_calls"), list) else []
             for tc in calls:
                 name, args = _args(tc)
                 if name in PLAN_TOOLS:
-                    res = results.get(cid) if isinstance(tc, Mapping) and isinstance(cid := tc.get("id"), str) else None
+                    rs = results.get(cid) if isinstance(tc, Mapping) and isinstance(cid := tc.get("id"), str) else None
+                    res = _result(rs, records) if rs is not None else None
                     plan = _todo_state(args, res[1] if res else None)
                     if plan and (st.plan is None or mid >= st.plan.mid):
                         st.plan = Item(mid, plan)
@@ -163,6 +164,14 @@ def gather(prev: State, slots: Sequence[Slot], records: Mapping[int, MessageReco
                 st.plan = Item(mid, text.strip())
                 st.plan_mids = [mid]
     return st, edits
+
+
+def _result(s: Slot, records: Mapping[int, MessageRecord]) -> tuple[int, str]:
+    """A tool result slot's message id and text (the stored message's, else the host's)."""
+    rec = records.get(s.refs[0])
+    raw = rec.raw if rec is not None else s.msg
+    content = raw.get("content") if isinstance(raw, Mapping) else None
+    return s.refs[0], content if isinstance(content, str) else flatten_content(content)
 
 
 def _is_todo_plan(st: State) -> bool:
