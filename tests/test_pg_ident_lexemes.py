@@ -15,7 +15,7 @@ import re
 import pytest
 
 from lossless_context.demo.sessions import make_session
-from lossless_context.store.postgres.idents import IDENT_MIGRATIONS
+from lossless_context.store.postgres.migrations import MIGRATIONS
 
 psycopg = pytest.importorskip("psycopg")
 
@@ -26,7 +26,7 @@ _WORDS = ("reconcile", "reconciled", "days", "day", "retry", "policies", "runnin
 
 def _old_functions() -> str:
     """033's two functions as it created them, renamed *_033 (the old one calls the old one)."""
-    sql = dict(IDENT_MIGRATIONS)["033_identifier_lexemes"]
+    sql = dict(MIGRATIONS)["033_identifier_lexemes"]
     fns = re.findall(r"CREATE (?:OR REPLACE )?FUNCTION .*?\$fn\$;", sql, re.S)
     assert len(fns) == 2
     out = []

@@ -1,7 +1,7 @@
 """The one runner of the stores' append-only named schema migrations (both backends).
 
 A migration is a ``(name, sql)`` pair in a backend's list (``sqlite/migrations.py``,
-``postgres/migrations.py``); a store records each one it applied, by name, in its
+``postgres/migrations/__init__.py``); a store records each one it applied, by name, in its
 ``lcm_migrations`` table. Entries are never edited or reordered once released: a change is
 a new entry. This module holds what both backends share:
 
@@ -14,7 +14,11 @@ a new entry. This module holds what both backends share:
 - :func:`split_sql`: an SQLite migration script cut into statements by
   ``sqlite3.complete_statement`` (SQLite's own parser: trigger bodies, strings and comments
   holding ``;`` stay whole);
-- :class:`MigrationState`: what ``lcm doctor`` reports (applied, pending, unknown names).
+- :class:`MigrationState`: what ``lcm doctor`` reports (applied, pending, unknown names);
+- :class:`Definition`, :func:`definitions_due`, :func:`apply_definitions`: the current text of a
+  function that changes over time, kept once (``postgres/migrations/functions.py``), with a
+  revision; run after the migrations when the store recorded a lower revision (or none), so a
+  change of such a function is an edit of its one definition, not a new migration pasting it.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import contextlib
 import logging
 import sqlite3
 from dataclasses import dataclass
-from typing import Callable, Collection, ContextManager, Iterable, Sequence
+from typing import Callable, Collection, ContextManager, Iterable, Mapping, Sequence
 
 from .base import StoreError
 
@@ -105,6 +109,35 @@ class MigrationState:
                    pending=pending(migrations, applied, optional),
                    pending_optional=[n for n in known if n in optional and n not in applied],
                    unknown=sorted(set(applied) - set(known)))
+
+
+@dataclass(frozen=True)
+class Definition:
+    """The current definition of one database function: `sql` (CREATE OR REPLACE ... and what
+    goes with it) at `revision`, raised by one at every change of `sql`."""
+
+    name: str
+    revision: int
+    sql: str
+
+
+def definitions_due(definitions: Sequence[Definition], recorded: Mapping[str, int]) -> list[Definition]:
+    """The definitions a store lacks: those whose revision is above the one it recorded (or it
+    recorded none), in list order. A higher recorded revision (a newer lcm ran here) is left."""
+    return [d for d in definitions if recorded.get(d.name, 0) < d.revision]
+
+
+def apply_definitions(location: str, definitions: Sequence[Definition], recorded: Mapping[str, int],
+                      apply: Callable[[Definition], None]) -> list[str]:
+    """Run every due definition in list order through `apply` (which runs its SQL and records its
+    revision, in the backend's migration transaction); the names run. Call it after the
+    migrations, under the same lock: a definition may use anything they made."""
+    done: list[str] = []
+    for d in definitions_due(definitions, recorded):
+        apply(d)
+        log.info("lcm store %s: defined %s (revision %d)", location, d.name, d.revision)
+        done.append(d.name)
+    return done
 
 
 def split_sql(script: str) -> list[str]:

@@ -9,6 +9,7 @@ and hosts by ``pg_advisory_xact_lock``. A forked child opens its own pools.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import os
@@ -23,7 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 from ..base import StoreError
 from .. import migrate
 from .deadline import fired, watch
-from .migrations import MIGRATION_LOCK_KEY, MIGRATIONS, OPTIONAL
+from .migrations import DEFINITIONS, MIGRATION_LOCK_KEY, MIGRATIONS, OPTIONAL
 
 try:  # optional dependency: `pip install lossless-context[postgres]`
     import psycopg
@@ -309,37 +310,52 @@ class PostgresConnections:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _migrate(self, conn: Any) -> None:
-        def applied() -> set[str]:
-            if conn.execute("SELECT to_regclass('lcm_migrations')").fetchone()[0] is None:
-                return set()
-            return {r[0] for r in conn.execute("SELECT name FROM lcm_migrations")}
+        def recorded() -> tuple[set[str], dict[str, int]]:
+            return recorded_schema(conn)
 
         def apply(name: str, sql: str) -> bool:
             conn.execute(sql)
             conn.execute("INSERT INTO lcm_migrations(name, applied_at) VALUES (%s, %s)", (name, time.time()))
             return True
 
+        def define(d: migrate.Definition) -> None:
+            conn.execute(d.sql)
+            conn.execute("INSERT INTO lcm_definitions(name, revision, applied_at) VALUES (%s, %s, %s)"
+                         " ON CONFLICT (name) DO UPDATE SET revision = excluded.revision,"
+                         " applied_at = excluded.applied_at", (d.name, d.revision, time.time()))
+
         with watch(conn, self._call_timeout):  # every open asks this: the hot path's bound
-            if not migrate.pending(MIGRATIONS, applied()):
+            names, revisions = recorded()
+            if not migrate.pending(MIGRATIONS, names) and not migrate.definitions_due(DEFINITIONS, revisions):
                 return
         # Migrating may build indexes over a large table (and wait for another process's
         # migration): bounded, but by the maintenance bound. One transaction holds the lock;
-        # an optional entry runs in a savepoint (conn.transaction() nested).
+        # an optional entry runs in a savepoint (conn.transaction() nested). The functions'
+        # current definitions (migrations/functions.py) run after the migrations, in the same
+        # transaction.
         with watch(conn, MAINTENANCE_TIMEOUT), conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS lcm_migrations"
                 " (name TEXT PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)")
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS lcm_definitions"
+                " (name TEXT PRIMARY KEY, revision INTEGER NOT NULL, applied_at DOUBLE PRECISION NOT NULL)")
             # (re-read under the lock: another process may have migrated)
-            migrate.apply_pending(self.location, MIGRATIONS, applied(), apply, optional=OPTIONAL,
+            migrate.apply_pending(self.location, MIGRATIONS, recorded()[0], apply, optional=OPTIONAL,
                                   savepoint=conn.transaction, failure=psycopg.Error)
+            migrate.apply_definitions(self.location, DEFINITIONS, recorded()[1], define)
 
     def applied_migrations(self) -> list[str]:
         return self._read(lambda c: [r[0] for r in c.execute("SELECT name FROM lcm_migrations ORDER BY name")])
 
     def migration_state(self) -> migrate.MigrationState:
-        """The store's migrations against this version's list (`lcm doctor`)."""
-        return migrate.MigrationState.of(MIGRATIONS, self.applied_migrations(), OPTIONAL)
+        """The store's migrations against this version's list (`lcm doctor`); a function whose
+        current definition the store lacks counts as a pending entry."""
+        names, revisions = self._read(recorded_schema)
+        state = migrate.MigrationState.of(MIGRATIONS, names, OPTIONAL)
+        due = [f"{d.name} (definition, revision {d.revision})" for d in migrate.definitions_due(DEFINITIONS, revisions)]
+        return dataclasses.replace(state, pending=state.pending + due)
 
     def close(self) -> None:
         self._drop_pools(timeout=5.0)
@@ -418,3 +434,14 @@ class PostgresConnections:
             if not clean:
                 conn.close()  # never hand a connection that may still hold the lock to anyone
             lock_pool.putconn(conn)
+
+
+def recorded_schema(conn: Any) -> tuple[set[str], dict[str, int]]:
+    """What a store recorded: the names of its migrations and each function definition's
+    revision (empty for a store that has no such table yet)."""
+    migrations, definitions = conn.execute(
+        "SELECT to_regclass('lcm_migrations'), to_regclass('lcm_definitions')").fetchone()
+    names = {r[0] for r in conn.execute("SELECT name FROM lcm_migrations")} if migrations is not None else set()
+    revisions = ({r[0]: r[1] for r in conn.execute("SELECT name, revision FROM lcm_definitions")}
+                 if definitions is not None else {})
+    return names, revisions

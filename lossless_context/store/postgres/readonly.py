@@ -14,7 +14,8 @@ from typing import Any, Callable, Iterator, TypeVar
 from ..base import StoreError
 from .. import migrate
 from .deadline import watch
-from .migrations import MIGRATIONS, OPTIONAL
+from .conn import recorded_schema
+from .migrations import DEFINITIONS, MIGRATIONS, OPTIONAL
 from .store import PostgresStore
 
 T = TypeVar("T")
@@ -44,13 +45,23 @@ class ReadOnlyPostgresStore(PostgresStore):
         return kwargs
 
     def _migrate(self, conn: Any) -> None:
+        revisions: dict[str, int] = {}
+
         def read() -> list[str]:
             with watch(conn, self._call_timeout):  # (a frozen server: bounded like every call)
-                return [r[0] for r in conn.execute("SELECT name FROM lcm_migrations")]
+                names, got = recorded_schema(conn)
+                if not names:  # (not an lcm store: read_applied says so)
+                    return [r[0] for r in conn.execute("SELECT name FROM lcm_migrations")]
+                revisions.update(got)
+                return list(names)
 
         done = migrate.read_applied(self.location, read)
-        migrate.require_applied(self.location, MIGRATIONS, done, OPTIONAL,
-                                "open it once with a writing lcm (e.g. `lcm doctor`)")
+        fix = "open it once with a writing lcm (e.g. `lcm doctor`)"
+        migrate.require_applied(self.location, MIGRATIONS, done, OPTIONAL, fix)
+        due = migrate.definitions_due(DEFINITIONS, revisions)
+        if due:  # (a function's current definition is missing: as a missing migration)
+            raise StoreError(f"store {self.location} was made by an older version and needs upgrading "
+                             f"({', '.join(d.name for d in due)}); {fix}")
 
     def _refuse(self) -> StoreError:
         return StoreError(f"store {self.location} is opened read-only: nothing can be written")

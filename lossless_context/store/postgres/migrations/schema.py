@@ -1,13 +1,5 @@
-"""Append-only named schema migrations for the PostgreSQL store.
-
-Never edit or reorder an entry once released: add a new one. The runner
-(``store/migrate.py``, called by ``conn.py``) applies every missing entry inside one transaction
-holding ``pg_advisory_xact_lock(MIGRATION_LOCK_KEY)``, so several processes starting at
-once migrate exactly once, and records each in ``lcm_migrations``.
-
-Entries named in :data:`OPTIONAL` run inside a savepoint: if one fails (for example the
-``pg_trgm`` extension is not installed or the role may not create it) the store works
-without it, nothing is recorded, and the next start tries again.
+"""PostgreSQL migrations 001 to 019: the tables, indexes and triggers of the store and its first
+functions (listed in order in ``migrations/__init__.py``; applied SQL never changes).
 
 The tables and columns mirror the SQLite schema (``store/sqlite/migrations.py``). Differences:
 ids are identity columns; ``raw`` is TEXT holding the JSON string exactly as given (never
@@ -18,14 +10,7 @@ tables; ``staged_passes.rid`` orders stages created in the same instant (SQLite:
 
 from __future__ import annotations
 
-from .idents import IDENT_LEXEMES_FLAT, IDENT_MIGRATIONS
-from .kept_plans import KEPT_PLANS
-from .lifecycle_schema import LIFECYCLE_MIGRATIONS
-
-# A fixed 64-bit key for pg_advisory_xact_lock while migrating ("lcm-migr" in ASCII).
-MIGRATION_LOCK_KEY = 0x6C636D2D6D696772
-
-MIGRATIONS: list[tuple[str, str]] = [
+ENTRIES: list[tuple[str, str]] = [
     (
         "001_initial",
         r"""
@@ -633,28 +618,3 @@ MIGRATIONS: list[tuple[str, str]] = [
         """,
     ),
 ]
-MIGRATIONS += KEPT_PLANS  # 020 on: kept_plans.py
-MIGRATIONS += LIFECYCLE_MIGRATIONS  # retention: lifecycle_schema.py
-MIGRATIONS += IDENT_MIGRATIONS  # identifiers as whole lexemes: idents.py
-MIGRATIONS += [
-    (
-        # What the user forgot, as SQLite's 020 (pipeline/forgotten.py): its session, the message
-        # kept before it and a salted, stretched digest of its identity, never its text.
-        "034_forget_marks",
-        """
-        CREATE TABLE forget_marks (
-            session_id TEXT NOT NULL,
-            anchor BIGINT NOT NULL,
-            digest TEXT NOT NULL,
-            forgotten_at DOUBLE PRECISION NOT NULL,
-            PRIMARY KEY (session_id, anchor, digest)
-        );
-        CREATE INDEX forget_marks_anchor ON forget_marks(anchor);
-        CREATE TABLE forget_salt (id INTEGER PRIMARY KEY CHECK (id = 1), salt BYTEA NOT NULL);
-        """,
-    ),
-]
-MIGRATIONS += IDENT_LEXEMES_FLAT  # 035: identifier lexemes in one flat query (idents.py)
-
-# Migrations the store can live without (run in a savepoint; retried at the next start).
-OPTIONAL: frozenset[str] = frozenset({"002_trigram", "015_lz4_toast"})

@@ -1,10 +1,9 @@
-"""Migrations of the PostgreSQL store for the data lifecycle (retention), appended to
-``migrations.MIGRATIONS`` after ``kept_plans.py``. Append only, as everywhere.
-"""
+"""PostgreSQL migration 032: the data lifecycle (retention, ``ops/retention.py``; listed in order
+in ``migrations/__init__.py``; applied SQL never changes)."""
 
 from __future__ import annotations
 
-LIFECYCLE_MIGRATIONS: list[tuple[str, str]] = [
+ENTRIES: list[tuple[str, str]] = [
     (
         # Retention (ops/retention.py): see the SQLite migration of the same name. The
         # indexes serve the foreign-key checks of deleted messages (each delete of a message

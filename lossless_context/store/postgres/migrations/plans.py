@@ -1,16 +1,16 @@
-"""Migrations 020 onward of the PostgreSQL store (appended to ``migrations.MIGRATIONS``).
+"""PostgreSQL migrations 020 to 031: statements turned into functions whose plans are kept per
+connection (listed in order in ``migrations/__init__.py``; applied SQL never changes).
 
 Most are statements turned into functions whose plans are kept per connection
 (``plan_cache_mode = force_generic_plan``): a search or a read whose planning cost as much as
 running it, or whose plan chosen per call could become a walk of a whole table. Each plan
 is fixed by the statement's shape (a MATERIALIZED candidate set, rows read by key through an
-``OFFSET 0`` lateral), not by estimates. The same rules as ``migrations.py``: append only,
-never edit a released entry.
+``OFFSET 0`` lateral), not by estimates.
 """
 
 from __future__ import annotations
 
-KEPT_PLANS: list[tuple[str, str]] = [
+ENTRIES: list[tuple[str, str]] = [
     (
         # A CJK substring search of messages whose bigrams are rare (search.py decides from
         # the statistics of message_index.cjk), as a function whose plan is made once per
