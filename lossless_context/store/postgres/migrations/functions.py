@@ -144,7 +144,8 @@ DEFINITIONS: list[Definition] = [
         END
         $fn$;
         """),
-    # Whether any row of a conversation's scope matches one of the queries, within a time budget.
+    # A search's term-pair tests: for each query (two of its words), whether a row of messages or
+    # summaries holds it, newest summaries first, within a time budget.
     # (migrations 012, 017, 030)
     Definition("lcm_any_match", 1, r"""
         CREATE OR REPLACE FUNCTION lcm_any_match(target text, qs tsquery[], budget interval) RETURNS boolean[]
@@ -187,7 +188,7 @@ DEFINITIONS: list[Definition] = [
         END
         $fn$;
         """),
-    # How many rows match each query term, capped (the ranking's document frequencies).
+    # Each term's count of matching messages or summaries, capped (is it rare, and its weight).
     # (migrations 017, 027, 031)
     Definition("lcm_term_counts", 1, r"""
         CREATE OR REPLACE FUNCTION lcm_term_counts(target text, qs tsquery[], cap integer, floor bigint)
@@ -219,7 +220,7 @@ DEFINITIONS: list[Definition] = [
         $fn$;
         ALTER FUNCTION lcm_term_counts(text, tsquery[], integer, bigint) RESET plan_cache_mode;
         """),
-    # The published summaries covering some messages and their parents up the DAG.
+    # A hit's chain up the DAG: the published summaries covering some messages, and their parents.
     # (migrations 018, 028)
     Definition("lcm_summary_chains", 1, r"""
         CREATE OR REPLACE FUNCTION lcm_summary_chains(mids bigint[], sids bigint[])
