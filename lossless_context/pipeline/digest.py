@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping  # (isinstance against it: ~6x cheaper than typing's alias)
+from typing import Any
 
 from ..messages import flatten_content
 

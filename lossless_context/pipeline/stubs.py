@@ -28,7 +28,8 @@ import functools
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping  # (isinstance against it: ~6x cheaper than typing's alias)
+from typing import Any, Sequence
 
 from .assemble import STUB_MARK, Slot, large_representation, pending_start, repair
 from ..messages import content_ident

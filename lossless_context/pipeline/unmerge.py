@@ -18,7 +18,8 @@ block with plain text around it (list content is never merged by the host).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Mapping  # (isinstance against it: ~6x cheaper than typing's alias)
+from typing import Any, Callable, Sequence
 
 from ..messages import SUMMARY_OPEN, flatten_content, role_of, summary_node_ids
 from ..records import ContextEntry
