@@ -350,5 +350,11 @@ def test_continuity_reads_a_todo_result_from_the_stored_message_when_its_call_as
         st2, _ = continuity.gather(continuity.State(None, None, None, [], []), slots, {})
         assert st2.objective is not None and st2.objective.text == "OBJECTIVE-31: move billing."
         assert st2.plan is not None and "schema" not in st2.plan.text and st2.plan_mids == [ids[1], ids[2]]
+        # Any mapping is a message (a read-only view too), the same as a dict.
+        from types import MappingProxyType
+
+        ro = [Slot(s.kind, s.refs, MappingProxyType(s.msg), s.role, s.tokens, s.call_ids, s.result_for)
+              for s in slots]
+        assert continuity.gather(continuity.State(None, None, None, [], []), ro, {}) == (st2, _)
     finally:
         store.close()
