@@ -541,7 +541,8 @@ class _Ctx:
         calls = raw.get("tool_calls")
         if isinstance(calls, list):
             out["tool_calls"] = [
-                (c.get("function") or {}).get("name") for c in calls if isinstance(c, dict)
+                (f.get("name") if isinstance(f := c.get("function"), dict) else None)  # (any JSON: the host's input)
+                for c in calls if isinstance(c, dict)
             ]
         if rec.large and rec.exploration:
             out["large"] = True

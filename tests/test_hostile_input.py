@@ -482,6 +482,22 @@ def test_fuzz_tool_arguments(populated, calls, live):
         assert before <= after <= before + (len(live) if isinstance(live, list) else 0)
 
 
+def test_describe_of_a_call_whose_function_is_not_an_object(tmp_path):
+    """A stored assistant message's tool call may hold any JSON as its function (the fuzz's
+    {"function": "terminal"}): lcm_describe names what it can and answers."""
+    e = make_engine(tmp_path / "lcm.db")
+    try:
+        msgs = [{"role": "user", "content": "run it"},
+                {"role": "assistant", "content": "", "tool_calls": [{"function": "terminal"}, {"id": 5},
+                                                                    {"function": {"name": "read_file"}}]}]
+        e.handle_tool_call("lcm_grep", {"query": "run"}, messages=copy.deepcopy(msgs))
+        mid = max(m.id for m in e.store.iter_all_messages())
+        data = tool_answer(e.handle_tool_call("lcm_describe", {"id": f"m{mid}"}))
+        assert data["tool_calls"] == [None, None, "read_file"]
+    finally:
+        e.store.close()
+
+
 def test_every_tool_on_every_id_answers_json(populated):
     e, _ = populated
     n_msgs = e.store.stats()["messages"]
