@@ -879,7 +879,11 @@ def _let_background_reviews_finish(limit: float) -> Dict[str, Any]:
         if not alive:
             break
         for t in alive:
-            t.join(timeout=max(0.0, deadline - time.monotonic()))
+            try:
+                t.join(timeout=max(0.0, deadline - time.monotonic()))
+            except RuntimeError:  # listed by enumerate() while still starting: not joinable yet
+                time.sleep(0.01)
+                continue
             out["joined"] += 1
     return out
 
