@@ -138,11 +138,12 @@ def cold_greps(store: str, out: str) -> None:
     Path(out).write_text(json.dumps({"first": first, "again": again}), encoding="utf-8")
 
 
-def _cold(stores: dict[str, str], env: dict[str, dict[str, str]]) -> dict[str, Any]:
-    """cold_greps on each store, plaintext and encrypted in turn, COLD_ROUNDS times; per store the
-    median over rounds of each figure, and the ratios encrypted/plaintext."""
+def _cold_rounds(stores: dict[str, str], env: dict[str, dict[str, str]], rounds: int) -> dict[str, Any]:
+    """cold_greps on each store in turn (a fresh process each), ``rounds`` times; per store the
+    median over rounds of each figure: first searches and repeated ones, p50 and total, wall
+    and CPU ms."""
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in stores}
-    for _ in range(COLD_ROUNDS):
+    for _ in range(rounds):
         for name, store in stores.items():
             res = store + ".cold.json"
             r = subprocess.run([sys.executable, "-m", "bench.lifecycle", "cold", "--store", store, "--out", res],
@@ -159,9 +160,15 @@ def _cold(stores: dict[str, str], env: dict[str, dict[str, str]]) -> dict[str, A
                     row[f"{part}_{label}_p50_ms"] = vals[len(vals) // 2]
                     row[f"{part}_{label}_sum_ms"] = sum(vals)
             runs[name].append(row)
-    out: dict[str, Any] = {"questions": len(COLD_QUESTIONS), "rounds": COLD_ROUNDS}
-    for name, rows in runs.items():
-        out[name] = {k: round(sorted(r[k] for r in rows)[len(rows) // 2], 2) for k in rows[0]}
+    return {name: {k: round(sorted(r[k] for r in rows)[len(rows) // 2], 2) for k in rows[0]}
+            for name, rows in runs.items()}
+
+
+def _cold(stores: dict[str, str], env: dict[str, dict[str, str]]) -> dict[str, Any]:
+    """cold_greps on the plaintext and the encrypted store in turn, COLD_ROUNDS times; the
+    ratios encrypted/plaintext."""
+    out: dict[str, Any] = {"questions": len(COLD_QUESTIONS), "rounds": COLD_ROUNDS,
+                           **_cold_rounds(stores, env, COLD_ROUNDS)}
     out["ratios"] = {k: _ratio(out["encrypted"][k], out["plaintext"][k]) for k in out["plaintext"]}
     return out
 
@@ -197,22 +204,9 @@ def _page_formats(n: int, work: Path, rounds: int) -> dict[str, Any]:
     finally:
         src.close()
     envs = {"plaintext": {}, "sha256": env, "sha512": env}
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name in stores}
-    for _ in range(rounds):
-        for name, store in stores.items():
-            res = store + ".cold.json"
-            r = subprocess.run([sys.executable, "-m", "bench.lifecycle", "cold", "--store", store, "--out", res],
-                               cwd=common.ROOT, env={**os.environ, **envs[name]}, capture_output=True, text=True,
-                               timeout=1800)
-            if r.returncode != 0:
-                raise RuntimeError(f"cold greps ({name}) failed: {r.stderr[-3000:]}")
-            data = json.loads(Path(res).read_text())
-            Path(res).unlink()
-            runs[name].append({f"first_{label}_sum_ms": sum(x[k] for x in data["first"])
-                               for k, label in ((0, "wall"), (1, "cpu"))})
     out: dict[str, Any] = {"n": n, "rounds": rounds, "questions": len(COLD_QUESTIONS)}
-    for name, rows in runs.items():
-        out[name] = {k: round(sorted(r[k] for r in rows)[len(rows) // 2], 2) for k in rows[0]}
+    out.update({name: {k: v for k, v in row.items() if k.startswith("first_") and k.endswith("_sum_ms")}
+                for name, row in _cold_rounds(stores, envs, rounds).items()})
     for name in ("sha256", "sha512"):
         out[f"{name}_ratio"] = {k: _ratio(out[name][k], out["plaintext"][k]) for k in out["plaintext"]}
     for store in stores.values():
