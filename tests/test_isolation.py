@@ -424,9 +424,12 @@ class SqlSafety:
 
     def _resolve(self, here: str, module: str | None, level: int) -> str:
         if level == 0:
-            return module or ""
-        parts = here.split(".")[:-level]  # a module's package is its name minus the last part
-        return ".".join(parts + ([module] if module else []))
+            name = module or ""
+        else:
+            parts = here.split(".")[:-level]  # a module's package is its name minus the last part
+            name = ".".join(parts + ([module] if module else []))  # (a package's own is "pkg.__init__")
+        # a package is read from its __init__.py, kept under "pkg.__init__"
+        return name if name in self.mods or name + ".__init__" not in self.mods else name + ".__init__"
 
     def _param_from_callers(self, fn: ast.AST, pname: str) -> bool:
         a = fn.args

@@ -120,6 +120,10 @@ class Definition:
     revision: int
     sql: str
 
+    def run(self, execute: Callable[[str], object]) -> None:
+        """Run this definition's text through `execute` (the backend's statement runner)."""
+        execute(self.sql)
+
 
 def definitions_due(definitions: Sequence[Definition], recorded: Mapping[str, int]) -> list[Definition]:
     """The definitions a store lacks: those whose revision is above the one it recorded (or it

@@ -61,7 +61,7 @@ class StoredMessage(MessageRecord):
         return MessageRecord, tuple(getattr(self, f) for f in _MSG_FIELDS)
 
     # (as the dataclass: mutable, so unhashable)
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # the dataclass sets it so; typeshed types it as a method
 
 
 _MSG_FIELDS = tuple(f.name for f in dataclasses.fields(MessageRecord))

@@ -23,7 +23,12 @@ from __future__ import annotations
 from types import ModuleType
 
 from . import forget, identifiers, plans, retention, schema
+from .forget import ENTRIES as FORGET
 from .functions import DEFINITIONS
+from .identifiers import ENTRIES as IDENTIFIERS
+from .plans import ENTRIES as PLANS
+from .retention import ENTRIES as RETENTION
+from .schema import ENTRIES as SCHEMA
 
 # A fixed 64-bit key for pg_advisory_xact_lock while migrating ("lcm-migr" in ASCII).
 MIGRATION_LOCK_KEY = 0x6C636D2D6D696772
@@ -82,7 +87,11 @@ def gather(order: list[tuple[str, ModuleType]]) -> list[tuple[str, str]]:
     return [(name, held[name][1]) for name in names]
 
 
-MIGRATIONS: list[tuple[str, str]] = gather(ORDER)
+# The list itself is built from the modules' literal entries (so the SQL check can see every
+# statement is the package's own text), and must be what ORDER declares (checked at import).
+MIGRATIONS: list[tuple[str, str]] = [*SCHEMA, *PLANS, *RETENTION, IDENTIFIERS[0], *FORGET, IDENTIFIERS[1]]
+if MIGRATIONS != gather(ORDER):
+    raise ImportError("postgres migrations: MIGRATIONS is not the order ORDER declares")
 
 # Migrations the store can live without (run in a savepoint; retried at the next start).
 OPTIONAL: frozenset[str] = frozenset({"002_trigram", "015_lz4_toast"})
