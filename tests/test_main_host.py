@@ -210,8 +210,11 @@ def test_should_compress_info_reason_only_when_blocked(tmp_path):
 def test_breaker_cooldown_is_surfaced_only_while_deferring_is_safe(tmp_path):
     seq = FailureSequence([Fail.server_error()], cycle=True)
     with FakeOpenAI(responder=seq) as srv:
+        # (one failure opens it: how many model calls a pass makes before it goes deterministic
+        # depends on its time budget, so on a loaded machine a pass could stop after one — CI
+        # saw the cool-down missing once; what is tested is when the open breaker is surfaced)
         e = _engine(tmp_path / "b.db", summarizer="openai", summary_base_url=srv.base_url,
-                    breaker_failures=2, breaker_cooldown_seconds=600)
+                    breaker_failures=1, breaker_cooldown_seconds=600)
         e.update_model(model="m", context_length=64_000)
         e.on_session_start("b")
         assert e.get_active_compression_failure_cooldown() is None
