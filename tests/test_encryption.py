@@ -88,6 +88,12 @@ def test_the_binding_has_fts5_trigram_and_its_errors_are_sqlite_errors():
     with pytest.raises(sqlite3.OperationalError):
         c.execute("SELECT * FROM no_such_table")
     assert issubclass(mod.IntegrityError, sqlite3.IntegrityError)
+    # the one limit the store reads (append.py sizes its statements by it); others refused as sqlite3 does
+    conn = mod.connect(":memory:", factory=cipher._connection_class())
+    assert conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) == 32_766
+    with pytest.raises(sqlite3.ProgrammingError):
+        conn.getlimit(sqlite3.SQLITE_LIMIT_LENGTH)
+    conn.close()
 
 
 def test_an_encrypted_store_has_no_readable_byte_and_works_with_the_key(env, tmp_path):

@@ -96,7 +96,10 @@ def _connection_class() -> Any:
             def getlimit(self, category: int) -> int:
                 if category == sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER:
                     return 32_766  # (SQLite's default since 3.32; the binding's build allows more)
-                raise NotImplementedError(f"getlimit({category}) on an SQLCipher connection")
+                # (the one limit the store reads; any other is refused as the standard module
+                # refuses a category it does not know)
+                raise sqlite3.ProgrammingError(f"getlimit({category}): the store's SQLCipher connection answers "
+                                               "only SQLITE_LIMIT_VARIABLE_NUMBER")
 
         _CONNECTION = Connection
     return _CONNECTION
