@@ -248,3 +248,28 @@ def test_redaction_gates_pick_the_families_present():
             want = tuple(fam[1] for fam in families if any(g in text for g in fam[0]))  # (the definition)
             got = rd._regex_for(text, families, rd._flatten(families))
             assert (got.pattern if got is not None else None) == ("|".join(want) if want else None), text
+
+
+def _path_texts() -> list[str]:
+    """Texts whose path matches sit against every kind of edge: whitespace of each sort (the
+    ones str.split() cuts at but a regex's \\s may not, and the reverse), punctuation glued to
+    a path, paths at the text's ends, dots and slashes alone."""
+    rng = random.Random("lcm-path-words")
+    parts = ["src/acme/ledger/day.py", "./run.sh", "../out/report.json", "/var/data/x.db", "a.py", "x.c", "README.md",
+             "day.pyc", "conf.yaml", "v1.2.3", "end.", "/", ".", "..", "-", "a/b", "dir/", "/usr/local/bin:$PATH",
+             "café/naïve.md", "中文/文件.json", "(see lib/util.go)", "\"tests/test_day.py::test_x\"", "e.g.", "x-y.toml",
+             "f(a.b)", "path=src/app.py,", "http://example.org/docs/ledger.html"]
+    seps = [" ", "\n", "\t", "\r\n", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x1f", "\x85", "\xa0", "\u2028",
+            "\u3000", "\u200b", ",", ";", ":", "(", ")", "", "\"", "'", "`", "|", "=", "\x00"]
+    out = [text for text, _ in _mixed_texts(120, 6)] + _gate_texts() + parts
+    for _ in range(3000):
+        out.append("".join(rng.choice(parts) + rng.choice(seps) for _ in range(rng.randrange(1, 8))))
+    return out
+
+
+def test_path_words_find_what_the_path_patterns_find():
+    texts = _path_texts()
+    assert sum(bool(stubs._PATH_EXT_RE.search(t)) for t in texts) > 1000  # (the corpus has paths to find)
+    for text in texts:
+        for rx in (stubs._PATH_RE, stubs._PATH_EXT_RE):
+            assert list(stubs.path_matches(text, rx)) == [m.group(0) for m in rx.finditer(text)], (rx.pattern, text)

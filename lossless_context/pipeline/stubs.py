@@ -28,7 +28,7 @@ import functools
 import json
 import re
 from dataclasses import dataclass
-from collections.abc import Mapping  # (isinstance against it: ~6x cheaper than typing's alias)
+from collections.abc import Iterator, Mapping  # (isinstance against it: ~6x cheaper than typing's alias)
 from typing import Any, Sequence
 
 from .assemble import STUB_MARK, Slot, large_representation, pending_start, repair
@@ -184,6 +184,20 @@ def error_lines(lines: Sequence[str]) -> list[tuple[int, str]]:
     return out
 
 
+def path_matches(text: str, rx: re.Pattern[str]) -> Iterator[str]:
+    """`m.group(0) for m in rx.finditer(text)` for `rx` one of the two path patterns, scanning
+    only the whitespace-separated words that hold a "/" or a "." (a third of the time).
+
+    The same matches in the same order: a path match is made of `[\w/.-]` characters only, so
+    it lies inside one word; its first form needs a "/", the second a "."; and a word's edges
+    are text edges or whitespace, which neither pattern's look-behind nor its `\b` tells apart
+    (whitespace is never `\w`, "/", "." or "-"). tests/test_stub_outputs_pinned.py checks it."""
+    for word in text.split():
+        if "/" in word or "." in word:
+            for m in rx.finditer(word):
+                yield m.group(0)
+
+
 def _facts(text: str, budget_chars: int, code: bool = False) -> list[str]:
     """Distinct paths, ids and numbers of the text, in order of first appearance, bounded.
     Numbers of fewer than three digits (line numbers, counters) are left out; so are all
@@ -195,8 +209,9 @@ def _facts(text: str, budget_chars: int, code: bool = False) -> list[str]:
         if label == "numbers" and code:
             continue
         seen: dict[str, None] = {}
-        for m in rx.finditer(sample):
-            v = m.group(0).strip(".,")
+        found = path_matches(sample, rx) if label == "paths" else (m.group(0) for m in rx.finditer(sample))
+        for v in found:
+            v = v.strip(".,")
             if label == "numbers" and sum(ch.isdigit() for ch in v) < 3:
                 continue
             if len(v) < 2:
