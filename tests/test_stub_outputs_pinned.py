@@ -273,3 +273,17 @@ def test_path_words_find_what_the_path_patterns_find():
     for text in texts:
         for rx in (stubs._PATH_RE, stubs._PATH_EXT_RE):
             assert list(stubs.path_matches(text, rx)) == [m.group(0) for m in rx.finditer(text)], (rx.pattern, text)
+
+
+def test_salient_gate_never_skips_a_line_that_scores_three():
+    """_describe_text skips a line the gate finds nothing in: each such line scores under 3."""
+    lines = [ln for text in _path_texts() + [t for t, _ in _mixed_texts(200, 7)] for ln in text.split("\n")]
+    lines += [f + " " + g for f in _FRAGMENTS for g in ("", "#", "## x", "see http://x", "a_b", "x1")]
+    lines += [f"it {w} here" for w in ("Error", "Exception", "Traceback", "error:", "failed", "FAIL", "fatal", "panic")]
+    lines += ["x" * 397 + w for w in ("panic", "/a/", ".py", "FAIL")]  # (a match that ends past 400: no match)
+    skipped = 0
+    for line in lines:
+        if not ex._SALIENT_GATE.search(line, 0, 400):
+            skipped += 1
+            assert sum(w for rx, w in ex._SALIENT if rx.search(line, 0, 400)) < 3, line
+    assert skipped > 500

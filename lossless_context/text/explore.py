@@ -662,6 +662,11 @@ _SALIENT = (
     (re.compile(r"[A-Z][a-z0-9]+[A-Z]|[a-z0-9]_[a-z0-9]|\w\(\)"), 1),
     (re.compile(r"\d"), 1),
 )
+# A line no _SALIENT pattern of weight 3 or more matches, nor the URL one, scores 2 at most
+# (the last two's weights): it is never picked. Each of those four patterns' matches holds
+# a "#" (at the line's start), one of the error words, or a "/" or "." (a path, a file name,
+# a URL): a line where this finds none of them in its first 400 characters is skipped.
+_SALIENT_GATE = re.compile(r"[/.#]|Error|Exception|Traceback|error:|failed|FAIL|fatal|panic")
 
 
 def _describe_text(text: str) -> Lines:
@@ -675,8 +680,11 @@ def _describe_text(text: str) -> Lines:
     middle = idx[5:-3] if len(idx) > 8 else []
     stride = max(1, len(middle) // 20_000)  # bounded work on huge texts
     scored = []
+    gate = _SALIENT_GATE.search
     for i in middle[::stride]:
         line = lines[i]
+        if not gate(line, 0, 400):
+            continue  # (its score is 2 at most)
         score = sum(w for rx, w in _SALIENT if rx.search(line, 0, 400))
         if score >= 3:
             scored.append((-score, i))
