@@ -185,7 +185,7 @@ def error_lines(lines: Sequence[str]) -> list[tuple[int, str]]:
 
 
 def path_matches(text: str, rx: re.Pattern[str]) -> Iterator[str]:
-    """`m.group(0) for m in rx.finditer(text)` for `rx` one of the two path patterns, scanning
+    r"""`m.group(0) for m in rx.finditer(text)` for `rx` one of the two path patterns, scanning
     only the whitespace-separated words that hold a "/" or a "." (a third of the time).
 
     The same matches in the same order: a path match is made of `[\w/.-]` characters only, so
