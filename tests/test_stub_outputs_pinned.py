@@ -275,15 +275,16 @@ def test_path_words_find_what_the_path_patterns_find():
             assert list(stubs.path_matches(text, rx)) == [m.group(0) for m in rx.finditer(text)], (rx.pattern, text)
 
 
-def test_salient_gate_never_skips_a_line_that_scores_three():
-    """_describe_text skips a line the gate finds nothing in: each such line scores under 3."""
+def test_salient_is_a_score_of_three_or_more():
+    """_describe_text keeps the lines _salient picks (all of them, up to 40): exactly the lines
+    whose _SALIENT score is 3 or more; and the pinned corpus has texts with more than 40 such
+    lines (where the scores rank them) and texts with fewer."""
     lines = [ln for text in _path_texts() + [t for t, _ in _mixed_texts(200, 7)] for ln in text.split("\n")]
-    lines += [f + " " + g for f in _FRAGMENTS for g in ("", "#", "## x", "see http://x", "a_b", "x1")]
+    lines += [f + " " + g for f in _FRAGMENTS for g in ("", "#", "## x", "see http://x", "a_b", "x1", "http://a b")]
     lines += [f"it {w} here" for w in ("Error", "Exception", "Traceback", "error:", "failed", "FAIL", "fatal", "panic")]
     lines += ["x" * 397 + w for w in ("panic", "/a/", ".py", "FAIL")]  # (a match that ends past 400: no match)
-    skipped = 0
+    lines += ["see https://x", "see https://x 1", "https://x aB", "https://x a_b", "go http://x f()", "# x", "#x"]
     for line in lines:
-        if not ex._SALIENT_GATE.search(line, 0, 400):
-            skipped += 1
-            assert sum(w for rx, w in ex._SALIENT if rx.search(line, 0, 400)) < 3, line
-    assert skipped > 500
+        assert ex._salient(line) == (sum(w for rx, w in ex._SALIENT if rx.search(line, 0, 400)) >= 3), line
+    counts = [sum(map(ex._salient, text.split("\n"))) for text, _ in _corpus()]
+    assert any(n > 45 for n in counts) and any(3 <= n < 38 for n in counts)

@@ -662,11 +662,15 @@ _SALIENT = (
     (re.compile(r"[A-Z][a-z0-9]+[A-Z]|[a-z0-9]_[a-z0-9]|\w\(\)"), 1),
     (re.compile(r"\d"), 1),
 )
-# A line no _SALIENT pattern of weight 3 or more matches, nor the URL one, scores 2 at most
-# (the last two's weights): it is never picked. Each of those four patterns' matches holds
-# a "#" (at the line's start), one of the error words, or a "/" or "." (a path, a file name,
-# a URL): a line where this finds none of them in its first 400 characters is skipped.
-_SALIENT_GATE = re.compile(r"[/.#]|Error|Exception|Traceback|error:|failed|FAIL|fatal|panic")
+_HEADING, _ERROR, _PATHISH, _URL, _NAMEISH, _DIGIT = (rx.search for rx, _w in _SALIENT)
+
+
+def _salient(line: str) -> bool:
+    """Does `line` score 3 or more by _SALIENT (the sum of the weights of the patterns found
+    in its first 400 characters)? A heading, an error word or a path (4, 4, 3) alone does;
+    else only a URL (2) with a name or a digit (1 each) does."""
+    return bool(_HEADING(line, 0, 400) or _ERROR(line, 0, 400) or _PATHISH(line, 0, 400)
+                or (_URL(line, 0, 400) and (_NAMEISH(line, 0, 400) or _DIGIT(line, 0, 400))))
 
 
 def _describe_text(text: str) -> Lines:
@@ -679,16 +683,14 @@ def _describe_text(text: str) -> Lines:
     head, tail = idx[:5], idx[-3:] if len(idx) > 8 else []
     middle = idx[5:-3] if len(idx) > 8 else []
     stride = max(1, len(middle) // 20_000)  # bounded work on huge texts
-    scored = []
-    gate = _SALIENT_GATE.search
-    for i in middle[::stride]:
-        line = lines[i]
-        if not gate(line, 0, 400):
-            continue  # (its score is 2 at most)
-        score = sum(w for rx, w in _SALIENT if rx.search(line, 0, 400))
-        if score >= 3:
-            scored.append((-score, i))
-    picked = sorted(i for _, i in sorted(scored)[:40])
+    # The 40 best lines scoring 3 or more; with 40 or fewer such lines, all of them, whatever
+    # their scores: the scores are added up only when there are more.
+    salient = [i for i in middle[::stride] if _salient(lines[i])]
+    if len(salient) <= 40:
+        picked = salient  # (in order: `middle` is)
+    else:
+        scored = [(-sum(w for rx, w in _SALIENT if rx.search(lines[i], 0, 400)), i) for i in salient]
+        picked = sorted(i for _, i in sorted(scored)[:40])
     if head:
         out.append((0, "head:"))
         out.extend((0, f"  L{i + 1} {_short(lines[i])}") for i in head)
