@@ -288,3 +288,26 @@ def test_salient_is_a_score_of_three_or_more():
         assert ex._salient(line) == (sum(w for rx, w in ex._SALIENT if rx.search(line, 0, 400)) >= 3), line
     counts = [sum(map(ex._salient, text.split("\n"))) for text, _ in _corpus()]
     assert any(n > 45 for n in counts) and any(3 <= n < 38 for n in counts)
+
+
+def test_id_pattern_finds_what_its_definition_finds():
+    """stubs._ID_RE is the definition below rewritten to start with a character set."""
+    import re
+
+    definition = re.compile(r"\b[A-Z][A-Z0-9]*(?:[-_][A-Z0-9]+)+\b|\b[0-9a-f]{7,40}\b|"
+                            r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
+    rng = random.Random("lcm-ids")
+    ids = ["LEDGER-4821", "BUILD_ID", "ACME_RC_2", "A-B", "A_", "AB-", "X-1-Y", "Ab-C", "3f9a2c1", "3f9a2c1d7e",
+           "abcdef", "abcdefa", "a" * 40, "a" * 41, "0" * 7, "deadbeefcafe", "0f8e7d6c-5b4a-4321-9fed-cba987654321",
+           "0f8e7d6c-5b4a-4321-9fed-cba98765432", "0f8e7d6c-5b4a-4321-9fed-cba987654321a", "face", "added", "É-1",
+           "ÄB-C", "éabcdef0", "_abcdef0", "x3f9a2c1", "F00D-BEEF"]
+    seps = [" ", "", "-", "_", ".", "/", "\n", "é", "x", "A", "0", "(", "\u00a0"]
+    texts = [text for text, _ in _corpus()[::3]] + _path_texts()[::4] + ids
+    for _ in range(4000):
+        texts.append("".join(rng.choice(ids) + rng.choice(seps) for _ in range(rng.randrange(1, 6))))
+    found = 0
+    for text in texts:
+        want = [m.span() for m in definition.finditer(text)]
+        assert [m.span() for m in stubs._ID_RE.finditer(text)] == want, text
+        found += bool(want)
+    assert found > 2000

@@ -48,8 +48,14 @@ _ERROR_WORDS = re.compile(r"Traceback|Error|Exception|error|ERROR|FATAL|fatal:|p
                           r"Segmentation fault|ERR_")
 _PATH_RE = re.compile(r"(?<![\w/.-])(?:\.{0,2}/)?(?:[\w.-]+/)+[\w.-]+|\b[\w-]+\.(?:py|js|ts|tsx|go|rs|java|c|h|cpp|"
                       r"md|json|ya?ml|toml|sh|sql|txt|cfg|ini|lock|html|css)\b")
-_ID_RE = re.compile(r"\b[A-Z][A-Z0-9]*(?:[-_][A-Z0-9]+)+\b|\b[0-9a-f]{7,40}\b|"
-                    r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
+# Ids: an upper-case name with "-"/"_" parts (LEDGER-4821, BUILD_ID), a hex hash of 7-40
+# digits, a UUID; each starting at a word boundary. Written as "a first character, and no word
+# character before it" (what \b means before a word character), then the rest of the form
+# that character can start: a pattern that begins with a character set is searched by a
+# fast scan to the next such character, one that begins with \b is tried at every position
+# (a third less time; tests/test_stub_outputs_pinned.py checks the matches are the same).
+_ID_RE = re.compile(r"[0-9A-Za-f](?<!\w[0-9A-Za-f])(?:(?<=[A-Z])[A-Z0-9]*(?:[-_][A-Z0-9]+)+\b|"
+                    r"(?<=[0-9a-f])(?:[0-9a-f]{6,39}\b|[0-9a-f]{7}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b))")
 _PATH_EXT_RE = re.compile(_PATH_RE.pattern.split("|", 1)[1])  # _PATH_RE's second form (the first needs a "/")
 # A number of two digits or more, not glued to a word or a dot: _facts keeps those of 3+ digits.
 # (It starts with the digit, so the scan jumps from digit to digit; the look-behind then
