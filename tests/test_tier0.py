@@ -358,3 +358,62 @@ def test_continuity_reads_a_todo_result_from_the_stored_message_when_its_call_as
         assert continuity.gather(continuity.State(None, None, None, [], []), ro, {}) == (st2, _)
     finally:
         store.close()
+
+
+def test_continuity_facts_are_each_stored_messages_own(tmp_path):
+    """continuity.gather keeps what it read of an assistant message by the message's stored
+    text: the same id in another store (or the same message with its raw replaced) gives that
+    message's facts, and a context of stored records gathers what the same records made
+    eagerly (never read by the memo) gather."""
+    import copy
+
+    from lossless_context.demo.sessions import SessionStream
+    from lossless_context.pipeline import continuity
+    from lossless_context.pipeline.assemble import Slot
+    from lossless_context.records import NewMessage
+
+    def todo(i: int, item: str) -> dict:
+        return {"role": "assistant", "content": "", "tool_calls": [
+            {"id": f"t{i}", "type": "function", "function": {"name": "todo", "arguments": json.dumps(
+                {"todos": [{"id": "1", "content": item, "status": "in_progress"}]})}},
+            {"id": f"w{i}", "type": "function", "function": {"name": "write_file", "arguments": json.dumps(
+                {"path": f"src/{item}.py", "content": "x"})}}]}
+
+    def gather(store, msgs):
+        ids = store.append_messages("g", [NewMessage(raw=m, role=m["role"], ident=f"i{k}-{m['role']}", uid=None,
+                                                     text=str(m.get("content")), tokens=10, created_at=1.0)
+                                          for k, m in enumerate(msgs)])
+        records = store.get_messages(ids)
+        slots = [Slot("m", [mid], m, m["role"], 10, call_ids=tuple(tc["id"] for tc in m.get("tool_calls") or ()),
+                      result_for=m.get("tool_call_id")) for mid, m in zip(ids, msgs)]
+        return ids, slots, records, continuity.gather(continuity.State(None, None, None, [], []), slots, records)
+
+    stores = [open_store(str(tmp_path / f"{name}.db")) for name in ("a", "b", "c")]
+    try:
+        for s in stores:
+            s.ensure_session("g")
+        a = [{"role": "user", "content": "start"}, todo(1, "alpha"),
+             {"role": "assistant", "content": "Plan: alpha first, then the rest."}]
+        b = [{"role": "user", "content": "start"}, todo(1, "beta"),
+             {"role": "assistant", "content": "Next steps: beta."}]
+        ids_a, slots_a, rec_a, (st_a, ed_a) = gather(stores[0], a)
+        ids_b, slots_b, rec_b, (st_b, ed_b) = gather(stores[1], b)
+        assert ids_a == ids_b  # (the same ids, other messages)
+        assert "alpha" in st_a.plan.text and ed_a == {1: ["src/alpha.py"]}
+        assert "beta" in st_b.plan.text and ed_b == {1: ["src/beta.py"]}
+        again = continuity.gather(continuity.State(None, None, None, [], []), slots_a, stores[0].get_messages(ids_a))
+        assert again == (st_a, ed_a)
+        # A record whose raw is replaced is read from its new raw.
+        rec_a[ids_a[1]].raw = todo(1, "gamma")
+        st_g, ed_g = continuity.gather(continuity.State(None, None, None, [], []), slots_a, rec_a)
+        assert "gamma" in st_g.plan.text and ed_g == {1: ["src/gamma.py"]}
+        # A generated session: stored records and eager copies of them gather the same.
+        msgs = list(SessionStream("coding", 600, 3))
+        _ids, slots, records, got = gather(stores[2], msgs)
+        eager = {k: copy.copy(r) for k, r in records.items()}
+        assert all(type(r).__name__ == "MessageRecord" for r in eager.values())
+        assert got == continuity.gather(continuity.State(None, None, None, [], []), slots, eager)
+        assert got[1], "the generated session edits files"
+    finally:
+        for s in stores:
+            s.close()

@@ -13,6 +13,7 @@ survives any number of compactions and a process restart.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from typing import Any, Sequence
 from .assemble import Slot
 from ..messages import SUMMARY_OPEN, flatten_content
 from ..records import MessageRecord
+from ..store.rows import raw_json
 from ..tokens import estimate_text_tokens
 
 PLAN_TOOLS = ("todo", "todo_write", "TodoWrite", "update_plan")  # Hermes' is "todo"
@@ -143,28 +145,74 @@ def gather(prev: State, slots: Sequence[Slot], records: Mapping[int, MessageReco
             if st.request is None or mid >= st.request.mid:
                 st.request = Item(mid, text)
             continue
-        raw = rec.raw if rec is not None and isinstance(rec.raw, Mapping) else s.msg
-        if isinstance(raw, Mapping):
-            calls = c if isinstance(c := raw.get("tool_calls"), list) else []
-            for tc in calls:
-                name, args = _args(tc)
-                if name in PLAN_TOOLS:
-                    rs = results.get(cid) if isinstance(tc, Mapping) and isinstance(cid := tc.get("id"), str) else None
-                    res = _result(rs, records) if rs is not None else None
-                    plan = _todo_state(args, res[1] if res else None)
-                    if plan and (st.plan is None or mid >= st.plan.mid):
-                        st.plan = Item(mid, plan)
-                        st.plan_mids = [mid] + ([res[0]] if res else [])
-                elif name in EDIT_TOOLS and isinstance(args, Mapping):
-                    path = next((args[k] for k in _PATH_KEYS if isinstance(args.get(k), str) and args[k]), None)
-                    if path:
-                        edits.setdefault(i, []).append(path)
-            text = flatten_content(raw.get("content"))
-            if not calls and text and _PLAN_RE.search(text) and (st.plan is None or mid > st.plan.mid) \
-                    and not _is_todo_plan(st):
-                st.plan = Item(mid, text.strip())
-                st.plan_mids = [mid]
+        facts = _stored_facts(js) if rec is not None and (js := raw_json(rec)) is not None else None
+        if facts is None:
+            raw = rec.raw if rec is not None and isinstance(rec.raw, Mapping) else s.msg
+            if not isinstance(raw, Mapping):
+                continue
+            facts = _facts(raw)
+        for cid, args in facts.plan_calls:
+            rs = results.get(cid) if cid is not None else None
+            res = _result(rs, records) if rs is not None else None
+            plan = _todo_state(args, res[1] if res else None)
+            if plan and (st.plan is None or mid >= st.plan.mid):
+                st.plan = Item(mid, plan)
+                st.plan_mids = [mid] + ([res[0]] if res else [])
+        if facts.edits:
+            edits[i] = list(facts.edits)
+        if facts.plan_text is not None and (st.plan is None or mid > st.plan.mid) and not _is_todo_plan(st):
+            st.plan = Item(mid, facts.plan_text)
+            st.plan_mids = [mid]
     return st, edits
+
+
+@dataclass(frozen=True)
+class _Facts:
+    """What gather reads of one assistant message: its plan-tool calls (call id, arguments)
+    in order, the paths its edit-tool calls write, and its text when it declares a plan (a
+    message without tool calls)."""
+    plan_calls: tuple[tuple[str | None, Any], ...]
+    edits: tuple[str, ...]
+    plan_text: str | None
+
+
+def _facts(raw: Mapping[str, Any]) -> _Facts:
+    calls = c if isinstance(c := raw.get("tool_calls"), list) else []
+    plan_calls: list[tuple[str | None, Any]] = []
+    edits: list[str] = []
+    for tc in calls:
+        name, args = _args(tc)
+        if name in PLAN_TOOLS:
+            plan_calls.append((cid if isinstance(tc, Mapping) and isinstance(cid := tc.get("id"), str) else None, args))
+        elif name in EDIT_TOOLS and isinstance(args, Mapping):
+            path = next((args[k] for k in _PATH_KEYS if isinstance(args.get(k), str) and args[k]), None)
+            if path:
+                edits.append(path)
+    text = flatten_content(raw.get("content"))
+    plan_text = text.strip() if not calls and text and _PLAN_RE.search(text) else None
+    return _Facts(tuple(plan_calls), tuple(edits), plan_text)
+
+
+# An assistant message's facts, kept by the stored text of the message: every pass gathers
+# over the whole context, where most assistant messages were read by the pass before (their
+# JSON decoded, their calls' arguments parsed). A function of the text, so the memo cannot
+# change an answer (what it returns is only read). Texts up to _MEMO_CHARS characters.
+_MEMO_CHARS = 65_536
+
+
+@functools.lru_cache(maxsize=2_048)
+def _memo_facts(raw_text: str) -> _Facts | None:
+    try:
+        raw = json.loads(raw_text)
+    except ValueError:
+        return None  # (the record's raw is then that text: no message, as below)
+    return _facts(raw) if isinstance(raw, Mapping) else None
+
+
+def _stored_facts(raw_text: str) -> _Facts | None:
+    """The facts of the stored message whose JSON is `raw_text`; None when it is no message
+    (gather then reads the host's copy, as it does for a record whose raw is no mapping)."""
+    return _memo_facts(raw_text) if len(raw_text) <= _MEMO_CHARS else None
 
 
 def _result(s: Slot, records: Mapping[int, MessageRecord]) -> tuple[int, str]:

@@ -50,6 +50,7 @@ class StoredMessage(MessageRecord):
     @raw.setter
     def raw(self, value: Any) -> None:
         self.__dict__["_raw"] = value
+        self.__dict__["_raw_json"] = None  # (no longer the text `raw` comes from: raw_json says None)
 
     def __eq__(self, other: object) -> bool:  # (the dataclass's compares classes: an eager record is equal too)
         if not isinstance(other, MessageRecord):
@@ -65,6 +66,16 @@ class StoredMessage(MessageRecord):
 
 
 _MSG_FIELDS = tuple(f.name for f in dataclasses.fields(MessageRecord))
+
+
+def raw_json(rec: MessageRecord) -> str | None:
+    """The stored JSON text `rec.raw` is decoded from (a record read from a store, whose raw
+    was not replaced since); None for any other record. A caller deriving facts from a
+    message keys them by it: the same text, the same message."""
+    if type(rec) is StoredMessage:
+        v = rec.__dict__.get("_raw_json")
+        return v if isinstance(v, str) else None
+    return None
 
 def message_record(row: tuple) -> MessageRecord:
     """A :class:`MessageRecord` from a row of ``SELECT {MSG_COLS}`` (its ``raw`` decoded
