@@ -124,9 +124,11 @@ def _store_stats(store: str) -> dict[str, Any]:
 
 
 def build(store: str, n: int, *, seed: int, real_cap: int, base_store: str | None,
-          profile: bool, limit: int | None = None, deadline_s: float | None = None) -> dict[str, Any]:
+          profile: bool, limit: int | None = None, deadline_s: float | None = None,
+          session_msgs: int = SESSION_MSGS) -> dict[str, Any]:
     """Build the history. `limit`/`deadline_s` stop early (at a turn boundary) on the same
-    deterministic stream of `n` messages, so two backends can be compared on identical data."""
+    deterministic stream of `n` messages, so two backends can be compared on identical data.
+    `session_msgs` cuts sessions shorter: more of the batches are all-new (the commit path)."""
     from lossless_context.demo.sessions import SessionStream
 
     out: dict[str, Any] = {"n_requested": n}
@@ -156,12 +158,12 @@ def build(store: str, n: int, *, seed: int, real_cap: int, base_store: str | Non
             sid = f"hist-{sess:04d}"
             eng.on_session_start(sid, conversation_id=CONV, platform="cli")
             live = []
-            while not peek.done and len(live) < SESSION_MSGS and stored < stop_at:
+            while not peek.done and len(live) < session_msgs and stored < stop_at:
                 if deadline is not None and time.monotonic() > deadline:
                     stopped_early = "deadline"
                     break
                 t0 = time.perf_counter()
-                batch = peek.take_until_turn(min(BATCH, SESSION_MSGS - len(live), stop_at - stored))
+                batch = peek.take_until_turn(min(BATCH, session_msgs - len(live), stop_at - stored))
                 for i, m in enumerate(batch):
                     if m.get("role") == "user":
                         if user_seen == 40:
@@ -205,7 +207,7 @@ def build(store: str, n: int, *, seed: int, real_cap: int, base_store: str | Non
             "batch_msgs_per_s": dist(batch_rates, 1),
             "all_new_batch_msgs_per_s": dist(first_batch_rates, 1),
             "realign_msgs_per_s": round(len(live) / realign_s, 1) if realign_s and live else None,
-            "method": f"sessions of ~{SESSION_MSGS:,} messages, engine.ingest() of the growing list every "
+            "method": f"sessions of ~{session_msgs:,} messages, engine.ingest() of the growing list every "
                       f"{BATCH:,} messages",
         }
         eng.store.close()
@@ -633,12 +635,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--session", default="live")
     ap.add_argument("--limit", type=int)
     ap.add_argument("--deadline", type=float)
+    ap.add_argument("--session-msgs", type=int, default=SESSION_MSGS)
     a = ap.parse_args(argv)
     common.isolate_env()
     common.quiet_logs()
     if a.mode == "build":
         res = build(a.store, a.n, seed=a.seed, real_cap=a.real_cap, base_store=a.base, profile=a.profile,
-                    limit=a.limit, deadline_s=a.deadline)
+                    limit=a.limit, deadline_s=a.deadline, session_msgs=a.session_msgs)
     else:
         res = measure(a.store, a.n, passes=a.passes, reps=a.reps, identifier=a.identifier, profile=a.profile,
                       session=a.session)

@@ -9,11 +9,15 @@ The rows are sorted by seq so that ids follow seq; the sort holds whole rows, an
 2,000 messages spilled to disk under the default ``work_mem`` (4 MB): each chunk raises it for
 its own transaction (``set_config(..., true)``), sized to the chunk. In the store's pipelined
 append this costs no round trip.
+
+Rows handed over lazily are sent as they are built, STREAM_CHUNK_ROWS at a time, and nothing is
+read back until all are sent: the server inserts a chunk while the client builds and encodes
+the next (SQLite's append overlaps the same way with its writer thread).
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from ...messages import safe_json
 from ...records import NewMessage
@@ -24,16 +28,25 @@ APPEND_CHUNK_CHARS = 64 * 1024 * 1024
 SORT_MEM_MIN_KB = 4 * 1024  # PostgreSQL's default work_mem
 SORT_MEM_MAX_KB = 128 * 1024  # past this a (first-import) chunk sorts on disk, as before
 
+# The seqs follow the session's last one as the statement finds it (the caller holds the
+# session's lock; an earlier chunk of the same append is already there), so a chunk can be sent
+# before the client has read anything back.
 INSERT_SQL = (
     "INSERT INTO messages(session_id, seq, uid, ident, role, raw, text, tokens, created_at,"
     " supersedes, large, exploration)"
-    " SELECT %s, u.seq, u.uid, u.ident, u.role, u.raw, u.text, u.tokens, u.created_at,"
+    " SELECT %s, b.base + u.k, u.uid, u.ident, u.role, u.raw, u.text, u.tokens, u.created_at,"
     " u.supersedes, u.large, u.exploration"
-    " FROM unnest(%b::bigint[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[],"
+    " FROM (SELECT COALESCE((SELECT m.seq FROM messages m WHERE m.session_id = %s"
+    " ORDER BY m.seq DESC LIMIT 1), -1) + 1 AS base) AS b,"
+    " unnest(%b::bigint[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[],"
     " %b::bigint[], %b::float8[], %b::bigint[], %b::boolean[], %b::text[])"
-    " AS u(seq, uid, ident, role, raw, text, tokens, created_at, supersedes, large, exploration)"
-    " ORDER BY u.seq RETURNING seq, id"
+    " AS u(k, uid, ident, role, raw, text, tokens, created_at, supersedes, large, exploration)"
+    " ORDER BY u.k RETURNING seq, id"
 )
+# Rows per statement while the caller's rows are still being built (a lazy iterable): the
+# server inserts one chunk while the client builds and encodes the next, as SQLite's writer
+# thread does. Each statement costs a plan and a trigger firing, so chunks stay a few hundred.
+STREAM_CHUNK_ROWS = 500
 
 
 def chunks(sizes: Sequence[int]) -> list[tuple[int, int]]:
@@ -59,20 +72,41 @@ def sort_mem_kb(sizes: Sequence[int]) -> int:
     return max(SORT_MEM_MIN_KB, min(SORT_MEM_MAX_KB, need))
 
 
-def insert_messages(c: Any, session_id: str, first_seq: int, rows: Sequence[NewMessage]) -> dict[int, int]:
-    """Insert ``rows`` as seq ``first_seq``, ``first_seq + 1``, ... of ``session_id`` on
-    connection ``c`` (inside the caller's transaction); seq → new id. Rows go in seq order, so
-    ids follow seq."""
-    raws = [_t(safe_json(r.raw)) for r in rows]
-    texts = [_t(r.text) for r in rows]
-    by_seq: dict[int, int] = {}
-    sizes = [len(a) + len(b) for a, b in zip(raws, texts)]
-    for lo, hi in chunks(sizes):
-        part = rows[lo:hi]
-        c.execute("SELECT set_config('work_mem', %s, true)", (f"{sort_mem_kb(sizes[lo:hi])}kB",))
-        by_seq.update(c.execute(INSERT_SQL, (
-            session_id, list(range(first_seq + lo, first_seq + hi)), [_t(r.uid) for r in part],
-            [_t(r.ident) for r in part], [_t(r.role) for r in part], raws[lo:hi], texts[lo:hi],
-            [r.tokens for r in part], [r.created_at for r in part], [r.supersedes for r in part],
-            [bool(r.large) for r in part], [_t(r.exploration) for r in part])).fetchall())
-    return by_seq
+def send_messages(c: Any, session_id: str, rows: Iterable[NewMessage]) -> Callable[[], dict[int, int]]:
+    """Send the inserts of ``rows`` as the next seqs of ``session_id`` on connection ``c``
+    (inside the caller's transaction, which holds the session's lock), a chunk as soon as it is
+    built, without reading an answer (in pipeline mode: no wait); returns the reader of the
+    answers, seq → new id. Rows go in seq order, so ids follow seq."""
+    answers: list[Any] = []
+    part: list[tuple[NewMessage, str, str]] = []
+    total = 0
+    max_rows = min(APPEND_CHUNK_ROWS, STREAM_CHUNK_ROWS)
+
+    def send() -> None:
+        sizes = [len(a) + len(b) for _, a, b in part]
+        c.execute("SELECT set_config('work_mem', %s, true)", (f"{sort_mem_kb(sizes)}kB",))
+        rs = [r for r, _, _ in part]
+        answers.append(c.execute(INSERT_SQL, (
+            session_id, session_id, list(range(len(rs))), [_t(r.uid) for r in rs],
+            [_t(r.ident) for r in rs], [_t(r.role) for r in rs], [a for _, a, _ in part],
+            [b for _, _, b in part], [r.tokens for r in rs], [r.created_at for r in rs],
+            [r.supersedes for r in rs], [bool(r.large) for r in rs], [_t(r.exploration) for r in rs])))
+
+    for r in rows:  # (chunks as chunks() cuts them, and at most STREAM_CHUNK_ROWS rows)
+        raw, text = _t(safe_json(r.raw)), _t(r.text)
+        n = len(raw) + len(text)
+        if part and (len(part) >= max_rows or total + n > APPEND_CHUNK_CHARS):
+            send()
+            part, total = [], 0
+        part.append((r, raw, text))
+        total += n
+    if part:
+        send()
+
+    def read() -> dict[int, int]:
+        by_seq: dict[int, int] = {}
+        for cur in answers:
+            by_seq.update(cur.fetchall())
+        return by_seq
+
+    return read

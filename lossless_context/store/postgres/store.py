@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from .. import passes
 from ...records import ContextEntry, MessageRecord, NewMessage, NewSummary, StagedPass, SummaryRecord
 from ..base import Store, StoreError, resolve_keys, resolve_new_refs
-from .append import insert_messages
+from .append import send_messages
 from .text import pg_text as _t
 from .conn import WRITE_RETRIES, PostgresConnections
 from .costs import PostgresCosts
@@ -63,6 +63,40 @@ APPEND_HEAD = (
     " COALESCE((SELECT m.seq FROM messages m WHERE m.session_id = s.id ORDER BY m.seq DESC LIMIT 1), -1)"
     " FROM sessions s WHERE s.id = %s"
 )
+class _Replay:
+    """The rows of an append as they are built: the first pass over them builds (a lazy
+    iterable: the store sends each chunk while the next is built), a retried transaction
+    goes over the same rows again."""
+
+    def __init__(self, rows: Iterable[NewMessage]) -> None:
+        self._it: Iterator[NewMessage] | None = iter(rows)
+        self.rows: list[NewMessage] = []
+
+    def empty(self) -> bool:
+        if not self.rows and self._it is not None:
+            first = next(self._it, None)
+            if first is None:
+                self._it = None
+            else:
+                self.rows.append(first)
+        return not self.rows
+
+    def __iter__(self) -> Iterator[NewMessage]:
+        k = 0
+        while True:
+            if k < len(self.rows):
+                yield self.rows[k]
+                k += 1
+                continue
+            if self._it is None:
+                return
+            nxt = next(self._it, None)
+            if nxt is None:
+                self._it = None
+                return
+            self.rows.append(nxt)
+
+
 _TABLES = ("sessions", "messages", "message_absorbed", "message_aliases", "summaries", "summary_messages",
            "summary_parents", "context_items", "staged_passes", "presummaries", "lcm_migrations")
 
@@ -292,25 +326,30 @@ class PostgresStore(PostgresRecords, PostgresLifecycle, PostgresSearch, Postgres
                          context: Sequence[tuple[str, int]] | None,
                          context_known: tuple[int, int] | None,
                          on_ids: Callable[[list[int]], None] | None) -> list[int]:
-        rows = list(rows)  # may be lazy; a retried transaction needs them again
-        if not rows:
+        source = _Replay(rows)  # (may be lazy; a retried transaction needs them again)
+        if source.empty():
             if on_ids is not None:
                 on_ids([])
             return []
         sid = _t(session_id)
 
         def tx(c: Any) -> list[int]:
-            # Three round trips in pipeline mode (conn.py): this read, the insert's ids, and
-            # everything after with the commit. The session's row locked first (one writer per
-            # session: seq and id order are safe), then its version and last seq.
-            # (two statements sent together: the second's snapshot is taken once the first
-            # holds the lock, so it sees the seq a concurrent append just committed; a subquery
-            # in the locking statement would read its snapshot from before the lock wait)
+            # Two round trips in pipeline mode (conn.py): everything up to the inserts' ids,
+            # then the rest with the commit. The session's row locked first (one writer per
+            # session: seq and id order are safe), then its version and last seq, then the
+            # inserts, each sent as soon as its rows are built (append.py): the server works
+            # on one chunk while this thread builds the next.
+            # (separate statements sent in order: each one's snapshot is taken once the lock is
+            # held, so they see the seq a concurrent append just committed; a subquery in the
+            # locking statement would read its snapshot from before the lock wait)
             self._lock_sessions_unread(c, sid)
-            head = c.execute(APPEND_HEAD, (sid,)).fetchone()
+            head_cur = c.execute(APPEND_HEAD, (sid,))
+            read_ids = send_messages(c, sid, source)
+            head = head_cur.fetchone()
             version, seq = head if head is not None else (None, -1)  # (no session: the insert's FK says so)
             first = seq + 1
-            by_seq = insert_messages(c, sid, first, rows)
+            rows = source.rows
+            by_seq = read_ids()
             ids: list[int] = [by_seq[first + i] for i in range(len(rows))]
             absorbed = [(mid, _t(u)) for mid, r in zip(ids, rows) for u in r.absorbed]
             if absorbed:
