@@ -17,7 +17,7 @@ the next (SQLite's append overlaps the same way with its writer thread).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ...messages import safe_json
 from ...records import NewMessage
@@ -70,6 +70,40 @@ def sort_mem_kb(sizes: Sequence[int]) -> int:
     (bytes may exceed characters; the sort keeps its own copy) plus a per-row overhead."""
     need = (2 * sum(sizes) + 256 * len(sizes)) // 1024 + 1
     return max(SORT_MEM_MIN_KB, min(SORT_MEM_MAX_KB, need))
+
+
+class Replay:
+    """The rows of an append as they are built: the first pass over them builds (a lazy
+    iterable: the store sends each chunk while the next is built), a retried transaction
+    goes over the same rows again."""
+
+    def __init__(self, rows: Iterable[NewMessage]) -> None:
+        self._it: Iterator[NewMessage] | None = iter(rows)
+        self.rows: list[NewMessage] = []
+
+    def empty(self) -> bool:
+        if not self.rows and self._it is not None:
+            first = next(self._it, None)
+            if first is None:
+                self._it = None
+            else:
+                self.rows.append(first)
+        return not self.rows
+
+    def __iter__(self) -> Iterator[NewMessage]:
+        k = 0
+        while True:
+            if k < len(self.rows):
+                yield self.rows[k]
+                k += 1
+                continue
+            if self._it is None:
+                return
+            nxt = next(self._it, None)
+            if nxt is None:
+                self._it = None
+                return
+            self.rows.append(nxt)
 
 
 def send_messages(c: Any, session_id: str, rows: Iterable[NewMessage]) -> Callable[[], dict[int, int]]:

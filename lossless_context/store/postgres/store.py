@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from .. import passes
 from ...records import ContextEntry, MessageRecord, NewMessage, NewSummary, StagedPass, SummaryRecord
 from ..base import Store, StoreError, resolve_keys, resolve_new_refs
-from .append import send_messages
+from .append import Replay, send_messages
 from .text import pg_text as _t
 from .conn import WRITE_RETRIES, PostgresConnections
 from .costs import PostgresCosts
@@ -63,40 +63,6 @@ APPEND_HEAD = (
     " COALESCE((SELECT m.seq FROM messages m WHERE m.session_id = s.id ORDER BY m.seq DESC LIMIT 1), -1)"
     " FROM sessions s WHERE s.id = %s"
 )
-class _Replay:
-    """The rows of an append as they are built: the first pass over them builds (a lazy
-    iterable: the store sends each chunk while the next is built), a retried transaction
-    goes over the same rows again."""
-
-    def __init__(self, rows: Iterable[NewMessage]) -> None:
-        self._it: Iterator[NewMessage] | None = iter(rows)
-        self.rows: list[NewMessage] = []
-
-    def empty(self) -> bool:
-        if not self.rows and self._it is not None:
-            first = next(self._it, None)
-            if first is None:
-                self._it = None
-            else:
-                self.rows.append(first)
-        return not self.rows
-
-    def __iter__(self) -> Iterator[NewMessage]:
-        k = 0
-        while True:
-            if k < len(self.rows):
-                yield self.rows[k]
-                k += 1
-                continue
-            if self._it is None:
-                return
-            nxt = next(self._it, None)
-            if nxt is None:
-                self._it = None
-                return
-            self.rows.append(nxt)
-
-
 _TABLES = ("sessions", "messages", "message_absorbed", "message_aliases", "summaries", "summary_messages",
            "summary_parents", "context_items", "staged_passes", "presummaries", "lcm_migrations")
 
@@ -326,7 +292,7 @@ class PostgresStore(PostgresRecords, PostgresLifecycle, PostgresSearch, Postgres
                          context: Sequence[tuple[str, int]] | None,
                          context_known: tuple[int, int] | None,
                          on_ids: Callable[[list[int]], None] | None) -> list[int]:
-        source = _Replay(rows)  # (may be lazy; a retried transaction needs them again)
+        source = Replay(rows)  # (may be lazy; a retried transaction needs them again)
         if source.empty():
             if on_ids is not None:
                 on_ids([])
