@@ -244,3 +244,29 @@ def test_a_retried_append_stores_the_rows_its_first_try_built(pg_fresh_dsn, monk
         assert [m.id for m in got[1:]] == ids and [m.seq for m in got] == list(range(41))
     finally:
         st.close()
+
+
+@pytest.mark.parametrize("sqlstate", ["40001", "40P01"])
+def test_an_append_the_server_rolled_back_runs_again(pg_fresh_dsn, monkeypatch, sqlstate):
+    """A serialization failure or a deadlock the server reports (SQLSTATE class 40: the
+    transaction was rolled back) runs the append again; it is no outage. (psycopg's classes
+    for these codes are not subclasses of its TransactionRollback, class 40's own.)"""
+    from lossless_context.store.postgres import store as pg_store
+
+    st = PostgresStore(pg_fresh_dsn, background_index=False)
+    try:
+        st.ensure_session("s")
+        real, tries = pg_store.send_messages, []
+
+        def rolled_back_once(c, sid, rows):
+            tries.append(1)
+            if len(tries) == 1:
+                c.execute(f"DO $$ BEGIN RAISE EXCEPTION 'rolled back (test)' USING ERRCODE = '{sqlstate}'; END $$")
+            return real(c, sid, rows)
+
+        monkeypatch.setattr(pg_store, "send_messages", rolled_back_once)
+        ids = st.append_messages("s", (nm(f"again {i}") for i in range(12)))
+        assert len(tries) == 2 and len(ids) == 12
+        assert [m.text for m in st.session_messages("s")] == [f"again {i}" for i in range(12)]
+    finally:
+        st.close()

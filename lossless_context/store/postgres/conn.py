@@ -59,6 +59,14 @@ def _pipelined_transaction(conn: Any, fn: Callable[[Any], T]) -> T:
         raise
 
 
+def rolled_back(exc: BaseException) -> bool:
+    """Whether the server rolled the transaction back and it may simply run again: SQLSTATE
+    class 40 (serialization failure 40001, deadlock 40P01, ...). psycopg's classes for those
+    codes derive from OperationalError, not from its TransactionRollback (class 40's own
+    code): an isinstance check on that class missed every deadlock."""
+    return isinstance(exc, psycopg.Error) and str(getattr(exc, "sqlstate", None) or "").startswith("40")
+
+
 def pipeline_supported() -> bool:
     """Whether this psycopg and its libpq can run pipeline mode (libpq 14+)."""
     if psycopg is None:
@@ -264,7 +272,7 @@ class PostgresConnections:
         except psycopg.Error as exc:
             if fired(w):
                 raise self._expired(bound, exc) from exc
-            if not isinstance(exc, psycopg.OperationalError) or isinstance(exc, pg_errors.TransactionRollback):
+            if not isinstance(exc, psycopg.OperationalError) or rolled_back(exc):
                 raise
             raise StoreError(f"store {self.location}: {exc}") from exc
 
@@ -303,8 +311,10 @@ class PostgresConnections:
                         return _pipelined_transaction(conn, fn)
                     with conn.transaction():
                         return fn(conn)
-            except pg_errors.TransactionRollback as exc:  # rolled back: safe to run again
-                if attempt == WRITE_RETRIES - 1:
+            except psycopg.Error as exc:
+                if not rolled_back(exc):
+                    raise
+                if attempt == WRITE_RETRIES - 1:  # (rolled back: safe to run again)
                     raise StoreError(f"store {self.location}: {exc}") from exc
                 time.sleep(0.01 * (2 ** attempt) * (1 + random.random()))
         raise AssertionError("unreachable")  # pragma: no cover
