@@ -663,29 +663,3 @@ def test_the_background_indexer_gives_way_to_an_append_under_way(pg_fresh_dsn, m
     finally:
         other.close()
         st.close()
-
-
-def test_the_background_indexer_lets_a_burst_of_appends_pass(pg_fresh_dsn, monkeypatch):
-    """Issue 41: appends in a burst (a host's flush after a pass, an import in batches) come tens
-    of ms apart; a batch started in such a gap shared the cores with the next append. The
-    indexer starts none until the store was quiet for SETTLE_SECONDS (at most YIELD_SECONDS)."""
-    from lossless_context.store.postgres import index as pg_index
-
-    monkeypatch.setattr(pg_index, "YIELD_SECONDS", 60.0)
-    monkeypatch.setattr(pg_index, "SETTLE_SECONDS", 60.0)
-    st = PostgresStore(pg_fresh_dsn)  # (its background indexer on)
-    try:
-        st.ensure_session("s")
-        st.append_messages("s", [nm(f"burst row {i}") for i in range(20)])  # (wakes the indexer)
-        deadline = time.monotonic() + 1.5  # (an observation window, not a timing claim)
-        while time.monotonic() < deadline:
-            assert _pending(pg_fresh_dsn) >= 20, "the indexer ran a batch right after an append"
-            time.sleep(0.05)
-        monkeypatch.setattr(pg_index, "SETTLE_SECONDS", 0.0)
-        st.append_messages("s", [nm("the burst's last append")])
-        deadline = time.monotonic() + 60
-        while _pending(pg_fresh_dsn) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _pending(pg_fresh_dsn) == 0  # quiet: the indexer took the rows
-    finally:
-        st.close()

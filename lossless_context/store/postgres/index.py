@@ -12,9 +12,8 @@ Searches never wait for the indexer: they read ``message_index`` and compute the
 rows on the fly (``search.py``), so they see every committed message.
 
 Each store runs one background indexer thread, woken after each append and at first use. It
-gives way to this store's appends: it starts no batch while one is under way or within
-SETTLE_SECONDS of one's end (appends in a burst come tens of ms apart), for at most
-YIELD_SECONDS, so the host's wait for an append does not share the cores with indexing - the
+gives way to this store's appends: it starts no batch while one is under way (for at most
+YIELD_SECONDS), so the host's wait for an append does not share the cores with indexing - the
 indexer costs the server several times what the append does (lcm_tsvector per text). SQLite's
 indexer, on the writer thread, never overlaps an append either.
 """
@@ -73,11 +72,6 @@ FILL_BATCH = 2_000
 # The longest the background indexer waits for appends under way before it takes a batch
 # anyway (a long first import must not leave every row to the searches' on-the-fly path).
 YIELD_SECONDS = 2.0
-# How long the background indexer lets the store be quiet after an append before it takes a
-# batch: appends in a burst (a host's flush after a pass, an import handing over a history in
-# batches) come a few tens of ms apart, and a batch started in such a gap (~0.3 s of server CPU
-# for 256 texts) shared the cores with the next append. Searches never wait for the indexer.
-SETTLE_SECONDS = 0.3
 
 GIN_INDEXES = ("message_index_tsv", "message_index_cjk", "summaries_tsv", "summaries_cjk")
 MERGE_ROWS = 100
@@ -105,7 +99,6 @@ class PostgresIndexer:
         self._since_merge = 0
         self._turn = threading.Condition()  # appends under way (appending()), for the thread to wait on
         self._appending = 0
-        self._last_append = float("-inf")  # monotonic time the last append of this store ended
 
     @contextlib.contextmanager
     def appending(self) -> Iterator[None]:
@@ -118,26 +111,17 @@ class PostgresIndexer:
         finally:
             with self._turn:
                 self._appending -= 1
-                self._last_append = time.monotonic()
                 self._turn.notify_all()
 
     def _give_way(self) -> None:
-        """Wait (at most YIELD_SECONDS) until no append of this store is under way and none
-        ended in the last SETTLE_SECONDS."""
+        """Wait (at most YIELD_SECONDS) until no append of this store is under way."""
         deadline = time.monotonic() + YIELD_SECONDS
         with self._turn:
-            while not self._closed:
-                now = time.monotonic()
-                left = deadline - now
+            while self._appending and not self._closed:
+                left = deadline - time.monotonic()
                 if left <= 0:
                     return
-                if self._appending:
-                    self._turn.wait(left)
-                    continue
-                quiet = self._last_append + SETTLE_SECONDS - now
-                if quiet <= 0:
-                    return
-                self._turn.wait(min(quiet, left))
+                self._turn.wait(left)
 
     def index_batch(self, batch: int = BATCH) -> list[int]:
         """Index one batch of listed messages; the ids this call indexed (empty: none left
