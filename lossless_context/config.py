@@ -64,7 +64,7 @@ class LCMConfig:
     background_compaction: str = "auto"
     background_spend_bound: bool = True  # summarise ahead only for a growing session near its threshold
     soft_threshold: float = 0.6
-    hard_threshold: float = 0.9  # above this fraction of the window compress() blocks on the model
+    hard_threshold: float = 0.9  # background: below this fraction a pass's new leaf is an outline, above it extractive
     background_concurrency: int = 2
     tool_stubs: bool = True  # tier 0: old tool results shown as stubs before any summary
     tool_stub_keep_results: int = 6  # the newest N tool results stay verbatim

@@ -501,17 +501,17 @@ class LCMEngine(base_class()):  # type: ignore[misc]  # the host's ContextEngine
                         return messages
                     budget.fresh_tail = self._forced_tail(budget, ours)
                 esc = self._get_escalator()
-                host_tokens = int((ours + overhead) * ratio)
-                fast = (self._background_on() and esc.model is not None and not force and not over
-                        and host_tokens < cfg.hard_threshold * (self.context_length or host_tokens + 1))
+                # With the worker on no pass waits for the model (a manual /compress does: compaction.py)
+                fast = self._background_on() and esc.model is not None and not force
+                outlines = not over and int((ours + overhead) * ratio) < cfg.hard_threshold * (self.context_length or 0)
                 pb = pass_budget(effective_host(cfg.host), time_budget=cfg.compaction_time_budget,
                                  summary_timeout=cfg.summary_timeout,
                                  progress_visible=isinstance(esc.model, HostSummarizer),
                                  message_count=len(messages))
                 left = pb.seconds - (self.pass_clock() - t0)
                 comp = Compactor(self.store, esc, owner=self._owner, cancelled=self._cancel_check(),
-                                 time_budget=max(0.0, left), clock=self.pass_clock, fast=fast, call_timeout=pb.call_timeout,
-                                 stubs=stub_policy(cfg), continuity_tokens=cfg.continuity_tokens,
+                                 time_budget=max(0.0, left), clock=self.pass_clock, fast=fast, outlines=outlines,
+                                 call_timeout=pb.call_timeout, stubs=stub_policy(cfg), continuity_tokens=cfg.continuity_tokens,
                                  min_cut=MIN_OVER_WINDOW_CUT if over else 0.0, token_memo=memo)
                 res: PassResult = comp.run(sid, system, slots, budget, focus=focus or None,
                                            memory_context=memory, force=force, base_version=version,

@@ -71,6 +71,43 @@ def test_by_default_a_pass_below_the_hard_threshold_waits_for_no_model(tmp_path)
         assert "normal" in levels
 
 
+@pytest.mark.parametrize("fill", [0.95, 1.15])
+def test_a_pass_above_the_hard_threshold_waits_for_no_model_either(tmp_path, fill):
+    """One tool batch can take the list from under the threshold past hard_threshold, or past
+    the window (the host asks after each batch). With the worker on that pass waits for no model
+    either: its new leaves get the extractive summary (not an outline: the agent's next request
+    follows at once), and the worker replaces them with the model's right after. A manual
+    /compress (force) still waits for the model."""
+    with FakeOpenAI(responder=SummariserResponder(max_chars=600)) as srv:
+        e = _engine(str(tmp_path / "h.db"), summarizer="openai", summary_base_url=srv.base_url)
+        sid = "hard"
+        e.on_session_start(sid, platform="cli")
+        msgs = chat_session(2400, seed=9).messages
+        history: list[dict] = []
+        for a, b in turn_ranges(msgs):
+            history.extend(copy.deepcopy(msgs[a:b]))
+            if estimate_messages_tokens(history) >= fill * WINDOW:
+                break
+        tokens = estimate_messages_tokens(history)
+        assert tokens >= fill * WINDOW and e.should_compress(tokens)
+        out = e.compress(history, current_tokens=tokens, session_id=sid)
+        assert out != history and estimate_messages_tokens(out) < 0.9 * WINDOW
+        assert srv.chat_requests == [], "the pass called the model on the host's time"
+        staged = e.store.get_summaries(range(1, 1000), include_staged=True).values()
+        leaves = [s for s in staged if s.kind == "leaf"]
+        assert leaves and {(s.level, s.summarizer) for s in leaves} == {("deterministic", "extractive")}
+        e.on_session_end(sid, history)
+        e.on_session_start(sid, boundary_reason="compression", old_session_id=sid)
+        assert e.wait_background(60)
+        assert srv.chat_requests, "the worker never summarised the pass's leaves"
+        after = e.store.get_summaries([s.id for s in leaves], include_staged=True).values()
+        assert {s.level for s in after} == {"normal"}
+        history = [m for m in out if m.get("role") != "system"] + copy.deepcopy(msgs[b:b + 40])
+        before = len(srv.chat_requests)
+        e.compress(history, current_tokens=estimate_messages_tokens(history), session_id=sid, force=True)
+        assert len(srv.chat_requests) > before  # /compress: the user asked, the pass summarises now
+
+
 def test_summarising_ahead_needs_a_growing_session_near_its_threshold():
     g = SessionGrowth()
     threshold = 48_000

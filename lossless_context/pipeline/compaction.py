@@ -81,7 +81,8 @@ class Compactor:
     def __init__(self, store: Store, escalator: Escalator, *,
                  cancelled: Callable[[], bool] | None = None, time_budget: float = 240.0,
                  clock: Callable[[], float] = time.monotonic,
-                 fast: bool = False, owner: str | None = None, stubs: StubPolicy | None = None,
+                 fast: bool = False, outlines: bool = True, owner: str | None = None,
+                 stubs: StubPolicy | None = None,
                  continuity_tokens: int = 0, call_timeout: float | None = None, min_cut: float = 0.0,
                  token_memo: dict[int, tuple[Any, int]] | None = None) -> None:
         self.store = store
@@ -93,6 +94,7 @@ class Compactor:
         self.stub_policy = stubs  # tier 0 (stubs.py); None: no stubs
         self.owner = owner  # the engine that will commit the staged pass (owners.py)
         self.fast = fast  # background mode: no model calls on the critical path
+        self.outlines = outlines  # (fast) a new leaf is an outline; else the extractive summary
         self.to_upgrade: list[str] = []  # keys of deterministic nodes the worker should upgrade
         self.adopted = 0  # leaves taken from summaries prepared ahead of time
         self.esc = escalator
@@ -414,11 +416,17 @@ class Compactor:
             self.adopted += 1
             self.levels[level] = self.levels.get(level, 0) + 1
         elif self.fast and self.esc.model is not None:
-            # The worker summarises this leaf with the model right after the pass: the host's
-            # turn gets an outline made in microseconds, not an extractive summary (tens of ms).
-            text = outline_summary(SummaryRequest(sources, target, "leaf", focus, memory), self.esc.do_redact)
-            level, summarizer = "deterministic", OUTLINE
-            self.levels[level] = self.levels.get(level, 0) + 1
+            # The worker summarises this leaf with the model right after the pass; the host waits
+            # for no model. Below hard_threshold the leaf is an outline (microseconds); above it
+            # (one tool batch can take the list from under the threshold past the window, and the
+            # agent's next request follows at once, before the worker is done) the extractive
+            # summary (milliseconds), which carries the span's content.
+            if self.outlines:
+                text = outline_summary(SummaryRequest(sources, target, "leaf", focus, memory), self.esc.do_redact)
+                level, summarizer = "deterministic", OUTLINE
+                self.levels[level] = self.levels.get(level, 0) + 1
+            else:
+                text, level, summarizer = self._summarize(sources, target, "leaf", focus, memory, deterministic=True)
             self.to_upgrade.append(key)
         else:
             text, level, summarizer = self._summarize(sources, target, "leaf", focus, memory)
