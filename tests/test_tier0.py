@@ -171,13 +171,17 @@ def _chat_turns(host: R19Host, n: int = 30) -> None:
                  {"role": "assistant", "content": f"Answer {i}: " + "reply words " * 400})
 
 
-def test_costs_are_what_the_provider_reported(tmp_path):
+@pytest.mark.parametrize("background", ["off", "auto"])
+def test_costs_are_what_the_provider_reported(tmp_path, background):
+    """The pass's own calls, or (background on: the pass waits for no model) the worker's that
+    replace its placeholders right after: each booked on its node, the session's spend alike."""
     with FakeOpenAI(responder=FixedUsage()) as srv:
-        e = _engine(str(tmp_path / "k.db"), srv.base_url, tool_stubs=False)
+        e = _engine(str(tmp_path / "k.db"), srv.base_url, tool_stubs=False, background_compaction=background)
         host = R19Host(e, "cost")
         host.start(context_length=64_000)
         _chat_turns(host)
         assert host.maybe_compress()
+        assert e.wait_background(60)
         calls = len(srv.chat_requests)
         assert calls >= 1
         st = e.get_status()

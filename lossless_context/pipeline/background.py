@@ -370,6 +370,9 @@ def upgrade_nodes(store: Store, esc: Escalator, session_id: str, node_ids: list[
         _observed(observe, res)
         if stop():
             break  # (its store is closing, or the process ends: nothing more is written)
+        if (sp := res.spend).calls:  # booked on the node, as a pass books its own calls (lcm_describe)
+            store.put_summary_costs([(nid, sp.model, sp.calls, sp.input_tokens, sp.output_tokens,
+                                      round(sp.seconds * 1000, 1))])
         if res.level == "deterministic":
             if rec.summarizer == OUTLINE and not stop():
                 # No model summary now: the pass's outline gives way to the extractive summary
