@@ -71,27 +71,77 @@ def bg_cost(bc: dict[str, Any]) -> list[str]:
     if bc.get("error"):
         return L + [f"failed: `{bc['error'][:2000]}`"]
     mix = ", ".join(f"{n} ({_n(k)} messages)" for n, k in bc.get("mix", []))
-    L.append(f"{_n(bc.get('window'))}-token window; the newer host's calls (`on_turn_complete` each turn, then "
-             f"`compress` when asked); session mix: {mix}. *Wait* = wall time in `compress()`; *tokens* = chars/4 of "
+    L.append(f"{_n(bc.get('window'))}-token window; the newer host's calls: `should_compress` after every tool batch "
+             "and `compress` when asked (as the agent loop asks), `on_turn_complete` after each turn; session mix: "
+             f"{mix}. *Wait* = wall time in `compress()` (what the host waits); *CPU* = the calling thread's CPU "
+             "time in it; a pass *waited on the model* when it made a summary call itself; *tokens* = chars/4 of "
              "what the model server received (the worker's work included, after it drained); *ahead of need* = "
              "tokens with the worker minus without it, per session.")
+    base_tokens: dict[str, int] = {}
+    for row in (bc.get("speeds") or {}).values():
+        off = row.get("off") or {}
+        for name, sess in (off.get("sessions") or {}).items():
+            if sess.get("complete", True):
+                base_tokens.setdefault(name, sess["tokens_sent"])
     for speed, row in (bc.get("speeds") or {}).items():
         L += ["", f"Every summary call takes **{speed} s** (think time between turns capped at "
               f"{row.get('think_time_cap_s')} s):", ""]
         off = row.get("off") or {}
         rows = []
-        for mode in ("off", "on, before #41", "on"):
-            r = row.get(mode) or {}
+        modes = [(m, row.get(m) or {}) for m in ("off", "on, before #41", "on")]
+        before = get(bc, f"before.speeds.{speed}.on")
+        if before:
+            modes.insert(-1, (f"on, before ({bc['before'].get('commit')})", before))
+        for mode, r in modes:
             for name, sess in (r.get("sessions") or {}).items():
                 base = (off.get("sessions") or {}).get(name) or {}
-                extra = (sess["tokens_sent"] - base["tokens_sent"]) if base and mode != "off" else None
-                saved = (base["wait_total_s"] - sess["wait_total_s"]) if base and mode != "off" else None
-                rows.append([mode, name, sess["passes"], _f(get(sess, "wait_ms.p50")), _f(get(sess, "wait_ms.p95")),
+                complete = base.get("complete", True) and sess.get("complete", True)
+                ref = base["tokens_sent"] if base and complete else base_tokens.get(name)
+                extra = (sess["tokens_sent"] - ref) if ref is not None and mode != "off" and sess.get("complete", True) \
+                    else None
+                saved = (base["wait_total_s"] - sess["wait_total_s"]) if base and complete and mode != "off" else None
+                why = ", ".join(f"{k}: {v}" for k, v in (sess.get("why") or {}).items())
+                w = sess.get("wait_ms") or {}
+                c = sess.get("cpu_ms") or {}
+                rows.append([mode, name + ("" if sess.get("complete", True) else f" (first {sess['passes']} passes)"),
+                             sess["passes"], " / ".join(_f(w.get(k)) for k in ("p50", "p90", "max")),
+                             " / ".join(_f(c.get(k)) for k in ("p50", "p90")),
+                             f"{sess.get('waited_on_model', '—')}" + (f" ({why})" if why else ""),
                              _f(sess["wait_total_s"]), sess["calls"], _n(sess["tokens_sent"]),
                              "—" if extra is None else f"{extra:+,}", "—" if saved is None else _f(saved)])
-        L += _table(["worker", "session", "passes", "wait p50 ms", "p95 ms", "total wait s", "model calls",
-                     "tokens sent", "ahead of need (tokens)", "waiting saved s"], rows)
+        L += _table(["worker", "session", "passes", "wait p50 / p90 / max ms", "CPU p50 / p90 ms",
+                     "waited on the model", "total wait s", "model calls", "tokens sent", "ahead of need (tokens)",
+                     "waiting saved s"], rows)
+        on = row.get("on") or {}
+        quiet = [p for p in on.get("passes", []) if not p.get("calls")]
+        if quiet:
+            L += ["", "With the worker on, the passes that made no model call: " + _breakdown(quiet)]
     return L + _when(bc)
+
+
+def _breakdown(passes: list[dict[str, Any]]) -> str:
+    """Where a pass's wall time goes when it waits on no model: its own CPU, the other threads',
+    and the cores taken by other work (involuntary context switches)."""
+    from .common import percentile
+
+    def p50(key: Any) -> str:
+        vals = [key(p) for p in passes]
+        return _f(round(percentile(vals, 50) or 0.0, 1))
+
+    alone = [p for p in passes if p.get("switches") and not p["switches"][1]]
+    text = (f"{len(passes)} passes; wait p50 {p50(lambda p: p['wait_ms'])} ms, the calling thread's CPU p50 "
+            f"{p50(lambda p: p['cpu_ms'])} ms, the process's CPU (every thread: the store's writer, the worker, "
+            f"the model server of the bench) p50 {p50(lambda p: p.get('process_cpu_ms', 0.0))} ms")
+    if passes and passes[0].get("switches") is not None:
+        text += (f"; the calling thread was switched out p50 {p50(lambda p: p['switches'][0])} times waiting "
+                 f"(a lock, a thread, the disk) and {p50(lambda p: p['switches'][1])} times taken off its core by "
+                 "other work")
+        if alone:
+            w = percentile([p["wait_ms"] for p in alone], 50) or 0.0
+            c = percentile([p["cpu_ms"] for p in alone], 50) or 0.0
+            text += (f"; the {len(alone)} passes never taken off their core waited p50 {_f(round(w, 1))} ms "
+                     f"for {_f(round(c, 1))} ms of CPU")
+    return text + "."
 
 
 def pg_ident(pi: dict[str, Any]) -> list[str]:
