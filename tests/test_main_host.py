@@ -37,6 +37,8 @@ def _the_simulated_host_resolves_its_block_as_configured(monkeypatch, request):
 
 
 def _engine(path, host: HostCompression | None = None, **kw):
+    # (a test of a pass's own model calls turns the worker off: with it on, no pass but a manual
+    # /compress waits for the model)
     cfg = LCMConfig.load({"store": str(path), "summarizer": "extractive", **kw}, read_file=False)
     if host is not None:
         cfg.host = host
@@ -214,7 +216,7 @@ def test_breaker_cooldown_is_surfaced_only_while_deferring_is_safe(tmp_path):
         # depends on its time budget, so on a loaded machine a pass could stop after one — CI
         # saw the cool-down missing once; what is tested is when the open breaker is surfaced)
         e = _engine(tmp_path / "b.db", summarizer="openai", summary_base_url=srv.base_url,
-                    breaker_failures=1, breaker_cooldown_seconds=600)
+                    breaker_failures=1, breaker_cooldown_seconds=600, background_compaction="off")
         e.update_model(model="m", context_length=64_000)
         e.on_session_start("b")
         assert e.get_active_compression_failure_cooldown() is None
@@ -292,7 +294,7 @@ def test_a_pass_with_an_unseen_model_ends_inside_the_silence_budget(tmp_path):
     with FakeOpenAI(responder=model) as srv:
         host_cfg = HostCompression(context_timeout_seconds=8, context_total_ceiling_seconds=60)
         e = _engine(tmp_path / "g.db", host_cfg, summarizer="openai", summary_base_url=srv.base_url,
-                    summary_timeout=60, leaf_chunk_tokens=8000)  # (several leaves: some after the deadline)
+                    summary_timeout=60, leaf_chunk_tokens=8000, background_compaction="off")  # (several leaves: some after the deadline)
         host = MainHost(e, "gw-silent", idle_timeout=8, ceiling=60, clock=clock)
         e.pass_clock = clock.now
         host.start()
@@ -316,7 +318,7 @@ def test_host_model_progress_extends_the_wait(tmp_path):
         with FakeOpenAI(responder=SummariserResponder(max_chars=500)) as srv:
             host_cfg = HostCompression(context_timeout_seconds=4, context_total_ceiling_seconds=120)
             e = _engine(tmp_path / f"h{silent}.db", host_cfg, summarizer="host", leaf_chunk_tokens=8000,
-                        summary_timeout=30)
+                        summary_timeout=30, background_compaction="off")
             host = MainHost(e, f"gw-talk-{silent}", idle_timeout=4, ceiling=120)
             clock = _virtual(e, host)
             with host_aux_client(srv.base_url, clock=clock, latency=1.5, silent=silent):
@@ -340,7 +342,8 @@ def test_a_silent_pass_is_cut_and_its_late_work_discarded(tmp_path):
     of the pass is ever staged or published."""
     clock = VirtualClock()
     with FakeOpenAI(responder=SlowModel(clock, 2.0, SummariserResponder(max_chars=800))) as srv:
-        e = _engine(tmp_path / "l.db", summarizer="openai", summary_base_url=srv.base_url, summary_timeout=10)
+        e = _engine(tmp_path / "l.db", summarizer="openai", summary_base_url=srv.base_url, summary_timeout=10,
+                    background_compaction="off")
         host = MainHost(e, "gw-late", idle_timeout=0.3, clock=clock)
         e.pass_clock = clock.now
         host.start()
