@@ -195,6 +195,8 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
                       + "; ".join(f"{k}: {v['tokens_sent']:,} tokens" for k, v in row[mode]["sessions"].items()),
                       flush=True)
             out["speeds"][f"{delay:g}"] = row
+    out["run_at"] = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
+    out["load_end"] = list(os.getloadavg())
     return out
 
 

@@ -89,9 +89,9 @@ def bg_cost(bc: dict[str, Any]) -> list[str]:
         off = row.get("off") or {}
         rows = []
         modes = [(m, row.get(m) or {}) for m in ("off", "on, before #41", "on")]
-        before = get(bc, f"before.speeds.{speed}.on")
-        if before:
-            modes.insert(-1, (f"on, before ({bc['before'].get('commit')})", before))
+        for extra in bc.get("other_runs") or []:  # (runs kept by hand: the code before a change, …)
+            if extra.get("speed") == speed:
+                modes.insert(-1, (extra["label"], extra["run"]))
         for mode, r in modes:
             for name, sess in (r.get("sessions") or {}).items():
                 base = (off.get("sessions") or {}).get(name) or {}
@@ -112,10 +112,10 @@ def bg_cost(bc: dict[str, Any]) -> list[str]:
         L += _table(["worker", "session", "passes", "wait p50 / p90 / max ms", "CPU p50 / p90 ms",
                      "waited on the model", "total wait s", "model calls", "tokens sent", "ahead of need (tokens)",
                      "waiting saved s"], rows)
-        on = row.get("on") or {}
-        quiet = [p for p in on.get("passes", []) if not p.get("calls")]
-        if quiet:
-            L += ["", "With the worker on, the passes that made no model call: " + _breakdown(quiet)]
+        for mode, r in modes:
+            quiet = [p for p in r.get("passes", []) if not p.get("calls")]
+            if mode != "off" and quiet:
+                L += ["", f"Worker {mode}, the passes that made no model call: " + _breakdown(quiet)]
     return L + _when(bc)
 
 
