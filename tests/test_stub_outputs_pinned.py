@@ -311,3 +311,58 @@ def test_id_pattern_finds_what_its_definition_finds():
         assert [m.span() for m in stubs._ID_RE.finditer(text)] == want, text
         found += bool(want)
     assert found > 2000
+
+
+def _line_lists() -> list[list[str]]:
+    """Lines as classify hands them over: of every mixed text and gate text, cut at several
+    lengths, plus delimited and YAML-ish tables (prose-like ones too) of each delimiter."""
+    rng = random.Random("lcm-line-lists")
+    texts = [text for text, _ in _mixed_texts(150, 8)] + _gate_texts()
+    for _ in range(400):
+        delim = rng.choice(("\t", ",", ";", "|", ": ", " "))
+        width = rng.randrange(1, 5)
+        rows = [delim.join(rng.choice(("a", "1", "x y", "z.", "k:", "# c", "- i", "b?")) for _ in range(width))
+                + rng.choice(("", "", ".", ":", "!", delim)) for _ in range(rng.randrange(1, 50))]
+        if rng.random() < 0.3:
+            rows.insert(rng.randrange(0, len(rows) + 1), rng.choice(("---", "# note", "key: v", "  nested: 1")))
+        texts.append("\n".join(rows))
+    out = []
+    for text in texts:
+        lines = [ln for ln in text.split("\n") if ln.strip()]
+        out += [lines[:k] for k in (1, 2, 3, 5, 41, 200)]
+    return out
+
+
+def test_csv_and_yaml_tests_decide_as_their_definitions():
+    def csv_delimiter(lines):  # (the definition)
+        if len(lines) < 2:
+            return None
+        prose = sum(1 for ln in lines[:40] if ln.rstrip()[-1:] in ".!?:") >= 0.5 * min(len(lines), 40)
+        for delim, need in (("\t", 2), (",", 3), (";", 3), ("|", 3)):
+            counts = [ln.count(delim) for ln in lines[:40]]
+            if len(counts) < need or counts[0] == 0:
+                continue
+            same = sum(1 for c in counts if c == counts[0])
+            if same >= need and same >= 0.8 * len(counts) and not (prose and delim != "\t"):
+                return delim
+        return None
+
+    def looks_yaml(lines):  # (the definition)
+        content = [ln for ln in lines if not ln.lstrip().startswith("#")]
+        if not content:
+            return False
+        if content[0].strip() == "---" and len(content) > 1:
+            return True
+        keyish = sum(1 for ln in content if ex._YAML_LINE_RE.match(ln))
+        top = sum(1 for ln in content if ln[:1] not in " \t-" and ex._YAML_TOP_RE.match(ln))
+        return len(content) >= 2 and keyish >= 0.7 * len(content) and top >= 1 and (top >= 2 or len(content) >= 3)
+
+    found = {"csv": set(), "yaml": 0, "prose": 0}
+    for lines in _line_lists():
+        want = csv_delimiter(lines)
+        assert ex._csv_delimiter(lines) == want, lines
+        found["csv"].add(want)
+        y = looks_yaml(lines)
+        assert ex._looks_yaml(lines) == y, lines
+        found["yaml"] += y
+    assert found["csv"] == {None, "\t", ",", ";", "|"} and found["yaml"] > 20

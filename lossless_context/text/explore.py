@@ -171,17 +171,24 @@ def _code_lang(sample: str, lines: list[str]) -> str | None:
 
 
 def _csv_delimiter(lines: list[str]) -> str | None:
+    """The delimiter the first 40 lines share: the first line holds it, and at least 80 %
+    of the lines (and `need` of them) hold it as many times. The lines are counted only for
+    a delimiter the first line holds, and the prose test made only when it decides."""
     if len(lines) < 2:
         return None
-    # Prose has commas too, but its lines end like sentences.
-    prose = sum(1 for ln in lines[:40] if ln.rstrip()[-1:] in ".!?:") >= 0.5 * min(len(lines), 40)
+    head = lines[:40]
+    prose: bool | None = None
     for delim, need in (("\t", 2), (",", 3), (";", 3), ("|", 3)):
-        counts = [ln.count(delim) for ln in lines[:40]]
-        if len(counts) < need or counts[0] == 0:
+        first = head[0].count(delim)
+        if first == 0 or len(head) < need:
             continue
-        same = sum(1 for c in counts if c == counts[0])
-        if same >= need and same >= 0.8 * len(counts) and not (prose and delim != "\t"):
-            return delim
+        same = sum(1 for ln in head if ln.count(delim) == first)
+        if same >= need and same >= 0.8 * len(head):
+            if delim != "\t" and prose is None:
+                # Prose has commas too, but its lines end like sentences.
+                prose = sum(1 for ln in head if ln.rstrip()[-1:] in ".!?:") >= 0.5 * len(head)
+            if not (prose and delim != "\t"):
+                return delim
     return None
 
 
@@ -191,9 +198,17 @@ def _looks_yaml(lines: list[str]) -> bool:
         return False
     if content[0].strip() == "---" and len(content) > 1:
         return True
-    keyish = sum(1 for ln in content if _YAML_LINE_RE.match(ln))
+    if len(content) < 2:
+        return False
+    # 70 % of the lines key-like: the count stops once that cannot be reached.
+    need, most = 0.7 * len(content), len(content)
+    for ln in content:
+        if not _YAML_LINE_RE.match(ln):
+            most -= 1
+            if most < need:
+                return False
     top = sum(1 for ln in content if ln[:1] not in " \t-" and _YAML_TOP_RE.match(ln))
-    return len(content) >= 2 and keyish >= 0.7 * len(content) and top >= 1 and (top >= 2 or len(content) >= 3)
+    return top >= 1 and (top >= 2 or len(content) >= 3)
 
 
 def _parse_json(text: str) -> tuple[bool, Any, str]:
