@@ -218,7 +218,8 @@ def _facts(text: str, budget_chars: int, code: bool = False) -> list[str]:
         found = path_matches(sample, rx) if label == "paths" else (m.group(0) for m in rx.finditer(sample))
         for v in found:
             v = v.strip(".,")
-            if label == "numbers" and sum(ch.isdigit() for ch in v) < 3:
+            # (a number is digits and ",_." separators: its digits are the rest)
+            if label == "numbers" and len(v) - v.count(",") - v.count("_") - v.count(".") < 3:
                 continue
             if len(v) < 2:
                 continue
