@@ -471,9 +471,9 @@ class LCMEngine(base_class()):  # type: ignore[misc]  # the host's ContextEngine
                 if not got:
                     self._note("another process is compacting this session")
                     return messages
-                slots, version, base_len, hold = self.ingestion.align_locked(sid, messages, for_pass=True)
-                # (the pass measures its output with the same memo: mostly these very objects)
-                ours, memo = measured_messages(messages)
+                stored: dict[int, tuple[Any, int]] = {}  # (the ingest's estimates: not made again)
+                slots, version, base_len, hold = self.ingestion.align_locked(sid, messages, True, token_memo=stored)
+                ours, memo = measured_messages(messages, stored)  # (the pass's memo: its output is mostly these)
                 # The host's figure in the provider's units teaches the session's ratio
                 # (units.py); one that exceeds ours by more than any overhead says nothing
                 # about the overhead. Otherwise it is a hint: a bounded overhead, re-derived

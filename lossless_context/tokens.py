@@ -90,14 +90,17 @@ def estimate_messages_tokens(messages: Iterable[Any]) -> int:
     return sum(estimate_message_tokens(m) for m in messages)
 
 
-def measured_messages(messages: Iterable[Any]) -> tuple[int, dict[int, tuple[Any, int]]]:
+def measured_messages(messages: Iterable[Any], known: Mapping[int, tuple[Any, int]] | None = None,
+                      ) -> tuple[int, dict[int, tuple[Any, int]]]:
     """`estimate_messages_tokens(messages)`, and each object's estimate by id (the object kept
     with it, so its id stays its own): a caller measuring lists of mostly the same objects
-    again looks them up there."""
+    again looks them up there. `known`: estimates made already in the same call (the ingest's
+    of the messages it stored), by id, each with its object (alive, so the id is still its own)."""
     memo: dict[int, tuple[Any, int]] = {}
     total = 0
     for m in messages:
-        n = estimate_message_tokens(m)
+        hit = known.get(id(m)) if known else None
+        n = hit[1] if hit is not None else estimate_message_tokens(m)
         memo[id(m)] = (m, n)
         total += n
     return total, memo

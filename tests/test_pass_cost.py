@@ -225,3 +225,30 @@ def test_a_pass_reports_the_tokens_of_the_list_it_returns(tmp_path, monkeypatch)
     assert noted == outputs
     staged = [p["tokens_after"] for p in e.passes.last() if p["outcome"] == "staged"]
     assert staged[-len(outputs):] == outputs
+
+
+def test_a_pass_takes_the_ingests_estimates_of_the_messages_it_stored(tmp_path, monkeypatch):
+    """#41: the messages a pass stores are measured once: the ingest's estimates (made while it
+    builds their rows) are the pass's for those very objects; the host's list measures the same
+    as a fresh estimate of every message."""
+    from lossless_context import engine as engine_mod
+    from lossless_context.tokens import estimate_message_tokens, measured_messages
+
+    seen: list[tuple[int, int]] = []
+
+    def checked(messages, known=None):
+        total, memo = measured_messages(messages, known)
+        assert total == sum(estimate_message_tokens(m) for m in messages)
+        assert all(n == estimate_message_tokens(m) for m, n in memo.values())
+        seen.append((len(messages), sum(1 for m in messages if known and id(m) in known)))
+        return total, memo
+
+    monkeypatch.setattr(engine_mod, "measured_messages", checked)
+    e = _engine(str(tmp_path / "known.db"))
+    host = R19Host(e, "known", context_length=64_000)
+    host.start()
+    for i in range(60):
+        host.add(*_turn(i, lines=(6 if i % 3 == 0 else 240)))
+        host.maybe_compress()
+    assert host.compactions >= 2 and len(seen) >= host.compactions
+    assert all(hits > 0 for _n, hits in seen)  # (each pass stored the messages that arrived since the last)

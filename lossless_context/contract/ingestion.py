@@ -71,10 +71,12 @@ class SessionIngest:
         return self._store()
 
     def align_locked(self, sid: str, messages: List[Any], for_pass: bool = False,
-                     flush: bool = False) -> tuple[list[Slot], int, int, int | None]:
+                     flush: bool = False, token_memo: dict[int, tuple[Any, int]] | None = None,
+                     ) -> tuple[list[Slot], int, int, int | None]:
         """Align the host's list (ingest.py) and keep the active context; the slots, the
         context's version and length, and (for a pass) the first slot it must not summarise
-        (ingest_replay.fold_replayed). The caller holds the session's lock."""
+        (ingest_replay.fold_replayed). The caller holds the session's lock. `token_memo` gets
+        the estimate of each message stored now (ingest_fast.align_fast)."""
         sessions = self._sessions
         sessions.ensure(sid)
         body = messages[1:] if messages and role_of(messages[0]) == "system" else messages
@@ -95,7 +97,7 @@ class SessionIngest:
         scope = self.store.lineage(sid)
         cfg = self._config()
         res = align_fast(self.store, sid, scope, body, ctx, large_tokens=cfg.large_message_tokens,
-                         exploration_tokens=cfg.exploration_tokens, resume=resume)
+                         exploration_tokens=cfg.exploration_tokens, resume=resume, token_memo=token_memo)
         slots, entries = res.slots, res.entries
         # A list replaying the originals of summaries in our context (a host that lost our
         # compacted list) keeps those summaries: nothing is summarised twice (ingest_replay.py).

@@ -51,9 +51,11 @@ def align_fast(
     large_tokens: int,
     exploration_tokens: int,
     resume: Resume | None = None,
+    token_memo: dict[int, tuple[Any, int]] | None = None,
 ) -> IngestResult:
     """ingest.align, faster; `resume` is what the previous call over this session's list
-    returned (IngestResult.resume), if the stored context is still the one it left."""
+    returned (IngestResult.resume), if the stored context is still the one it left.
+    `token_memo` gets each stored message's estimate by id (tokens.measured_messages' known)."""
     memo = IdentMemo(session_id)  # the host re-sends the same list: hash only what changed
     base = resume if resume is not None and ingest_resume.resumable(resume, messages, memo) else None
     if base is not None:
@@ -96,7 +98,7 @@ def align_fast(
     if pending:
         new_ids, items, added_entries = _store_new(
             store, session_id, slots, idents, pending, n0, base, memo.ident, remember,
-            large_tokens=large_tokens, exploration_tokens=exploration_tokens)
+            large_tokens=large_tokens, exploration_tokens=exploration_tokens, token_memo=token_memo)
         if not snap:  # (a store that stopped reading once it had every row)
             remember()
     else:
@@ -138,7 +140,7 @@ def _remember(memo: IdentMemo, messages: Sequence[Any], idents: list[str | None]
 def _store_new(store: Store, session_id: str, slots: list[Slot | int], idents: list[str | None],
                pending: list[Pending], n0: int, base: Resume | None, ident_of: Callable[[Any], str],
                remember: Callable[[], None], *,
-               large_tokens: int, exploration_tokens: int,
+               large_tokens: int, exploration_tokens: int, token_memo: dict[int, tuple[Any, int]] | None = None,
                ) -> tuple[list[int], list[tuple[str, int]], list[ContextEntry]]:
     """Build and store the pending rows with the new active context, in ONE transaction
     (placeholders in the context name them: a crash in between cannot strand them); fill
@@ -154,6 +156,8 @@ def _store_new(store: Store, session_id: str, slots: list[Slot | int], idents: l
             if ident is None:
                 ident = idents[idx] = ident_of(msg)
             row = new_message(msg, large_tokens, exploration_tokens, supersedes=supersedes, ident=ident)
+            if token_memo is not None:
+                token_memo[id(msg)] = (msg, row.tokens)  # (estimate_message_tokens(msg): new_message's)
             if idx >= 0:
                 s = slots[idx]
                 if isinstance(s, int):
