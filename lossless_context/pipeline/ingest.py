@@ -272,8 +272,10 @@ def align(
     *,
     large_tokens: int,
     exploration_tokens: int,
+    token_memo: dict[int, tuple[Any, int]] | None = None,
 ) -> IngestResult:
-    """Map every incoming message to a stored one (or store it) and return the slots."""
+    """Map every incoming message to a stored one (or store it) and return the slots.
+    `token_memo` gets each stored message's estimate by id (tokens.measured_messages' known)."""
     walk = Walk(store, session_id, scope, context)
     slots: list[Slot] = []
     rows: list[NewMessage] = []  # the new messages to store, in order
@@ -285,11 +287,15 @@ def align(
         if slot is None:
             row = new_message(msg, large_tokens, exploration_tokens, supersedes=supersedes, ident=ident)
             rows.append(row)
+            if token_memo is not None:
+                token_memo[id(msg)] = (msg, row.tokens)
             # A placeholder ref -k names the k-th new row until the store gives it an id.
             slot = new_slot(msg, -len(rows), row)
             new_slots.append(slot)
         elif store_too:
             rows.append(new_message(msg, large_tokens, exploration_tokens, ident=ident))
+            if token_memo is not None:
+                token_memo[id(msg)] = (msg, rows[-1].tokens)
         slots.append(slot)
     new_ids: list[int] = []
     if rows:
