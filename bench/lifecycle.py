@@ -346,6 +346,8 @@ def prune_once(store: str, out: str) -> None:
         commits.append((time.perf_counter() - body) * 1000)  # (COMMIT, and a checkpoint it ran)
 
     st.tx = timed_tx  # type: ignore[attr-defined]
+    holds: list[tuple[str, float, float]] = []  # (what, wall start, wall end) of the prune process's writes
+    slow = _trace_slow(st, held, holds)
     t0 = time.perf_counter()
     plan = retention.plan_prune(st, older_than_days=OLDER_THAN)
     plan_s = time.perf_counter() - t0
@@ -361,7 +363,130 @@ def prune_once(store: str, out: str) -> None:
                                      # (rows, units, seconds) of the slowest removal calls, where the code logs them
                                      "slowest_batches": sorted(getattr(getattr(rep, "batch_log", None), "batches", []),
                                                                key=lambda b: -b[2])[:8],
+                                     # the slowest transactions: where their time went, statement by statement
+                                     "slow_transactions": slow, "holds": holds,
                                      **rep.as_dict()}, default=str), encoding="utf-8")
+
+
+def _trace_slow(st: Any, held: list[float], holds: list[tuple[str, float, float]],
+                keep: int = 8) -> list[dict[str, Any]]:
+    """Statement by statement, where the prune's slowest transactions spent their time: a
+    trace callback on its connection stamps each statement (and each trigger's and FTS5's own
+    statements inside it) as it starts; when a transaction ends held over 100 ms, its longest
+    gaps are kept with the statement they followed, the rows it changed (FTS5's shadow-table
+    writes count: a segment flush or merge shows as many), its thread CPU time against its
+    wall time (CPU-bound, or waiting: disk, or a core taken by another process), and the ids
+    and sizes of the rows it removed; and the vacuum steps' times. Only with LCM_BENCH_TRACE
+    set (it slows the prune); the transactions' and merge steps' times are always kept in
+    ``holds``. ``held`` is the list timed_tx appends to."""
+    c = st.conn()
+    ev: list[tuple[float, int, str]] = []
+    out: list[dict[str, Any]] = []
+    state: dict[str, Any] = {"n": len(held), "cpu": time.thread_time()}
+
+    def cb(sql: str) -> None:
+        ev.append((time.perf_counter(), c.total_changes, sql[:160]))
+        now = time.time()
+        if state.get("vac") is not None:  # (a vacuum step ended when the next statement began, less the pause)
+            holds.append(("vacuum", state["vac"], now - 0.05))
+            state["vac"] = None
+        if sql.startswith("PRAGMA incremental_vacuum"):
+            state["vac"] = now
+        elif sql.startswith("PRAGMA wal_checkpoint"):
+            state["vac"] = now + 0.05
+        if sql.startswith("BEGIN"):
+            del ev[:-1]
+            state["cpu"] = time.thread_time()
+
+    def after_commit() -> None:
+        if len(held) == state["n"] or held[-1] <= 100:
+            state["n"] = len(held)
+            return
+        state["n"] = len(held)
+        rows, state["rows"] = state.get("rows"), None
+        ev.append((time.perf_counter(), c.total_changes, "(end)"))
+        gaps = sorted(((ev[i + 1][0] - ev[i][0], i) for i in range(len(ev) - 1)), reverse=True)[:4]
+        out.append({"held_ms": round(held[-1], 1), "cpu_ms": round((time.thread_time() - state["cpu"]) * 1000, 1),
+                    "statements": len(ev), "changes": ev[-1][1] - ev[0][1], "rows": rows,
+                    "gaps": [{"ms": round(g * 1000, 1), "changes": ev[i + 1][1] - ev[i][1], "sql": ev[i][2],
+                              "next": ev[i + 1][2][:80]} for g, i in gaps]})
+        out.sort(key=lambda d: -d["held_ms"])
+        del out[keep:]
+
+    if os.environ.get("LCM_BENCH_TRACE"):  # (a Python call per statement, FTS5's own too: slows the prune)
+        c.set_trace_callback(cb)
+    real_tx = st.tx
+    from contextlib import contextmanager
+
+    @contextmanager
+    def tx():  # type: ignore[no-untyped-def]
+        with real_tx() as cc:
+            t = time.time()
+            yield cc
+        holds.append(("prune", t, time.time()))
+        after_commit()
+
+    # the background index merger's steps (their own connection): from the lock granted (the
+    # first statement after BEGIN) to COMMIT
+    real_connect = st.merger._connect
+    mstate: dict[str, Any] = {}
+
+    def mconnect() -> Any:
+        m = real_connect()
+
+        def mcb(sql: str) -> None:
+            now = time.time()
+            if sql.startswith("BEGIN"):
+                mstate["begin"] = True
+            elif mstate.pop("begin", None):
+                mstate["t"] = now
+            if sql == "COMMIT" and "t" in mstate:
+                holds.append(("merge", mstate.pop("t"), now))
+        m.set_trace_callback(mcb)
+        return m
+
+    st.merger._connect = mconnect
+
+    st.tx = tx
+    real_remove = st.remove_rows
+
+    def remove_rows(kind: str, groups: Any, **kw: Any) -> Any:
+        # the rows' sizes, read before they go (outside the transaction): count, text bytes
+        # (all, and the largest row's), tokens, and how many are in the CJK index too
+        ids = [int(i) for g in groups for i in g]
+        table = "messages" if kind == "messages" else "summaries"
+        r = c.execute(f"SELECT COUNT(*), SUM(length(text)), MAX(length(text)), SUM(tokens), MIN(id), MAX(id),"
+                      f" SUM(text GLOB '*[⺀-鿿가-힯぀-ヿ]*') FROM {table} WHERE id IN ({','.join('?' * len(ids))})",
+                      ids).fetchone()
+        state["rows"] = {"kind": kind, "groups": len(groups), "rows": r[0], "text_bytes": r[1], "largest_text": r[2],
+                         "tokens": r[3], "ids": [r[4], r[5]], "cjk_rows": r[6]}
+        return real_remove(kind, groups, **kw)
+
+    st.remove_rows = remove_rows
+    return out
+
+
+def _hold_dist(hs: list[Any]) -> dict[str, Any]:
+    ms = [(b - a) * 1000 for _k, a, b in hs]
+    return {**common.dist(ms, 1), "max": round(max(ms), 1) if ms else None, "over_100ms": sum(1 for v in ms if v > 100)}
+
+
+def _blame(rows: list[Any], holds: list[Any], lo: float, hi: float) -> dict[str, Any]:
+    """Each host write over 100 ms while the prune ran, by what of the prune process held the
+    write lock during it for longest (none: the host's own work, or its own merger/checkpoint)."""
+    out: dict[str, Any] = {"n": 0, "by": {}}
+    for t, op, ms in rows:
+        if op != "write" or ms <= 100 or not lo <= t <= hi:
+            continue
+        a = t - ms / 1000
+        best, who = 0.0, "none"
+        for k, s0, s1 in holds:
+            ov = min(t, s1) - max(a, s0)
+            if ov > best:
+                best, who = ov, k
+        out["n"] += 1
+        out["by"][who] = out["by"].get(who, 0) + 1
+    return out
 
 
 def _dist(rows: list[tuple[float, str, float]], op: str, lo: float, hi: float) -> dict[str, Any]:
@@ -410,7 +535,8 @@ def _prune_wait(n: int, base: str | None, work: Path, baseline_s: float, code: s
     pr = json.loads(Path(prune_out).read_text())
     out["prune"] = {k: pr[k] for k in ("plan_seconds", "sessions", "messages", "summaries", "transactions",
                                        "longest_transaction_ms", "bytes_returned", "file_bytes_after", "seconds",
-                                       "lock_held_ms", "commit_ms", "slowest_batches") if k in pr}
+                                       "lock_held_ms", "commit_ms", "slowest_batches", "stopped_at_deadline",
+                                       "slow_transactions") if k in pr}
     out["prune"]["removal_started_after_s"] = round(pr["started"] - t_prune, 1)
     out["host"] = {
         "before": {op: _dist(rows, op, t_base, t_prune) for op in ("write", "grep")},  # type: ignore[arg-type]
@@ -418,6 +544,9 @@ def _prune_wait(n: int, base: str | None, work: Path, baseline_s: float, code: s
         "during_plan": {op: _dist(rows, op, t_prune, pr["started"]) for op in ("write", "grep")},  # type: ignore[arg-type]
         "after": {op: _dist(rows, op, t_end, t_after) for op in ("write", "grep")},  # type: ignore[arg-type]
     }
+    out["host_waits_over_100ms"] = _blame(rows, pr.get("holds") or [], pr["started"], t_end)
+    out["prune_process_holds"] = {k: _hold_dist([h for h in pr.get("holds") or [] if h[0] == k])
+                                  for k in ("prune", "merge", "vacuum")}
     out["wall_prune_process_s"] = round(t_end - t_prune, 1)
     for suf in ("", "-wal", "-shm", ".host.json", ".prune.json", ".stop"):
         Path(store + suf).unlink(missing_ok=True)

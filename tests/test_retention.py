@@ -524,3 +524,35 @@ def test_postgresql_doctor_advises_vacuum_after_a_large_prune(pg_fresh_dsn):
         assert "messages: 12,000 dead rows" in text and "VACUUM (ANALYZE) " in text, text
     finally:
         store.close()
+
+
+def test_reclaiming_space_grows_its_steps_gently_after_a_fast_one(tmp_path, monkeypatch):
+    # Each incremental-vacuum step is sized from the last one's time; a step that looked
+    # instant (pages in memory, nothing else running) made the next one 1,024 pages at once,
+    # which on a loaded machine held the write lock for half a second. A step at most doubles.
+    from lossless_context.store.sqlite import lifecycle as sqlite_lifecycle
+
+    store = open_store(str(tmp_path / "lcm.db"))
+    try:
+        c = store.conn()
+        c.execute("CREATE TABLE junk (b BLOB)")
+        c.executemany("INSERT INTO junk VALUES (?)", [(os.urandom(12_000),) for _ in range(3000)])
+        c.execute("DROP TABLE junk")
+        assert store.space()["auto_vacuum"] == "incremental"
+        now = [0.0]
+
+        def instant() -> float:  # every step measured at 10 microseconds
+            now[0] += 1e-5
+            return now[0]
+
+        monkeypatch.setattr(sqlite_lifecycle, "_clock", instant)
+        steps: list[int] = []
+        c.set_trace_callback(lambda sql: steps.append(int(sql.split("(")[1].split(")")[0]))
+                             if sql.startswith("PRAGMA incremental_vacuum") else None)
+        returned = store.reclaim_space(60.0, 0.0)
+        c.set_trace_callback(None)
+        assert returned > 0 and len(steps) >= 4, (returned, steps)
+        assert steps[0] == sqlite_lifecycle.VACUUM_STEP_PAGES
+        assert all(b <= 2 * a for a, b in zip(steps, steps[1:])), steps
+    finally:
+        store.close()

@@ -16,9 +16,10 @@ class FakeStore:
     ``stall`` extra seconds for the listed ids (a row slow for reasons of its own)."""
 
     def __init__(self, tokens: dict[int, int], row_s: float = 0.0002, token_s: float = 0.0000008,
-                 stall: dict[int, float] | None = None) -> None:
+                 stall: dict[int, float] | None = None, wait: dict[int, float] | None = None) -> None:
         self.now = 0.0
         self.tokens, self.row_s, self.token_s, self.stall = tokens, row_s, token_s, stall or {}
+        self.wait = wait or {}  # transaction number -> seconds it waits for the write lock first
         self.parts: list[list[int]] = []  # what each transaction removed
         self.spent: list[float] = []
         self.offered: list[int] = []  # the rows each transaction was given
@@ -26,9 +27,11 @@ class FakeStore:
     def clock(self) -> float:
         return self.now
 
-    def remove(self, groups: list[list[int]], seconds: float) -> tuple[int, int]:
-        """One transaction, as Store.remove_rows runs it: group after group, the clock read
-        between two, a commit once ``seconds`` have passed (the first group always goes)."""
+    def remove(self, groups: list[list[int]], seconds: float) -> tuple[int, int, float]:
+        """One transaction, as Store.remove_rows runs it: the write lock waited for (another
+        writer's turn), then group after group, the clock read between two, a commit once
+        ``seconds`` have passed (the first group always goes); the time held returned."""
+        self.now += self.wait.get(len(self.parts), 0.0)
         t0, part = self.now, []
         done = 0
         for g in groups:
@@ -40,7 +43,7 @@ class FakeStore:
         self.parts.append(part)
         self.spent.append(self.now - t0)
         self.offered.append(sum(len(g) for g in groups))
-        return done, len(part)
+        return done, len(part), self.now - t0
 
 
 def _batches(fake: FakeStore) -> TimedBatches:
@@ -109,6 +112,20 @@ def test_a_slow_row_makes_the_next_transaction_smaller():
     assert max(len(p) for p in fake.parts[k + 1:k + 12]) * 2 > before
 
 
+def test_a_wait_for_the_lock_is_not_counted_as_the_rows_cost():
+    # transactions 5 and 6 each wait a second for the write lock (a host's write, a merge
+    # step of another process): what their rows cost is unchanged, so the batches after them
+    # keep their size (counting the wait made them a row or two each), and the log says how
+    # long the lock was held apart from the wait
+    tokens = {i: 50 for i in range(6000)}
+    fake = FakeStore(tokens, wait={5: 1.0, 6: 1.0})
+    b = _batches(fake)
+    assert b.run(list(tokens), fake.remove, tokens) == 6000
+    sizes = [len(p) for p in fake.parts]
+    assert min(sizes[7:12]) * 2 > sizes[4], sizes[:14]
+    assert b.log.longest_s < 0.2 and b.log.longest_wait_s >= 1.0, (b.log.longest_s, b.log.longest_wait_s)
+
+
 def test_unweighed_rows_count_their_fixed_part():
     fake = FakeStore({i: 0 for i in range(500)})
     b = _batches(fake)
@@ -148,7 +165,7 @@ def test_a_store_that_reports_no_group_done_is_an_error():
     fake = FakeStore({i: 0 for i in range(10)})
     b = _batches(fake)
     try:
-        b.run(list(range(10)), lambda groups, seconds: (0, 0))
+        b.run(list(range(10)), lambda groups, seconds: (0, 0, 0.0))
     except RuntimeError as exc:
         assert "0 of" in str(exc)
     else:

@@ -19,6 +19,11 @@ are split into groups of about ``1/GROUPS`` of the budget each, and the store (`
 ``Store.remove_rows``) reads the clock between two groups and commits as soon as
 ``deadline`` seconds have passed since the transaction began; the groups not done lead the
 next transaction. A transaction then holds the lock for about the deadline plus one group.
+The rate is learnt from the time a transaction *held* the write lock (the store reports it:
+from the lock granted to the commit), never from the time it waited for the lock first: a
+host's write or a background merge step ahead of it says nothing about what the rows cost,
+and counting the wait made the next batches a row or two each (a prune of twice as many
+transactions, each still waiting its turn).
 The clock and the pause are injectable (tests drive them without waiting).
 """
 
@@ -39,17 +44,19 @@ GROUPS = 8  # a transaction's rows go in groups of about budget / GROUPS each (t
 
 @dataclass
 class BatchLog:
-    """What the transactions did: count, longest, how many stopped at the deadline, and
-    (rows, units, seconds) of each."""
+    """What the transactions did: count, longest (the lock held), how many stopped at the
+    deadline, the longest wait for the lock, and (rows, units, seconds held) of each."""
 
     transactions: int = 0
     longest_s: float = 0.0
     stopped: int = 0
+    longest_wait_s: float = 0.0
     batches: list[tuple[int, float, float]] = field(default_factory=list)
 
-    def add(self, rows: int, units: float, seconds: float) -> None:
+    def add(self, rows: int, units: float, seconds: float, waited: float = 0.0) -> None:
         self.transactions += 1
         self.longest_s = max(self.longest_s, seconds)
+        self.longest_wait_s = max(self.longest_wait_s, waited)
         if len(self.batches) < 100_000:  # (a bound on what a very long prune keeps)
             self.batches.append((rows, units, seconds))
 
@@ -102,13 +109,13 @@ class TimedBatches:
             sizes.append(n)
         return sizes
 
-    def run(self, ids: Sequence[int], fn: Callable[[list[list[int]], float], tuple[int, int]],
+    def run(self, ids: Sequence[int], fn: Callable[[list[list[int]], float], tuple[int, int, float]],
             tokens: Mapping[int, int] | None = None) -> int:
         """``fn(groups, deadline)`` removes ``groups`` (lists of ids, in order) in one
         transaction, stopping between two groups once ``deadline`` seconds have passed (the
-        first group always goes), and returns (groups done, rows removed); the rest leads the
-        next transaction. ``tokens`` weighs each id (missing: the fixed part only). Returns
-        the total removed."""
+        first group always goes), and returns (groups done, rows removed, seconds the write
+        lock was held); the rest leads the next transaction. ``tokens`` weighs each id
+        (missing: the fixed part only). Returns the total removed."""
         ids = list(ids)
         weights = [self.units((tokens or {}).get(i, 0)) for i in ids]
         done, i = 0, 0
@@ -120,17 +127,18 @@ class TimedBatches:
                 parts.append(ids[at:at + k])
                 at += k
             t0 = self.clock()
-            taken, removed = fn(parts, self.deadline)
+            taken, removed, held = fn(parts, self.deadline)
             dt = self.clock() - t0
+            held = min(max(0.0, held), dt)  # (what it waited for the lock first: dt - held)
             if not 1 <= taken <= len(parts):  # (the store's contract: the first group always goes)
                 raise RuntimeError(f"a removal transaction did {taken} of {len(parts)} groups")
             rows = sum(sizes[:taken])
             units = sum(weights[i:i + rows])
             done += removed
             i += rows
-            self.log.add(rows, units, dt)
+            self.log.add(rows, units, held, dt - held)
             self.log.stopped += taken < len(parts)
-            self.observe(units, dt)
+            self.observe(units, held)
             if self.pause and i < len(ids):
                 self.sleep(self.pause)
         return done

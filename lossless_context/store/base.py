@@ -596,7 +596,7 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def remove_rows(self, kind: str, groups: Sequence[Sequence[int]], *, seconds: float,
                     clock: Callable[[], float] = time.perf_counter, pruned_at: float | None = None,
-                    reason: str = "retention") -> tuple[int, int]:
+                    reason: str = "retention") -> tuple[int, int, float]:
         """A prune's transaction that can stop partway (ops/batches.py): in ONE transaction,
         remove these ``kind`` rows (``"messages"`` or ``"summaries"``) group after group, each
         as :meth:`forget_records` removes them, and commit as soon as ``seconds`` have passed
@@ -604,8 +604,10 @@ class Store(abc.ABC):
         always goes — so a batch that runs long on a busy machine holds the write lock for
         about ``seconds`` plus one group. With ``pruned_at`` (messages only), each group's
         messages are first recorded under the summaries that keep them (:meth:`record_pruned`)
-        in the same transaction. Returns (groups done, rows removed): the groups not done are
-        the caller's to remove in its next transaction."""
+        in the same transaction. Returns (groups done, rows removed, seconds from the
+        transaction's lock granted to its commit, on ``clock``): the groups not done are the
+        caller's to remove in its next transaction; the time waited for the lock before is
+        not the rows' cost (ops/batches.py learns from the time held)."""
 
     @abc.abstractmethod
     def pruned_spans(self, summary_ids: Sequence[int]) -> dict[int, dict[str, Any]]:

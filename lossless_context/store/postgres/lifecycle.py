@@ -92,13 +92,14 @@ class PostgresLifecycle:
 
     def remove_rows(self, kind: str, groups: Sequence[Sequence[int]], *, seconds: float,
                     clock: Callable[[], float] = time.perf_counter, pruned_at: float | None = None,
-                    reason: str = "retention") -> tuple[int, int]:
+                    reason: str = "retention") -> tuple[int, int, float]:
         if kind not in ("messages", "summaries"):
             raise ValueError(f"remove_rows: not a kind of row: {kind!r}")
+        began = [0.0]
 
         def tx(c: Any) -> tuple[int, int]:
             done = removed = 0
-            t0 = clock()  # (in the transaction: a retried one starts counting again)
+            t0 = began[0] = clock()  # (in the transaction: a retried one starts counting again)
             for group in groups:
                 if done and clock() - t0 >= seconds:
                     break  # commit what is done: the rest goes to the next transaction
@@ -112,7 +113,9 @@ class PostgresLifecycle:
             return done, removed
 
         done, removed = self._write(tx)
-        return int(done), int(removed)
+        # (PostgreSQL locks rows, not the store: the time from the transaction's first
+        # statement to its commit, the waits for a connection before it not counted)
+        return int(done), int(removed), clock() - began[0]
 
     def pruned_spans(self, summary_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
         ids = [int(i) for i in summary_ids]
