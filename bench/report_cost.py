@@ -94,6 +94,8 @@ def bg_cost(bc: dict[str, Any]) -> list[str]:
                 modes.insert(-1, (extra["label"], extra["run"]))
         for mode, r in modes:
             for name, sess in (r.get("sessions") or {}).items():
+                if mode not in ("off", "on") and not sess["passes"] and not sess["calls"]:
+                    continue  # (a run kept by hand: its sessions without a pass are the others' rows)
                 base = (off.get("sessions") or {}).get(name) or {}
                 complete = base.get("complete", True) and sess.get("complete", True)
                 ref = base["tokens_sent"] if base and complete else base_tokens.get(name)
@@ -116,6 +118,8 @@ def bg_cost(bc: dict[str, Any]) -> list[str]:
             quiet = [p for p in r.get("passes", []) if not p.get("calls")]
             if mode != "off" and quiet:
                 L += ["", f"Worker {mode}, the passes that made no model call: " + _breakdown(quiet)]
+    for note in bc.get("notes") or []:  # (what the runs showed, written with them)
+        L += ["", note]
     return L + _when(bc)
 
 
