@@ -385,7 +385,8 @@ def test_gateway_hygiene_pass_at_5000_messages_fits_30_seconds(tmp_path):
     clock = VirtualClock()
     model = SlowModel(clock, 6.0)
     with FakeOpenAI(responder=model) as srv:
-        e = _engine(tmp_path / "hyg.db", summarizer="openai", summary_base_url=srv.base_url, summary_timeout=60)
+        e = _engine(tmp_path / "hyg.db", summarizer="openai", summary_base_url=srv.base_url, summary_timeout=60,
+                    background_compaction="off")
         e.update_model(model="test-model", context_length=200_000)
         host = MainHost(e, "gw-hyg", hygiene_timeout=30, ceiling=600, clock=clock)
         e.pass_clock = clock.now
