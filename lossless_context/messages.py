@@ -452,7 +452,14 @@ def summary_node_ids(msg: Any) -> list[int]:
     """Node ids named by our summary marker (survives merges into a neighbour)."""
     if not isinstance(msg, dict):
         return []
-    m = SUMMARY_MARKER_RE.search(flatten_content(msg.get("content")))
+    c = msg.get("content")
+    # A pass and a commit scan the host's whole list for our marker (contract/ingestion.py):
+    # a string without it is left at once. flatten_content of a string only drops NULs (which
+    # could join a marker) and repairs lone surrogates (never into ASCII), so without a NUL
+    # the marker is in the flattened text only if it is in the string.
+    if type(c) is str and SUMMARY_OPEN not in c and "\x00" not in c:
+        return []
+    m = SUMMARY_MARKER_RE.search(flatten_content(c))
     if not m:
         return []
     out = []

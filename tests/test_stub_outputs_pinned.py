@@ -366,3 +366,48 @@ def test_csv_and_yaml_tests_decide_as_their_definitions():
         assert ex._looks_yaml(lines) == y, lines
         found["yaml"] += y
     assert found["csv"] == {None, "\t", ",", ";", "|"} and found["yaml"] > 20
+
+
+def test_token_gate_finds_a_gate_exactly_when_one_is_present():
+    # _TOKEN_GATES is a trie of the token families' gates: a text holds one iff it matches.
+    from lossless_context.text import redact as rd
+
+    gates = [g for g, _ in rd._TOKEN_KINDS]
+    near = [g[:-1] for g in gates] + [g[1:] for g in gates] + [g.swapcase() for g in gates]
+    texts = _gate_texts() + [text for text, _ in _mixed_texts(60, 3)] + gates + near
+    texts += [" ".join(gates), "".join(near), "x" + "".join(g[:-1] + "!" for g in gates)]
+    for text in texts:
+        assert (rd._TOKEN_GATES.search(text) is not None) == any(g in text for g in gates), text
+
+
+def test_any_literal_regex_matches_its_definition():
+    # Literals over a small alphabet share prefixes, hold one another and overlap in a text.
+    from lossless_context.text.redact import _any_literal_re
+
+    rnd = random.Random(41)
+    for _ in range(300):
+        lits = tuple({"".join(rnd.choice("ab_-.") for _ in range(rnd.randint(1, 4))) for _ in range(rnd.randint(1, 6))})
+        rx = _any_literal_re(lits)
+        for _ in range(20):
+            text = "".join(rnd.choice("ab_-.x") for _ in range(rnd.randint(0, 12)))
+            assert (rx.search(text) is not None) == any(w in text for w in lits), (lits, text)
+
+
+def test_summary_node_ids_of_a_string_without_the_marker():
+    # summary_node_ids leaves a string without the marker at once; it must still find what the
+    # flattened text holds (NULs dropped can join a marker; a lone surrogate is repaired).
+    from lossless_context.messages import SUMMARY_MARKER_RE, flatten_content, summary_node_ids
+
+    def definition(msg):  # (the code before the shortcut)
+        m = SUMMARY_MARKER_RE.search(flatten_content(msg.get("content")))
+        if not m:
+            return []
+        return [int(t.strip()[1:]) for t in m.group(1).split(",") if t.strip().startswith("s") and t.strip()[1:].isdigit()]
+
+    contents = ['<lcm-summary nodes="s12,s3">x', '<lcm-summ\x00ary nodes="s7">', '<lcm-summary nodes="s\x005">',
+                'pre \ud800 <lcm-summary nodes="s9">', "no marker", "", "\x00", '<lcm-summary nodes="">',
+                [{"type": "text", "text": '<lcm-summary nodes="s4">'}], None, {"text_summary": '<lcm-summary nodes="s8">'}]
+    for c in contents:
+        msg = {"role": "user", "content": c}
+        assert summary_node_ids(msg) == definition(msg), c
+    assert summary_node_ids({"role": "user", "content": '<lcm-summ\x00ary nodes="s7">'}) == [7]
