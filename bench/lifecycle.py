@@ -388,12 +388,14 @@ def _trace_slow(st: Any, held: list[float], holds: list[tuple[str, float, float]
         ev.append((time.perf_counter(), c.total_changes, sql[:160]))
         now = time.time()
         if state.get("vac") is not None:  # (a vacuum step ended when the next statement began, less the pause)
-            holds.append(("vacuum", state["vac"], now - 0.05))
+            kind = state.pop("vac_kind", "vacuum")
+            holds.append((kind, state["vac"], now - (0.05 if kind == "vacuum" else 0.0)))
             state["vac"] = None
         if sql.startswith("PRAGMA incremental_vacuum"):
             state["vac"] = now
         elif sql.startswith("PRAGMA wal_checkpoint"):
-            state["vac"] = now + 0.05
+            state["vac"] = now
+            state["vac_kind"] = "checkpoint"
         if sql.startswith("BEGIN"):
             del ev[:-1]
             state["cpu"] = time.thread_time()
@@ -474,18 +476,25 @@ def _hold_dist(hs: list[Any]) -> dict[str, Any]:
 def _blame(rows: list[Any], holds: list[Any], lo: float, hi: float) -> dict[str, Any]:
     """Each host write over 100 ms while the prune ran, by what of the prune process held the
     write lock during it for longest (none: the host's own work, or its own merger/checkpoint)."""
-    out: dict[str, Any] = {"n": 0, "by": {}}
+    out: dict[str, Any] = {"n": 0, "by": {}, "longest": []}
     for t, op, ms in rows:
         if op != "write" or ms <= 100 or not lo <= t <= hi:
             continue
         a = t - ms / 1000
         best, who = 0.0, "none"
+        held: dict[str, float] = {}
         for k, s0, s1 in holds:
             ov = min(t, s1) - max(a, s0)
+            if ov > 0:
+                held[k] = held.get(k, 0.0) + ov
             if ov > best:
                 best, who = ov, k
         out["n"] += 1
         out["by"][who] = out["by"].get(who, 0) + 1
+        # (the longest ones: when, and how much of each the prune process's holds covered)
+        out["longest"].append({"ms": round(ms, 1), "at_s": round(a - lo, 2),
+                               "held_by": {k: round(v * 1000, 1) for k, v in held.items()}})
+    out["longest"] = sorted(out["longest"], key=lambda d: -d["ms"])[:6]
     return out
 
 
@@ -546,7 +555,7 @@ def _prune_wait(n: int, base: str | None, work: Path, baseline_s: float, code: s
     }
     out["host_waits_over_100ms"] = _blame(rows, pr.get("holds") or [], pr["started"], t_end)
     out["prune_process_holds"] = {k: _hold_dist([h for h in pr.get("holds") or [] if h[0] == k])
-                                  for k in ("prune", "merge", "vacuum")}
+                                  for k in ("prune", "merge", "vacuum", "checkpoint")}
     out["wall_prune_process_s"] = round(t_end - t_prune, 1)
     for suf in ("", "-wal", "-shm", ".host.json", ".prune.json", ".stop"):
         Path(store + suf).unlink(missing_ok=True)
