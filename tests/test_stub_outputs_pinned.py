@@ -411,3 +411,26 @@ def test_summary_node_ids_of_a_string_without_the_marker():
         msg = {"role": "user", "content": c}
         assert summary_node_ids(msg) == definition(msg), c
     assert summary_node_ids({"role": "user", "content": '<lcm-summ\x00ary nodes="s7">'}) == [7]
+
+
+def test_number_unit_pattern_finds_what_its_definition_finds():
+    # extractive._NUM_UNIT_RE's digit runs are possessive: the same match (span) as the
+    # pattern with backtracking runs, on every line of the corpus and on digit-dense strings.
+    import re
+
+    from lossless_context.summarizers import extractive as xs
+
+    definition = re.compile(
+        r"\d+(?:[.,]\d+)?\s?(?:ms|s|secs?|seconds?|minutes?|mins?|h|hrs?|hours?|days?|[KMGT]i?B|"
+        r"[kmg]b|bytes?|%|px|rps|qps|req/s|tokens?|lines?|files?|x|GHz|MHz)(?![A-Za-z])"
+        r"|\d+\.\d+\.\d+")
+    rnd = random.Random(41)
+    texts = [ln for t in _gate_texts() + [text for text, _ in _mixed_texts(60, 3)] for ln in t.split("\n")]
+    texts += ["v 1.2.3 x", "3.11.7", "10.5 ms", "1,000 tokens", "1.5x", "2.0.1ms", "12345678901234567890 s",
+              "2026-11-02T10:15:03", "9 GHz", "7.x", "1..2 ms"]
+    texts += ["".join(rnd.choice("0123456789..,, msxkbhB%") for _ in range(rnd.randint(0, 16))) for _ in range(20_000)]
+    texts += ["".join(rnd.choice("0123456789.,  msxhKiBkb%/reqMHzGlinestokfy-") for _ in range(rnd.randint(0, 24)))
+              for _ in range(10_000)]
+    for text in texts:
+        a, b = definition.search(text), xs._NUM_UNIT_RE.search(text)
+        assert (a.span() if a else None) == (b.span() if b else None), text
