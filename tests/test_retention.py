@@ -556,3 +556,39 @@ def test_reclaiming_space_grows_its_steps_gently_after_a_fast_one(tmp_path, monk
         assert all(b <= 2 * a for a, b in zip(steps, steps[1:])), steps
     finally:
         store.close()
+
+
+def test_no_index_merge_step_of_the_pruning_process_runs_during_a_prune(tmp_path, monkeypatch):
+    # The pauses between a prune's transactions are for the host's writes; this process's
+    # background merger took them (it merges every few seconds when no quiet moment comes).
+    # During the prune a settle() finds nothing asked of the merger; one merge runs after.
+    location = str(tmp_path / "lcm.db")
+    monkeypatch.setenv("HERMES_HOME", str(tmp_path / "hermes"))
+    build_store(location, tmp_path, SPECS)
+    store = open_store(location)
+    try:
+        merges: list[tuple[bool, int]] = []  # (a prune running?, the steps done) of each merge
+        real_merge = store.merger.merge
+
+        def merge(c):
+            running = bool(retention._RUNNING)
+            steps = real_merge(c)
+            merges.append((running, steps))
+            return steps
+
+        monkeypatch.setattr(store.merger, "merge", merge)
+        real_remove = store.remove_rows
+
+        def remove(kind, groups, **kw):
+            out = real_remove(kind, groups, **kw)
+            assert store.merger.settle(timeout=10)  # (without the hold: a merge now, mid-prune)
+            return out
+
+        monkeypatch.setattr(store, "remove_rows", remove)
+        rep = retention.prune(store, retention.plan_prune(store, older_than_days=90), pause=0)
+        assert rep.messages > 0 and rep.transactions >= 1
+        assert store.merger.settle(timeout=30)
+        assert not [m for m in merges if m[0] and m[1]], merges  # no step while it ran
+        assert merges and merges[-1] == (False, merges[-1][1]) and merges[-1][1] > 0, merges  # one after
+    finally:
+        store.close()

@@ -302,8 +302,9 @@ def prune(store: Store, plan: PrunePlan, *, trigger: str = "cli", pause: float =
                                                                 "host": socket.gethostname()}, plan.used_bytes)
     _RUNNING.add((store.location, rep.run_id))
     try:
-        _carry_out(store, plan, rep, _batches(store, rep, pause, clock), live_fn, floor)
-        rep.bytes_returned = store.reclaim_space(reclaim_seconds, pause)
+        with store.merges_held():  # (the pauses are the host's: this process merges after)
+            _carry_out(store, plan, rep, _batches(store, rep, pause, clock), live_fn, floor)
+            rep.bytes_returned = store.reclaim_space(reclaim_seconds, pause)
         space = store.space()
         rep.used_after, rep.file_after = int(space["used_bytes"]), int(space["file_bytes"])
         store.retention_run_finish(rep.run_id, rep.sessions, rep.messages, rep.summaries, rep.used_after)

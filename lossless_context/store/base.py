@@ -639,6 +639,11 @@ class Store(abc.ABC):
         """{file_bytes, used_bytes, free_bytes, auto_vacuum} (PostgreSQL: the tables' size,
         and dead rows per table)."""
 
+    def merges_held(self) -> contextlib.AbstractContextManager[None]:
+        """While entered, this process's background index merging starts no step (a prune:
+        the pauses between its transactions are for the host's writes); it merges once after."""
+        return contextlib.nullcontext()
+
     def reclaim_space(self, seconds: float = 60.0, pause: float = 0.05) -> int:
         """Give freed space back to the file system in short steps; the bytes given back."""
         return 0

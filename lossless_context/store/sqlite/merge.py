@@ -21,13 +21,14 @@ meaning.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
 import threading
 import time
 import weakref
-from typing import Callable
+from typing import Callable, Iterator
 
 log = logging.getLogger("lossless_context")
 
@@ -114,12 +115,36 @@ class Merger:
         self._asked = self._served = 0  # pokes made, and pokes the thread has acted on
         self._hurry = False  # settle() is waiting: no quiet moment first
         self._served_cv = threading.Condition()
+        self._holds = 0  # hold() blocks under way: no merge starts
+        self._pending = False  # a poke came while held
         _live.add(self)
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """No merge step starts while this is held (a prune: the pauses between its
+        transactions are for the host's writes, and this process's merge steps took them —
+        the quiet moment never comes during a prune, so it merged every MAX_DELAY anyway);
+        a step under way ends first. When the last hold ends, one poke if writes came."""
+        with self._lock:
+            self._holds += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holds -= 1
+                again = not self._holds and self._pending
+                if again:
+                    self._pending = False
+            if again:
+                self.poke()
 
     def poke(self) -> None:
         """Merge soon (after a write). Sets an event; nothing else on the caller's thread."""
         with self._lock:
             if self._stopping:
+                return
+            if self._holds:
+                self._pending = True  # (merged once the hold ends)
                 return
             if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
                 self._pid = os.getpid()
@@ -184,7 +209,7 @@ class Merger:
         steps that did work. (The thread calls this; so may a test, on any connection.)"""
         done = 0
         for table in TABLES:
-            while not self._stopping:
+            while not self._stopping and not self._holds:
                 with self.step_lock:  # (the read too: a fork must not copy it half done)
                     row = c.execute(f"SELECT block FROM {table}_data WHERE id = 10").fetchone()
                     if not has_work(row[0] if row is not None else None):
@@ -209,6 +234,7 @@ class Merger:
         self.step_lock, self._lock, self._wake = threading.Lock(), threading.Lock(), threading.Event()
         self._served_cv, self._asked, self._served, self._thread = threading.Condition(), 0, 0, None
         self._hurry = False
+        self._holds, self._pending = 0, False  # (no hold of the parent's threads is the child's)
 
     def stop(self) -> None:
         with self._lock:

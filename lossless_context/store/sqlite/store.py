@@ -177,6 +177,9 @@ class SQLiteStore(SQLiteRecords, SQLiteLifecycle, SQLiteSearch, SQLiteCosts, SQL
             c.execute("COMMIT")
             self.merger.poke()  # (the write's index segments: store/sqlite/merge.py)
 
+    def merges_held(self) -> Any:
+        return self.merger.hold()
+
     @staticmethod
     def _begin(c: sqlite3.Connection) -> None:
         deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000 * 2
