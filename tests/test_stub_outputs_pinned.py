@@ -434,3 +434,52 @@ def test_number_unit_pattern_finds_what_its_definition_finds():
     for text in texts:
         a, b = definition.search(text), xs._NUM_UNIT_RE.search(text)
         assert (a.span() if a else None) == (b.span() if b else None), text
+
+
+def _facts_by_definition(text: str, budget_chars: int, code: bool = False) -> list[str]:
+    """stubs._facts as it was before it stopped at the cut: every value up to 16 collected,
+    then the line cut."""
+    sample = text if len(text) <= 400_000 else text[:200_000] + "\n" + text[-200_000:]
+    out: list[str] = []
+    paths = stubs._PATH_RE if "/" in sample else stubs._PATH_EXT_RE
+    for label, rx in (("paths", paths), ("ids", stubs._ID_RE), ("numbers", stubs._NUM_RE)):
+        if label == "numbers" and code:
+            continue
+        seen: dict[str, None] = {}
+        for m in rx.finditer(sample):
+            v = m.group(0).strip(".,")
+            if label == "numbers" and len(v) - v.count(",") - v.count("_") - v.count(".") < 3:
+                continue
+            if len(v) >= 2 and v not in seen:
+                seen[v] = None
+                if len(seen) >= 16:
+                    break
+        if seen:
+            line = f"{label}: " + ", ".join(stubs._cap(v, 120) for v in seen)
+            out.append(stubs._cap(line, max(60, budget_chars // 3)))
+    return out
+
+
+def test_facts_stop_where_the_line_is_cut():
+    """_facts stops collecting values once its line is longer than the cut: the same lines
+    as collecting them all (up to 16) and cutting, at every budget."""
+    texts = [stubs._body_text(t)[0] for t, _ in _corpus()] + _path_texts()[:600]
+    texts += [" ".join(f"/srv/app{k}/mod_{k}.py LEDGER-{k:04d} {k * 7919:,}" for k in range(n)) for n in range(1, 30)]
+    texts += ["x" * 100 + "/" + "y" * 200 + " a/b 12345 " * 3, "a/b " + "c" * 130 + "/d.py 9999"]
+    stopped = 0
+    for text in texts:
+        for budget in (0, 120, 180, 183, 186, 250, 400, 600, 1500):
+            for code in (False, True):
+                assert stubs._facts(text, budget, code) == _facts_by_definition(text, budget, code), (text[:200], budget)
+        stopped += any(ln.endswith("\u2026") for ln in stubs._facts(text, 120))
+    assert stopped > 50  # (the corpus has lines that are cut)
+
+
+def test_nonempty_ends_are_the_ends_of_the_nonblank_lines():
+    rng = random.Random(11)
+    for _ in range(3000):
+        lines = [rng.choice(["", " ", "\t", "a", " b ", "c\u2028", "\u3000"]) for _ in range(rng.randrange(0, 9))]
+        nonempty = [(i + 1, ln) for i, ln in enumerate(lines) if ln.strip()]
+        for n in range(0, 5):
+            assert stubs._nonempty_ends(lines, n, False) == nonempty[:n]
+            assert stubs._nonempty_ends(lines, n, True) == (nonempty[-n:] if n else [])

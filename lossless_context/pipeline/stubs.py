@@ -211,10 +211,18 @@ def _facts(text: str, budget_chars: int, code: bool = False) -> list[str]:
     sample = text if len(text) <= 400_000 else text[:200_000] + "\n" + text[-200_000:]
     out: list[str] = []
     paths = _PATH_RE if "/" in sample else _PATH_EXT_RE
+    # A fact line is cut at `cap` characters: once the values found make it longer than
+    # that, more values change nothing it shows (they are appended; its first cap-1
+    # characters stay, and it ends in a value, which holds no whitespace for _cap's rstrip),
+    # so the scan stops there. A stub's budget leaves room for a few values: the scan reads
+    # a fraction of the text. (tests/test_stub_outputs_pinned.py checks it against the full scan.)
+    cap = max(60, budget_chars // 3)
     for label, rx, limit in (("paths", paths, 16), ("ids", _ID_RE, 16), ("numbers", _NUM_RE, 16)):
         if label == "numbers" and code:
             continue
         seen: dict[str, None] = {}
+        shown: list[str] = []
+        size = len(label)  # len(f"{label}: " + ", ".join(shown))
         found = path_matches(sample, rx) if label == "paths" else (m.group(0) for m in rx.finditer(sample))
         for v in found:
             v = v.strip(".,")
@@ -225,10 +233,30 @@ def _facts(text: str, budget_chars: int, code: bool = False) -> list[str]:
                 continue
             if v not in seen:
                 seen[v] = None
-                if len(seen) >= limit:
+                shown.append(_cap(v, 120))
+                size += 2 + len(shown[-1])
+                if len(seen) >= limit or size > cap:
                     break
         if seen:
-            out.append(_cap(f"{label}: " + ", ".join(_cap(v, 120) for v in seen), max(60, budget_chars // 3)))
+            out.append(_cap(f"{label}: " + ", ".join(shown), cap))
+    return out
+
+
+def _nonempty_ends(lines: Sequence[str], n: int, last: bool) -> list[tuple[int, str]]:
+    """(line number, line) of the first (or last) `n` non-blank lines, in order: the head and
+    tail of `[(i + 1, ln) for i, ln in enumerate(lines) if ln.strip()]` without the list of
+    them all (a stub shows two of each end)."""
+    out: list[tuple[int, str]] = []
+    if n <= 0:
+        return out
+    order = range(len(lines) - 1, -1, -1) if last else range(len(lines))
+    for i in order:
+        if lines[i].strip():
+            out.append((i + 1, lines[i]))
+            if len(out) >= n:
+                break
+    if last:
+        out.reverse()
     return out
 
 
@@ -292,9 +320,8 @@ def make_stub(content: str, call: tuple[str, str] | None, policy: StubPolicy, to
         parts.append(f"error lines ({len(errs)}):")
         parts.extend(f"  L{no} {ln}" for no, ln in errs)
     room = budget - sum(len(p) + 1 for p in parts)
-    nonempty = [(i + 1, ln) for i, ln in enumerate(lines) if ln.strip()]
-    head = nonempty[: policy.head_lines]
-    tail = [x for x in (nonempty[-policy.tail_lines:] if policy.tail_lines else []) if x not in head]
+    head = _nonempty_ends(lines, policy.head_lines, False)
+    tail = [x for x in _nonempty_ends(lines, policy.tail_lines, True) if x not in head]
     err_nos = {no for no, _ in errs}
     optional: list[str] = []
     optional.extend(_facts(body, max(120, room // 2), code))
