@@ -27,6 +27,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from typing import Callable
 
+from . import writelock
+
 log = logging.getLogger("lossless_context")
 
 STEP = 4096  # rows per indexing transaction: another writer waits at most one step
@@ -125,10 +127,12 @@ class Indexer:
         elif time.monotonic() < self._busy_until:
             return  # (a search just waited in vain: the next ones of this grep do not)
         else:
-            def begin(conn: sqlite3.Connection) -> None:
-                conn.execute("BEGIN IMMEDIATE")  # (the busy timeout below bounds its wait)
+            wait_ms = int(lock_wait * 1000)
+
+            def begin(conn: sqlite3.Connection) -> None:  # (polled: store/sqlite/writelock.py)
+                writelock.begin_immediate(conn, lock_wait, wait_ms)
             was = c.execute("PRAGMA busy_timeout").fetchone()[0]
-            c.execute(f"PRAGMA busy_timeout={int(lock_wait * 1000)}")
+            c.execute(f"PRAGMA busy_timeout={wait_ms}")  # (bounds its other statements' waits)
         try:
             if index_pending(c, begin) and self.done is not None:
                 self.done()

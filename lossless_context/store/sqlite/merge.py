@@ -30,6 +30,8 @@ import time
 import weakref
 from typing import Callable, Iterator
 
+from . import writelock
+
 log = logging.getLogger("lossless_context")
 
 TABLES = ("messages_fts", "messages_cjk", "summaries_fts", "summaries_scoped_fts", "summaries_cjk")
@@ -214,7 +216,7 @@ class Merger:
                     row = c.execute(f"SELECT block FROM {table}_data WHERE id = 10").fetchone()
                     if not has_work(row[0] if row is not None else None):
                         break
-                    c.execute("BEGIN IMMEDIATE")
+                    writelock.begin_immediate(c, LOCK_WAIT_MS / 1000)  # (polled: writelock.py)
                     try:
                         before = c.total_changes
                         c.execute(f"INSERT INTO {table}({table}, rank) VALUES ('merge', ?)", (STEP_PAGES,))

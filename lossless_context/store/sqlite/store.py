@@ -25,7 +25,7 @@ from ..base import Store, StoreError, resolve_keys
 from .. import migrate, passes
 from ..rows import MSG_COLS, SUM_COLS, message_record, summary_record
 from . import append as sqlite_append, index as sqlite_index, merge as sqlite_merge, wal as sqlite_wal
-from . import cipher as sqlite_cipher
+from . import cipher as sqlite_cipher, writelock
 from .migrations import MIGRATIONS
 from .wal import AUTOCHECKPOINT_PAGES, PAGE_SIZE
 from .costs import SQLiteCosts
@@ -182,17 +182,14 @@ class SQLiteStore(SQLiteRecords, SQLiteLifecycle, SQLiteSearch, SQLiteCosts, SQL
 
     @staticmethod
     def _begin(c: sqlite3.Connection) -> None:
-        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000 * 2
-        while True:
-            try:
-                c.execute("BEGIN IMMEDIATE")
-                break
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) and "busy" not in str(exc):
-                    raise
-                if time.monotonic() > deadline:
-                    raise StoreError(f"store busy for too long: {exc}") from exc
-                time.sleep(0.05)
+        # (polled, not SQLite's busy handler: a writer behind a prune's short transactions
+        # takes the lock in their pauses — store/sqlite/writelock.py)
+        try:
+            writelock.begin_immediate(c, BUSY_TIMEOUT_MS / 1000 * 2, BUSY_TIMEOUT_MS)
+        except sqlite3.OperationalError as exc:
+            if not writelock.is_busy(exc):
+                raise
+            raise StoreError(f"store busy for too long: {exc}") from exc
 
     def _migrate(self, c: sqlite3.Connection) -> None:
         c.execute(
