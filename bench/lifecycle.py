@@ -507,9 +507,11 @@ def _dist(rows: list[tuple[float, str, float]], op: str, lo: float, hi: float) -
     return d
 
 
-def _prune_wait(n: int, base: str | None, work: Path, baseline_s: float, code: str | None = None) -> dict[str, Any]:
+def _prune_wait(n: int, base: str | None, work: Path, baseline_s: float, code: str | None = None,
+                host_code: str | None = None) -> dict[str, Any]:
     """``code``: another checkout whose retention code runs the prune (the commit before a
-    change: before/after in one session); the host is this checkout's engine either way."""
+    change: before/after in one session); ``host_code``: one whose engine runs the host
+    (a change to how the host's writes wait); else this checkout's."""
     store = str(work / f"prune-{n}.db")
     if base and os.path.exists(base):
         common.checkpoint(base)
@@ -526,7 +528,7 @@ def _prune_wait(n: int, base: str | None, work: Path, baseline_s: float, code: s
     Path(stop).unlink(missing_ok=True)
     env = dict(os.environ)
     host = subprocess.Popen([sys.executable, "-m", "bench.lifecycle", "host", "--store", store, "--out", host_out,
-                             "--stop", stop, "--seconds", "7200"], cwd=common.ROOT, env=env)
+                             "--stop", stop, "--seconds", "7200"], cwd=host_code or common.ROOT, env=env)
     time.sleep(5)  # (its engine open, its first turns stored)
     t_base = time.time()
     time.sleep(baseline_s)
@@ -581,9 +583,11 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     return res
 
 
-def prune_ab(n: int, engine_n: int, before_code: str, work: Path, baseline_s: float, rounds: int) -> dict[str, Any]:
+def prune_ab(n: int, engine_n: int, before_code: str, work: Path, baseline_s: float, rounds: int,
+             before_host: bool = False) -> dict[str, Any]:
     """The prune part before and after a change, in one session: one engine-built base, then
-    the prune with the host beside it, before / after alternating (ABBA...)."""
+    the prune with the host beside it, before / after alternating (ABBA...). ``before_host``:
+    the before runs' host is the before checkout too (a change to the host's side)."""
     base = str(work / f"ab-base-{engine_n}.db")
     b = _scale(["build", "--store", base, "--n", str(engine_n)], 7200)
     Path(base + ".meta.json").write_text(json.dumps({"n_stored": b["n_stored"]}), encoding="utf-8")
@@ -591,7 +595,7 @@ def prune_ab(n: int, engine_n: int, before_code: str, work: Path, baseline_s: fl
     runs = []
     for k in range(rounds):
         for label, code in (order if k % 2 == 0 else order[::-1]):
-            r = _prune_wait(n, base, work, baseline_s, code)
+            r = _prune_wait(n, base, work, baseline_s, code, code if before_host else None)
             r["code"] = label
             runs.append(r)
             print(json.dumps({"code": label, "prune": r["prune"], "host": r["host"]}, default=str), flush=True)
@@ -601,10 +605,50 @@ def prune_ab(n: int, engine_n: int, before_code: str, work: Path, baseline_s: fl
     return {"n": n, "engine_built": engine_n, "runs": runs}
 
 
+def lock_poll_cpu(work: Path, hold_s: float = 3.0, rounds: int = 3) -> dict[str, Any]:
+    """What a writer waiting for the write lock costs in CPU: another connection holds it
+    ``hold_s`` seconds; the waiter's thread CPU time against its wall time, polled
+    (store/sqlite/writelock.py) and in SQLite's busy handler, alternating."""
+    import sqlite3
+    import threading
+
+    from lossless_context.store.sqlite import writelock
+
+    path = str(work / "lock-poll.db")
+    sqlite3.connect(path, isolation_level=None).execute("PRAGMA journal_mode=WAL").fetchall()
+    out: dict[str, list[dict[str, float]]] = {"polled": [], "busy_handler": []}
+    for k in range(rounds):
+        for how in (("polled", "busy_handler") if k % 2 == 0 else ("busy_handler", "polled")):
+            h = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            h.execute("BEGIN IMMEDIATE")
+            t = threading.Timer(hold_s, lambda: h.execute("COMMIT"))
+            w = sqlite3.connect(path, isolation_level=None)
+            w.execute("PRAGMA busy_timeout=30000")
+            t.start()
+            t0, c0 = time.perf_counter(), time.thread_time()
+            if how == "polled":
+                writelock.begin_immediate(w, 30.0, 30000)
+            else:
+                w.execute("BEGIN IMMEDIATE")
+            wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+            w.execute("COMMIT")
+            t.join()
+            w.close()
+            h.close()
+            out[how].append({"wall_s": round(wall, 3), "cpu_ms": round(cpu * 1000, 2),
+                             "cpu_pct_of_a_core": round(100 * cpu / wall, 3),
+                             "late_ms": round((wall - hold_s) * 1000, 1)})
+    for suf in ("", "-wal", "-shm"):
+        Path(path + suf).unlink(missing_ok=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.lifecycle")
-    ap.add_argument("mode", choices=["host", "prune", "run", "enc", "cold", "prune-ab", "formats"])
+    ap.add_argument("mode", choices=["host", "prune", "run", "enc", "cold", "prune-ab", "formats", "lock-poll"])
     ap.add_argument("--before-code", help="prune-ab: a checkout of the code before the change")
+    ap.add_argument("--before-host", action="store_true",
+                    help="prune-ab: the before runs' host process runs the before checkout too")
     ap.add_argument("--engine-size", type=int, default=20_000)
     ap.add_argument("--baseline-seconds", type=float, default=30.0)
     ap.add_argument("--rounds", type=int, default=3)
@@ -626,8 +670,15 @@ def main(argv: list[str] | None = None) -> int:
     elif a.mode == "prune-ab":  # the prune part alone, before/after a change (see prune_ab)
         work = Path(a.data_dir or (Path(common.isolate_env()) / "lifecycle"))
         work.mkdir(parents=True, exist_ok=True)
-        res = prune_ab(a.prune_size or 150_000, a.engine_size, a.before_code, work, a.baseline_seconds, a.rounds)
+        res = prune_ab(a.prune_size or 150_000, a.engine_size, a.before_code, work, a.baseline_seconds, a.rounds,
+                       a.before_host)
         Path(a.out).write_text(json.dumps({"prune_ab": res}, indent=1, default=str), encoding="utf-8")
+    elif a.mode == "lock-poll":  # what a writer polling for the write lock costs in CPU
+        work = Path(a.data_dir or (Path(common.isolate_env()) / "lifecycle"))
+        work.mkdir(parents=True, exist_ok=True)
+        res = lock_poll_cpu(work, rounds=a.rounds)
+        Path(a.out).write_text(json.dumps({"lock_poll": res}, indent=1), encoding="utf-8")
+        print(json.dumps(res, indent=1))
     elif a.mode == "cold":
         cold_greps(a.store, a.out)
     elif a.mode == "formats":  # what the encrypted page format costs a first search (see _page_formats)

@@ -88,8 +88,10 @@ def test_a_writer_gives_up_at_its_bound_and_keeps_its_busy_timeout(store, monkey
     c = store.conn()
     h = _holder(store.location)
     now = [0.0]
+    poll_sleeps: list[float] = []
 
     def fake_sleep(seconds: float) -> None:
+        poll_sleeps.append(seconds)
         now[0] += seconds
 
     monkeypatch.setattr(writelock, "sleep", fake_sleep)
@@ -98,7 +100,8 @@ def test_a_writer_gives_up_at_its_bound_and_keeps_its_busy_timeout(store, monkey
         with store.tx():
             pass
     bound = sqlite_store.BUSY_TIMEOUT_MS / 1000 * 2
-    assert bound <= now[0] <= bound + writelock.POLL * 2  # it waited its whole bound, polling
+    assert bound <= now[0] <= bound + writelock.POLL_LONG  # it waited its whole bound, polling
+    assert poll_sleeps and max(poll_sleeps) <= writelock.POLL_LONG  # (a few ms apart, also late in the wait)
     assert not c.in_transaction
     assert c.execute("PRAGMA busy_timeout").fetchone()[0] == sqlite_store.BUSY_TIMEOUT_MS
     h.execute("ROLLBACK")
