@@ -621,7 +621,7 @@ def lock_poll_cpu(work: Path, hold_s: float = 3.0, rounds: int = 3) -> dict[str,
         for how in (("polled", "busy_handler") if k % 2 == 0 else ("busy_handler", "polled")):
             h = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             h.execute("BEGIN IMMEDIATE")
-            t = threading.Timer(hold_s, lambda: h.execute("COMMIT"))
+            t = threading.Timer(hold_s, h.execute, args=("COMMIT",))
             w = sqlite3.connect(path, isolation_level=None)
             w.execute("PRAGMA busy_timeout=30000")
             t.start()
