@@ -1,5 +1,6 @@
 """The SQLite store (the default: one private file, FTS5): `store` (SQLiteStore), `migrations`
-(append-only, named), `append` (the write path), `index` (deferred full-text indexing), `merge`
+(append-only, named), `append` (the write path), `writelock` (taking the write lock: polled,
+so a writer gets it in a prune's pauses), `index` (deferred full-text indexing), `merge`
 (background merging of the full-text index's segments), `search`, `records`, `lifecycle`
 (retention's removals, pruned spans, space), `cipher` (encryption at rest: SQLCipher, keys) and
 `convert` (`lcm encrypt` / `rekey` / `decrypt`), `costs`, `vectors` (the semantic arm's vectors),
