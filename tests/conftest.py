@@ -72,6 +72,27 @@ def lcm_errors(request, _library_logger_restored):
         pytest.fail(message, pytrace=False)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _net_guard():
+    """Outside addresses refused for the whole run (tests/support/netguard.py)."""
+    from tests.support import netguard
+
+    with netguard.installed(netguard.Guard()) as guard:
+        yield guard
+
+
+@pytest.fixture(autouse=True)
+def no_outside_calls(_net_guard):
+    """A test that tried to reach an address outside this machine fails, even when the code
+    under test swallowed the refusal (a host falling back to its default providers does)."""
+    _net_guard.take()
+    yield
+    seen = _net_guard.take()
+    if seen:
+        pytest.fail("the test tried to reach outside addresses: " + "; ".join(sorted(set(seen))[:5]),
+                    pytrace=False)
+
+
 @pytest.fixture(autouse=True)
 def _library_logger_restored():
     """The CLI (run in-process by CliRunner) quiets the `lossless_context` logger for its own

@@ -17,6 +17,7 @@ import re
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -521,6 +522,20 @@ def safe_call(fn: Callable[[], bool]) -> bool:
         return False
 
 
+def _guard_key(model: ModelSummarizer, host_runtime: Callable[[], dict[str, Any]]) -> str:
+    """Which process-wide guard (breaker, call budget) a summariser shares: an endpoint's by its
+    URL; the host's by the model it routes to. A gateway runs sessions on different models
+    (`/model`): one model failing must not stop another's summaries."""
+    if not isinstance(model, HostSummarizer):
+        return f"{model.name}@{getattr(model, 'base_url', '')}"
+    try:
+        rt = host_runtime()
+    except Exception:
+        rt = {}
+    rt = rt if isinstance(rt, Mapping) else {}
+    return "host:" + "|".join(str(rt.get(k) or "") for k in ("provider", "model", "base_url"))
+
+
 def build_escalator(cfg: LCMConfig, runtime_known: bool, host_runtime: Callable[[], dict[str, Any]]) -> Escalator:
     """The summariser `cfg` asks for: `summarizer: auto` takes an OpenAI-compatible endpoint when
     one is configured, else the host's own model when its runtime is known (`runtime_known`,
@@ -541,6 +556,6 @@ def build_escalator(cfg: LCMConfig, runtime_known: bool, host_runtime: Callable[
         model = HostSummarizer(host_runtime, max(cfg.summary_timeout, 1.0), cfg.redact)
     guard = None
     if model is not None:
-        guard = guard_for(f"{model.name}@{getattr(model, 'base_url', 'host')}", cfg.breaker_failures,
+        guard = guard_for(_guard_key(model, host_runtime), cfg.breaker_failures,
                           cfg.breaker_cooldown_seconds, cfg.max_summarizer_calls, cfg.summarizer_window_seconds)
     return Escalator(model, guard, cfg.redact)
