@@ -588,12 +588,6 @@ class Store(abc.ABC):
         return {"messages": {}, "summaries": {}}
 
     @abc.abstractmethod
-    def record_pruned(self, message_ids: Sequence[int], pruned_at: float, reason: str = "retention") -> int:
-        """Before a prune removes these messages (``forget_records``) and keeps the summaries
-        over them: each such summary records how many of its originals go, their id span,
-        when and why (:meth:`pruned_spans`). Returns the summaries recorded."""
-
-    @abc.abstractmethod
     def remove_rows(self, kind: str, groups: Sequence[Sequence[int]], *, seconds: float,
                     clock: Callable[[], float] = time.perf_counter, pruned_at: float | None = None,
                     reason: str = "retention") -> tuple[int, int, float]:
@@ -603,8 +597,9 @@ class Store(abc.ABC):
         since the transaction began — the clock is read between two groups, the first group
         always goes — so a batch that runs long on a busy machine holds the write lock for
         about ``seconds`` plus one group. With ``pruned_at`` (messages only), each group's
-        messages are first recorded under the summaries that keep them (:meth:`record_pruned`)
-        in the same transaction. Returns (groups done, rows removed, seconds from the
+        messages are first recorded under the summaries that keep them (how many of each
+        summary's originals go, their id span, when and why: :meth:`pruned_spans`) in the same
+        transaction. Returns (groups done, rows removed, seconds from the
         transaction's lock granted to its commit, on ``clock``): the groups not done are the
         caller's to remove in its next transaction; the time waited for the lock before is
         not the rows' cost (ops/batches.py learns from the time held)."""

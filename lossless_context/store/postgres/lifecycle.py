@@ -71,12 +71,6 @@ class PostgresLifecycle:
 
         return dict(self._read(run))
 
-    def record_pruned(self, message_ids: Sequence[int], pruned_at: float, reason: str = "retention") -> int:
-        m = sorted({int(i) for i in message_ids})
-        if not m:
-            return 0
-        return int(self._write(lambda c: self._record_pruned_in(c, m, pruned_at, reason)))
-
     @staticmethod
     def _record_pruned_in(c: Any, m: Sequence[int], pruned_at: float, reason: str) -> int:
         return int(c.execute(

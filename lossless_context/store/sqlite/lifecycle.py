@@ -97,13 +97,6 @@ class SQLiteLifecycle:
                 f"SELECT id, tokens FROM summaries WHERE id IN ({_marks(len(part))})", part))
         return out
 
-    def record_pruned(self, message_ids: Sequence[int], pruned_at: float, reason: str = "retention") -> int:
-        ids = sorted({int(i) for i in message_ids})
-        if not ids:
-            return 0
-        with self.tx() as c:
-            return self._record_pruned_in(c, ids, pruned_at, reason)
-
     @staticmethod
     def _record_pruned_in(c: sqlite3.Connection, ids: Sequence[int], pruned_at: float, reason: str) -> int:
         c.execute("CREATE TEMP TABLE IF NOT EXISTS lcm_pruned_m (id INTEGER PRIMARY KEY)")
