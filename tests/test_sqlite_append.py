@@ -117,6 +117,19 @@ def test_a_failing_statement_on_the_writer_thread_rolls_back(store):
     assert len(store.append_messages("a", lazy(rows(600)))) == 600
 
 
+def test_an_error_after_sqlite_rolled_back_itself_is_the_error_raised(store):
+    """After a full disk or an I/O error SQLite ends the transaction itself; the store's own
+    ROLLBACK then failed with "cannot rollback - no transaction is active", and that is what
+    the caller saw (in place of the disk being full: CI's runs on a full /tmp showed only it)."""
+    with pytest.raises(sqlite3.OperationalError, match="database or disk is full"):
+        with store.tx() as c:
+            c.execute("INSERT INTO sessions(id, created_at, updated_at) VALUES ('x', 0, 0)")
+            c.execute("ROLLBACK")  # (as SQLite does on SQLITE_FULL)
+            raise sqlite3.OperationalError("database or disk is full")
+    assert store.conn().execute("SELECT count(*) FROM sessions WHERE id='x'").fetchone()[0] == 0
+    assert len(store.append_messages("a", [row(0)])) == 1  # (the lock is free)
+
+
 def test_concurrent_pipelined_appends_on_one_store(store):
     sessions = [f"s{k}" for k in range(4)]
     for sid in sessions:

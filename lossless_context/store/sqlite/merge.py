@@ -223,7 +223,8 @@ class Merger:
                         worked = c.total_changes - before >= 2  # (FTS5: fewer means nothing to merge)
                         c.execute("COMMIT")
                     except BaseException:
-                        c.execute("ROLLBACK")
+                        if c.in_transaction:  # (SQLite may have rolled back itself: keep the cause)
+                            c.execute("ROLLBACK")
                         raise
                 if not worked:
                     break

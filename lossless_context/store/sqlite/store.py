@@ -171,13 +171,16 @@ class SQLiteStore(SQLiteRecords, SQLiteLifecycle, SQLiteSearch, SQLiteCosts, SQL
         try:
             yield c
         except BaseException:
-            c.execute("ROLLBACK")
+            # (SQLite has rolled back itself after some errors — a full disk, an I/O error:
+            # a ROLLBACK then fails with "no transaction is active" and would hide the cause)
+            if c.in_transaction:
+                c.execute("ROLLBACK")
             raise
         else:
             c.execute("COMMIT")
             self.merger.poke()  # (the write's index segments: store/sqlite/merge.py)
 
-    def merges_held(self) -> Any:
+    def merges_held(self) -> contextlib.AbstractContextManager[None]:
         return self.merger.hold()
 
     @staticmethod
@@ -210,7 +213,8 @@ class SQLiteStore(SQLiteRecords, SQLiteLifecycle, SQLiteSearch, SQLiteCosts, SQL
                 c.execute("INSERT INTO lcm_migrations(name, applied_at) VALUES (?, ?)", (name, time.time()))
                 c.execute("COMMIT")
             except BaseException:
-                c.execute("ROLLBACK")
+                if c.in_transaction:  # (as in tx(): keep the cause SQLite rolled back for)
+                    c.execute("ROLLBACK")
                 raise
             return True
 
