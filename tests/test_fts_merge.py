@@ -166,3 +166,29 @@ def test_the_merge_thread_gives_up_while_another_process_holds_the_write_lock(tm
         assert _one_per_level(c) == {} and st.merger.steps > 0
     finally:
         st.close()
+
+
+def test_a_fork_waits_while_the_merge_thread_opens_its_connection(tmp_path):
+    """Opening a connection holds SQLite's process-wide mutexes; a fork in the middle would
+    leave the child waiting forever on its first open (test_fork_after_use hung so now and
+    then). The thread opens its connection under the step lock, which a fork takes first."""
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+    path = str(tmp_path / "m.db")
+
+    def connect() -> sqlite3.Connection:
+        entered.set()
+        assert release.wait(30)
+        return sqlite3.connect(path, check_same_thread=False)
+
+    m = sqlite_merge.Merger(connect)
+    try:
+        m.poke()
+        assert entered.wait(30)
+        held = m.step_lock.locked()  # (the fork hook acquires this lock before the fork)
+        release.set()
+        assert held, "the merge thread opened its connection outside the lock a fork waits for"
+    finally:
+        release.set()
+        m.stop()

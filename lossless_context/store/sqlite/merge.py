@@ -172,11 +172,16 @@ class Merger:
     def _run(self) -> None:
         c = None
         try:
-            c = self._connect()
-            # A step waits briefly for the write lock, then gives up until the next write: a
-            # background job must not queue behind another process's long transaction (nor
-            # keep close() waiting for it).
-            c.execute(f"PRAGMA busy_timeout={LOCK_WAIT_MS}")
+            # Opening a connection takes SQLite's process-wide mutexes: a fork in the middle
+            # would hand the child a mutex no thread of it will release, and the child's own
+            # first open would wait forever (test_fork_after_use hung so, now and then, right
+            # after the first write had started this thread). Forks wait for it as for a step.
+            with self.step_lock:
+                c = self._connect()
+                # A step waits briefly for the write lock, then gives up until the next write: a
+                # background job must not queue behind another process's long transaction (nor
+                # keep close() waiting for it).
+                c.execute(f"PRAGMA busy_timeout={LOCK_WAIT_MS}")
             while True:
                 self._wake.wait()
                 started = time.monotonic()
@@ -201,10 +206,11 @@ class Merger:
                     self._served_cv.notify_all()
         finally:
             if c is not None:
-                try:
-                    c.close()
-                except sqlite3.Error:
-                    pass
+                with self.step_lock:  # (closing takes them too)
+                    try:
+                        c.close()
+                    except sqlite3.Error:
+                        pass
 
     def merge(self, c: sqlite3.Connection) -> int:
         """Merge every table's index on ``c`` until no level holds two segments; returns the
